@@ -1,0 +1,313 @@
+"""The GPU catalogue and the typed GPU facts of a host.
+
+The catalogue is the one source of truth for what a GPU model looks like: the planner sizes
+memory from it when no probe is available, the lab's simulated GPUs are built from it, and the
+audit checks real hosts against it. Values are public facts (NVIDIA datasheets and the
+``nvidia-smi`` outputs cited in ``shared/reference/nvml.md``); memory totals are what NVML
+reports (``nvmlDeviceGetMemoryInfo().total``), which is a little less than the marketing size.
+
+``HostGpus`` is what the planner consumes. The NVML probe fills it from a live host; until
+then it is built from the catalogue (``HostGpus.from_catalogue``) or from inventory data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+MiB = 1024**2
+GiB = 1024**3
+
+#: How the GPUs of a host are wired together by NVLink.
+#: ``switch``: every GPU reaches every other through NVSwitch (HGX/DGX boards).
+#: ``pairs``: NVLink bridges join GPUs two by two (PCIe cards with bridges).
+#: ``none``: PCIe only.
+NvlinkFabric = Literal["switch", "pairs", "none"]
+
+
+@dataclass(frozen=True)
+class GpuSku:
+    """One GPU model as NVML describes it."""
+
+    key: str  #: short catalogue name used in inventories and lab profiles
+    nvml_name: str  #: ``nvmlDeviceGetName``
+    memory_total: int  #: bytes, ``nvmlDeviceGetMemoryInfo().total``
+    compute_capability: tuple[int, int]
+    architecture: int  #: ``nvmlDeviceGetArchitecture`` enum (7 Ampere, 8 Ada, 9 Hopper)
+    pci_device_id: int  #: ``nvmlPciInfo_t.pciDeviceId`` (device << 16 | vendor 0x10DE)
+    power_limit_mw: int
+    pcie_generation: int
+    pcie_width: int
+    nvlink_links: int  #: links per GPU (0: no NVLink)
+    nvlink_version: int  #: ``nvmlNvlinkVersion_t`` enum (4 = NVLink 3.0, 6 = NVLink 4.0)
+    ecc: bool  #: ECC supported (``nvmlDeviceGetEccMode`` does not raise NOT_SUPPORTED)
+    mig: bool  #: MIG capable
+    has_serial: bool  #: boards with an inforom report a serial; consumer boards do not
+    fabric_info: bool  #: ``nvmlDeviceGetGpuFabricInfoV`` supported (Hopper+ SXM)
+    typical_count: int  #: GPUs in the usual host built around this model
+    typical_fabric: NvlinkFabric
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_total / GiB
+
+
+CATALOGUE: dict[str, GpuSku] = {
+    sku.key: sku
+    for sku in (
+        GpuSku(
+            key="h100-sxm-80gb",
+            nvml_name="NVIDIA H100 80GB HBM3",
+            memory_total=81559 * MiB,
+            compute_capability=(9, 0),
+            architecture=9,
+            pci_device_id=0x233010DE,
+            power_limit_mw=700_000,
+            pcie_generation=5,
+            pcie_width=16,
+            nvlink_links=18,
+            nvlink_version=6,
+            ecc=True,
+            mig=True,
+            has_serial=True,
+            fabric_info=True,
+            typical_count=8,
+            typical_fabric="switch",
+        ),
+        GpuSku(
+            key="h100-pcie-80gb",
+            nvml_name="NVIDIA H100 PCIe",
+            memory_total=81559 * MiB,
+            compute_capability=(9, 0),
+            architecture=9,
+            pci_device_id=0x233110DE,
+            power_limit_mw=350_000,
+            pcie_generation=5,
+            pcie_width=16,
+            nvlink_links=12,
+            nvlink_version=6,
+            ecc=True,
+            mig=True,
+            has_serial=True,
+            fabric_info=False,
+            typical_count=8,
+            typical_fabric="pairs",
+        ),
+        GpuSku(
+            key="h200-sxm-141gb",
+            nvml_name="NVIDIA H200",
+            memory_total=143771 * MiB,
+            compute_capability=(9, 0),
+            architecture=9,
+            pci_device_id=0x233510DE,
+            power_limit_mw=700_000,
+            pcie_generation=5,
+            pcie_width=16,
+            nvlink_links=18,
+            nvlink_version=6,
+            ecc=True,
+            mig=True,
+            has_serial=True,
+            fabric_info=True,
+            typical_count=8,
+            typical_fabric="switch",
+        ),
+        GpuSku(
+            key="a100-sxm-80gb",
+            nvml_name="NVIDIA A100-SXM4-80GB",
+            memory_total=81920 * MiB,
+            compute_capability=(8, 0),
+            architecture=7,
+            pci_device_id=0x20B210DE,
+            power_limit_mw=400_000,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=12,
+            nvlink_version=4,
+            ecc=True,
+            mig=True,
+            has_serial=True,
+            fabric_info=False,
+            typical_count=8,
+            typical_fabric="switch",
+        ),
+        GpuSku(
+            key="a100-sxm-40gb",
+            nvml_name="NVIDIA A100-SXM4-40GB",
+            memory_total=40960 * MiB,
+            compute_capability=(8, 0),
+            architecture=7,
+            pci_device_id=0x20B010DE,
+            power_limit_mw=400_000,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=12,
+            nvlink_version=4,
+            ecc=True,
+            mig=True,
+            has_serial=True,
+            fabric_info=False,
+            typical_count=8,
+            typical_fabric="switch",
+        ),
+        GpuSku(
+            key="l40s-48gb",
+            nvml_name="NVIDIA L40S",
+            memory_total=46068 * MiB,
+            compute_capability=(8, 9),
+            architecture=8,
+            pci_device_id=0x26B910DE,
+            power_limit_mw=350_000,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=0,
+            nvlink_version=0,
+            ecc=True,
+            mig=False,
+            has_serial=True,
+            fabric_info=False,
+            typical_count=4,
+            typical_fabric="none",
+        ),
+        GpuSku(
+            key="rtx-a6000-48gb",
+            nvml_name="NVIDIA RTX A6000",
+            memory_total=49140 * MiB,
+            compute_capability=(8, 6),
+            architecture=7,
+            pci_device_id=0x223010DE,
+            power_limit_mw=300_000,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=4,
+            nvlink_version=4,
+            ecc=True,
+            mig=False,
+            has_serial=True,
+            fabric_info=False,
+            typical_count=2,
+            typical_fabric="pairs",
+        ),
+        GpuSku(
+            key="a10-24gb",
+            nvml_name="NVIDIA A10",
+            memory_total=23028 * MiB,
+            compute_capability=(8, 6),
+            architecture=7,
+            pci_device_id=0x223610DE,
+            power_limit_mw=150_000,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=0,
+            nvlink_version=0,
+            ecc=True,
+            mig=False,
+            has_serial=True,
+            fabric_info=False,
+            typical_count=1,
+            typical_fabric="none",
+        ),
+        GpuSku(
+            key="rtx-4090-24gb",
+            nvml_name="NVIDIA GeForce RTX 4090",
+            memory_total=24564 * MiB,
+            compute_capability=(8, 9),
+            architecture=8,
+            pci_device_id=0x268410DE,
+            power_limit_mw=450_000,
+            pcie_generation=4,
+            pcie_width=16,
+            nvlink_links=0,
+            nvlink_version=0,
+            ecc=False,
+            mig=False,
+            has_serial=False,
+            fabric_info=False,
+            typical_count=2,
+            typical_fabric="none",
+        ),
+    )
+}
+
+
+def sku_for(key_or_name: str) -> GpuSku:
+    """Find a catalogue entry by its key or by the name NVML reports.
+
+    Raises ``KeyError`` with the list of known keys, so callers can show it.
+    """
+    if key_or_name in CATALOGUE:
+        return CATALOGUE[key_or_name]
+    for sku in CATALOGUE.values():
+        if sku.nvml_name == key_or_name:
+            return sku
+    raise KeyError(key_or_name)
+
+
+def nvlink_islands(count: int, fabric: NvlinkFabric) -> tuple[frozenset[int], ...]:
+    """The groups of GPU indices that NVLink joins, for a regular layout.
+
+    ``switch`` gives one island of all GPUs, ``pairs`` gives (0,1), (2,3), ..., ``none`` gives
+    one island per GPU. A probe replaces this with what the links really show.
+    """
+    if fabric == "switch":
+        return (frozenset(range(count)),)
+    if fabric == "pairs":
+        islands = [frozenset({i, i + 1}) for i in range(0, count - 1, 2)]
+        if count % 2:
+            islands.append(frozenset({count - 1}))
+        return tuple(islands)
+    return tuple(frozenset({i}) for i in range(count))
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of a host as the planner sees it."""
+
+    index: int  #: NVML index (the lab and our units use it for CUDA_VISIBLE_DEVICES)
+    name: str
+    memory_total: int  #: bytes
+    memory_used: int = 0  #: bytes already in use by something else (from a probe)
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class HostGpus:
+    """The GPUs of one host and how NVLink joins them.
+
+    ``islands`` partitions the GPU indices: GPUs in one island reach each other over NVLink;
+    tensor parallelism must stay inside one island.
+    """
+
+    gpus: tuple[Gpu, ...]
+    islands: tuple[frozenset[int], ...]
+    source: str  #: where these facts came from: "probe", "catalogue:<key>", "inventory"
+    driver_version: str = ""
+    sku: GpuSku | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_catalogue(
+        cls, key: str, count: int | None = None, fabric: NvlinkFabric | None = None
+    ) -> HostGpus:
+        sku = sku_for(key)
+        n = count if count is not None else sku.typical_count
+        fab: NvlinkFabric = fabric if fabric is not None else sku.typical_fabric
+        if sku.nvlink_links == 0:
+            fab = "none"
+        gpus = tuple(Gpu(index=i, name=sku.nvml_name, memory_total=sku.memory_total) for i in range(n))
+        return cls(gpus=gpus, islands=nvlink_islands(n, fab), source=f"catalogue:{sku.key}", sku=sku)
+
+    @classmethod
+    def uniform(cls, count: int, memory_total: int, nvlink: bool, name: str = "GPU") -> HostGpus:
+        """A host described only by inventory numbers: N GPUs of one size, NVLink or not."""
+        gpus = tuple(Gpu(index=i, name=name, memory_total=memory_total) for i in range(count))
+        return cls(gpus=gpus, islands=nvlink_islands(count, "switch" if nvlink else "none"), source="inventory")
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    def island_of(self, index: int) -> frozenset[int]:
+        for island in self.islands:
+            if index in island:
+                return island
+        return frozenset({index})

@@ -1,0 +1,1 @@
+"""The lab: a local fleet of real Linux hosts (systemd-nspawn) with simulated GPUs."""
