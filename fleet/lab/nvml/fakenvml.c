@@ -1,0 +1,1334 @@
+/*
+ * fakenvml.c - the lab's simulated GPUs at the NVML boundary.
+ *
+ * A shared library with the soname libnvidia-ml.so.1 that implements the part of the NVML C ABI
+ * that the unmodified nvidia-ml-py (`import pynvml`) calls while fleet probes a host. It answers
+ * from a per-host profile file rendered by fleet/lab/profiles.py (`key=value` lines) and from the
+ * live-state directory that GPU-memory holders (the vLLM stand-in) write to.
+ *
+ * Why a C library and not a Python mock: the probe, nvidia-ml-py and ctypes are the real parts;
+ * only the driver is simulated, so struct layouts, versioned symbols and error codes are exercised
+ * exactly as on a real host (see shared/reference/nvml.md §4).
+ *
+ * Environment:
+ *   FLEET_NVML_PROFILE    profile path (default /etc/fleet-lab/nvml-profile). Missing at init
+ *                         -> NVML_ERROR_DRIVER_NOT_LOADED, like a host whose driver is not running.
+ *   FLEET_NVML_STATE_DIR  live-state directory (default /run/fleet-lab/nvml). A file <pid>.mem
+ *                         holds lines "<nvml_index> <bytes>"; it counts while the pid is alive
+ *                         (/proc/<pid> exists and is not a zombie). Re-read on every memory or
+ *                         process query, so "GPU busy/free" is visible at once.
+ *
+ * Type declarations are our own; their layouts match nvml.h (checked by _Static_assert below).
+ */
+#define _GNU_SOURCE
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- NVML ABI subset (layouts as in nvml.h) ---------------------------------------------- */
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_GPU_NOT_FOUND = 28,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define NVML_INIT_FLAG_NO_GPUS 1u
+#define NVML_STRUCT_VERSION(type, ver) ((unsigned int)(sizeof(type) | ((ver) << 24)))
+
+typedef struct fake_device *nvmlDevice_t;
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    signed long long sllVal;
+    signed int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;
+    long long latencyUsec;
+    int valueType;
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+typedef struct {
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+} nvmlGpuFabricInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
+typedef struct {
+    unsigned int version;
+    int sensorType;
+    int temperature;
+} nvmlTemperature_v1_t;
+
+_Static_assert(sizeof(nvmlPciInfo_t) == 68, "nvmlPciInfo_t layout");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t layout");
+_Static_assert(sizeof(nvmlProcessInfo_v2_t) == 24, "nvmlProcessInfo_v2_t layout");
+_Static_assert(sizeof(nvmlFieldValue_t) == 40, "nvmlFieldValue_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v2_t) == 36, "nvmlGpuFabricInfo_v2_t layout");
+_Static_assert(sizeof(nvmlGpuFabricInfo_v3_t) == 40, "nvmlGpuFabricInfo_v3_t layout");
+_Static_assert(sizeof(nvmlTemperature_v1_t) == 12, "nvmlTemperature_v1_t layout");
+
+#define NVML_MEMORY_V2 NVML_STRUCT_VERSION(nvmlMemory_v2_t, 2)
+#define NVML_FABRIC_V2 NVML_STRUCT_VERSION(nvmlGpuFabricInfo_v2_t, 2)
+#define NVML_FABRIC_V3 NVML_STRUCT_VERSION(nvmlGpuFabricInfo_v3_t, 3)
+#define NVML_TEMPERATURE_V1 NVML_STRUCT_VERSION(nvmlTemperature_v1_t, 1)
+
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1 };
+enum {
+    FI_NVLINK_LINK_COUNT = 91,
+    FI_NVSWITCH_CONNECTED_LINK_COUNT = 147,
+    FI_NVLINK_GET_STATE = 165,
+    FI_NVLINK_GET_VERSION = 166,
+};
+enum { NVLINK_DEVICE_TYPE_GPU = 0, NVLINK_DEVICE_TYPE_SWITCH = 2 };
+enum { NVLINK_CAP_COUNT = 6, P2P_CAPS_INDEX_COUNT = 5 };
+
+/* ---- the simulated machine ------------------------------------------------------------- */
+
+#define MAX_GPUS 32
+#define MAX_LINKS 36
+#define MAX_AFF_WORDS 16
+#define MAX_LIVE 512
+
+typedef struct {
+    int present;
+    int active;
+    int remote_type;
+    unsigned int domain, bus, device;
+    unsigned int remote_device_id;
+} fake_link_t;
+
+struct fake_device {
+    int configured;
+    char name[96];
+    char uuid[96];
+    char serial[64];
+    int has_serial;
+    unsigned int domain, bus, device;
+    unsigned int pci_device_id, pci_subsystem_id;
+    unsigned int minor;
+    unsigned int arch;
+    int cc_major, cc_minor;
+    unsigned long long mem_total, mem_reserved;
+    int has_ecc, ecc_current, ecc_pending;
+    unsigned long long ecc_counts[2][2]; /* [error type][counter type] */
+    int has_remap;
+    unsigned int remap[4]; /* correctable, uncorrectable, pending, failure */
+    int has_mig, mig_current, mig_pending;
+    int persistence;
+    unsigned int power_limit, power_enforced, power_usage;
+    int temperature;
+    unsigned int pcie_cur_gen, pcie_max_gen, pcie_gpu_max_gen, pcie_cur_width, pcie_max_width;
+    unsigned int nvlink_count, nvlink_version;
+    fake_link_t links[MAX_LINKS];
+    int has_fabric;
+    unsigned int fabric_state, fabric_clique, fabric_health_mask, fabric_health_summary;
+    int fabric_status;
+    unsigned char cluster_uuid[16];
+    unsigned int cpu_aff_words;
+    unsigned long long cpu_aff[MAX_AFF_WORDS];
+    int topo[MAX_GPUS];
+    int p2p[MAX_GPUS][P2P_CAPS_INDEX_COUNT];
+};
+
+static struct fake_device g_devs[MAX_GPUS];
+static unsigned int g_count;
+static int g_refcount;
+static char g_driver_version[80];
+static char g_nvml_version[80];
+static int g_cuda_version;
+static int g_init_error;
+
+typedef struct {
+    unsigned int pid;
+    unsigned int gpu;
+    unsigned long long bytes;
+} live_entry_t;
+
+/* ---- small helpers --------------------------------------------------------------------- */
+
+static nvmlReturn_t copy_string(char *dst, unsigned int length, const char *src)
+{
+    if (dst == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+/* Valid handle: initialized, and a pointer to one of the enumerated devices. */
+static int valid_device(nvmlDevice_t d)
+{
+    if (g_refcount <= 0 || d == NULL)
+        return 0;
+    if (d < g_devs || d >= g_devs + g_count)
+        return 0;
+    return ((const char *)d - (const char *)g_devs) % sizeof(struct fake_device) == 0;
+}
+
+#define CHECK_INIT()                                                                                  \
+    do {                                                                                              \
+        if (g_refcount <= 0)                                                                          \
+            return NVML_ERROR_UNINITIALIZED;                                                          \
+    } while (0)
+
+#define CHECK_DEVICE(d)                                                                               \
+    do {                                                                                              \
+        if (g_refcount <= 0)                                                                          \
+            return NVML_ERROR_UNINITIALIZED;                                                          \
+        if (!valid_device(d))                                                                         \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                       \
+    } while (0)
+
+#define CHECK_PTR(p)                                                                                  \
+    do {                                                                                              \
+        if ((p) == NULL)                                                                              \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                       \
+    } while (0)
+
+static unsigned int dev_index(nvmlDevice_t d)
+{
+    return (unsigned int)(d - g_devs);
+}
+
+static void format_bus_ids(unsigned int domain, unsigned int bus, unsigned int device, char *legacy,
+                           size_t legacy_len, char *full, size_t full_len)
+{
+    snprintf(legacy, legacy_len, "%04X:%02X:%02X.0", domain & 0xFFFFu, bus & 0xFFu, device & 0xFFu);
+    snprintf(full, full_len, "%08X:%02X:%02X.0", domain, bus & 0xFFu, device & 0xFFu);
+}
+
+/* ---- profile parsing ------------------------------------------------------------------- */
+
+static void parse_ull_list(const char *s, unsigned long long *out, unsigned int max, unsigned int *n)
+{
+    char *end;
+    unsigned int i = 0;
+    while (i < max) {
+        unsigned long long v = strtoull(s, &end, 0);
+        if (end == s)
+            break;
+        out[i++] = v;
+        s = end;
+    }
+    if (n != NULL)
+        *n = i;
+}
+
+static void parse_int_list(const char *s, int *out, unsigned int max)
+{
+    char *end;
+    for (unsigned int i = 0; i < max; i++) {
+        long v = strtol(s, &end, 0);
+        if (end == s)
+            break;
+        out[i] = (int)v;
+        s = end;
+    }
+}
+
+static void parse_hex_bytes(const char *s, unsigned char *out, unsigned int n)
+{
+    for (unsigned int i = 0; i < n && isxdigit((unsigned char)s[0]) && isxdigit((unsigned char)s[1]); i++) {
+        char byte[3] = {s[0], s[1], 0};
+        out[i] = (unsigned char)strtoul(byte, NULL, 16);
+        s += 2;
+    }
+}
+
+static void set_str(char *dst, size_t len, const char *value)
+{
+    snprintf(dst, len, "%s", value);
+}
+
+/* One "gpu.<i>.<key>=value" line. */
+static void parse_gpu_key(struct fake_device *d, const char *key, const char *value)
+{
+    unsigned long long v[8] = {0};
+    unsigned int n = 0;
+
+    if (strncmp(key, "link.", 5) == 0) {
+        unsigned int l = (unsigned int)strtoul(key + 5, NULL, 10);
+        if (l >= MAX_LINKS)
+            return;
+        parse_ull_list(value, v, 6, &n);
+        if (n < 5)
+            return;
+        d->links[l] = (fake_link_t){1, (int)v[0], (int)v[1], (unsigned)v[2], (unsigned)v[3], (unsigned)v[4],
+                                    (unsigned)v[5]};
+        return;
+    }
+    if (strcmp(key, "p2p") == 0) {
+        parse_int_list(value, &d->p2p[0][0], MAX_GPUS * P2P_CAPS_INDEX_COUNT);
+        return;
+    }
+    if (strcmp(key, "topo") == 0) {
+        parse_int_list(value, d->topo, MAX_GPUS);
+        return;
+    }
+    if (strcmp(key, "name") == 0) {
+        set_str(d->name, sizeof d->name, value);
+        return;
+    }
+    if (strcmp(key, "uuid") == 0) {
+        set_str(d->uuid, sizeof d->uuid, value);
+        return;
+    }
+    if (strcmp(key, "serial") == 0) {
+        set_str(d->serial, sizeof d->serial, value);
+        d->has_serial = 1;
+        return;
+    }
+    if (strcmp(key, "fabric") == 0) {
+        /* state status clique health_mask health_summary cluster_uuid_hex */
+        char *end;
+        const char *s = value;
+        parse_ull_list(s, v, 5, &n);
+        if (n < 5)
+            return;
+        for (int i = 0; i < 5; i++) {
+            strtoull(s, &end, 0);
+            s = end;
+        }
+        while (*s == ' ')
+            s++;
+        d->has_fabric = 1;
+        d->fabric_state = (unsigned)v[0];
+        d->fabric_status = (int)v[1];
+        d->fabric_clique = (unsigned)v[2];
+        d->fabric_health_mask = (unsigned)v[3];
+        d->fabric_health_summary = (unsigned)v[4];
+        parse_hex_bytes(s, d->cluster_uuid, 16);
+        return;
+    }
+    if (strcmp(key, "cpu_affinity") == 0) {
+        parse_ull_list(value, d->cpu_aff, MAX_AFF_WORDS, &d->cpu_aff_words);
+        return;
+    }
+
+    parse_ull_list(value, v, 8, &n);
+    if (n == 0)
+        return;
+    if (strcmp(key, "pci") == 0 && n >= 3) {
+        d->domain = (unsigned)v[0];
+        d->bus = (unsigned)v[1];
+        d->device = (unsigned)v[2];
+    } else if (strcmp(key, "pci_device_id") == 0) {
+        d->pci_device_id = (unsigned)v[0];
+    } else if (strcmp(key, "pci_subsystem_id") == 0) {
+        d->pci_subsystem_id = (unsigned)v[0];
+    } else if (strcmp(key, "minor") == 0) {
+        d->minor = (unsigned)v[0];
+    } else if (strcmp(key, "arch") == 0) {
+        d->arch = (unsigned)v[0];
+    } else if (strcmp(key, "cc") == 0 && n >= 2) {
+        d->cc_major = (int)v[0];
+        d->cc_minor = (int)v[1];
+    } else if (strcmp(key, "memory") == 0 && n >= 2) {
+        d->mem_total = v[0];
+        d->mem_reserved = v[1];
+    } else if (strcmp(key, "ecc") == 0 && n >= 6) {
+        d->has_ecc = 1;
+        d->ecc_current = (int)v[0];
+        d->ecc_pending = (int)v[1];
+        d->ecc_counts[0][0] = v[2];
+        d->ecc_counts[0][1] = v[3];
+        d->ecc_counts[1][0] = v[4];
+        d->ecc_counts[1][1] = v[5];
+    } else if (strcmp(key, "remapped_rows") == 0 && n >= 4) {
+        d->has_remap = 1;
+        for (int i = 0; i < 4; i++)
+            d->remap[i] = (unsigned)v[i];
+    } else if (strcmp(key, "mig") == 0 && n >= 2) {
+        d->has_mig = 1;
+        d->mig_current = (int)v[0];
+        d->mig_pending = (int)v[1];
+    } else if (strcmp(key, "persistence") == 0) {
+        d->persistence = (int)v[0];
+    } else if (strcmp(key, "power") == 0 && n >= 3) {
+        d->power_limit = (unsigned)v[0];
+        d->power_enforced = (unsigned)v[1];
+        d->power_usage = (unsigned)v[2];
+    } else if (strcmp(key, "temperature") == 0) {
+        d->temperature = (int)v[0];
+    } else if (strcmp(key, "pcie") == 0 && n >= 5) {
+        d->pcie_cur_gen = (unsigned)v[0];
+        d->pcie_max_gen = (unsigned)v[1];
+        d->pcie_gpu_max_gen = (unsigned)v[2];
+        d->pcie_cur_width = (unsigned)v[3];
+        d->pcie_max_width = (unsigned)v[4];
+    } else if (strcmp(key, "nvlink") == 0 && n >= 2) {
+        d->nvlink_count = (unsigned)(v[0] > MAX_LINKS ? MAX_LINKS : v[0]);
+        d->nvlink_version = (unsigned)v[1];
+    }
+}
+
+static void parse_line(char *line)
+{
+    char *eq = strchr(line, '=');
+    if (line[0] == '#' || eq == NULL)
+        return;
+    *eq = '\0';
+    const char *key = line;
+    const char *value = eq + 1;
+
+    if (strncmp(key, "gpu.", 4) == 0) {
+        char *end;
+        unsigned long i = strtoul(key + 4, &end, 10);
+        if (end == key + 4 || *end != '.' || i >= MAX_GPUS)
+            return;
+        g_devs[i].configured = 1;
+        parse_gpu_key(&g_devs[i], end + 1, value);
+    } else if (strcmp(key, "driver_version") == 0) {
+        set_str(g_driver_version, sizeof g_driver_version, value);
+    } else if (strcmp(key, "nvml_version") == 0) {
+        set_str(g_nvml_version, sizeof g_nvml_version, value);
+    } else if (strcmp(key, "cuda_driver_version") == 0) {
+        g_cuda_version = atoi(value);
+    } else if (strcmp(key, "init_error") == 0) {
+        g_init_error = atoi(value);
+    } else if (strcmp(key, "gpu_count") == 0) {
+        long n = strtol(value, NULL, 10);
+        g_count = (unsigned int)(n < 0 ? 0 : (n > MAX_GPUS ? MAX_GPUS : n));
+    }
+}
+
+static const char *profile_path(void)
+{
+    const char *p = getenv("FLEET_NVML_PROFILE");
+    return (p != NULL && p[0] != '\0') ? p : "/etc/fleet-lab/nvml-profile";
+}
+
+static const char *state_dir(void)
+{
+    const char *p = getenv("FLEET_NVML_STATE_DIR");
+    return (p != NULL && p[0] != '\0') ? p : "/run/fleet-lab/nvml";
+}
+
+/* Load the profile into the device table; NVML_ERROR_DRIVER_NOT_LOADED if it cannot be read. */
+static nvmlReturn_t load_profile(void)
+{
+    FILE *f = fopen(profile_path(), "r");
+    char line[8192];
+
+    if (f == NULL)
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    memset(g_devs, 0, sizeof g_devs);
+    g_count = 0;
+    g_cuda_version = 0;
+    g_init_error = 0;
+    g_driver_version[0] = g_nvml_version[0] = '\0';
+    while (fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "\r\n")] = '\0';
+        parse_line(line);
+    }
+    fclose(f);
+    for (unsigned int i = 0; i < g_count; i++)
+        if (!g_devs[i].configured)
+            return NVML_ERROR_UNKNOWN; /* a profile naming fewer GPUs than gpu_count is corrupt */
+    return NVML_SUCCESS;
+}
+
+/* ---- live state ------------------------------------------------------------------------ */
+
+/* A pid counts while /proc/<pid>/stat exists and its state is not zombie/dead. */
+static int pid_alive(unsigned int pid)
+{
+    char path[64], buf[512];
+    FILE *f;
+    size_t n;
+    char *paren;
+
+    snprintf(path, sizeof path, "/proc/%u/stat", pid);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    paren = strrchr(buf, ')');
+    if (paren == NULL || paren[1] != ' ')
+        return 0;
+    return paren[2] != 'Z' && paren[2] != 'X' && paren[2] != 'x';
+}
+
+/* Parse "<digits>.mem" into a pid; 0 if the name does not match. */
+static unsigned int pid_from_name(const char *name)
+{
+    char *end;
+    unsigned long pid;
+
+    if (!isdigit((unsigned char)name[0]))
+        return 0;
+    pid = strtoul(name, &end, 10);
+    if (strcmp(end, ".mem") != 0 || pid == 0 || pid > 0xFFFFFFFFul)
+        return 0;
+    return (unsigned int)pid;
+}
+
+static unsigned int read_mem_file(const char *dir, const char *name, unsigned int pid, live_entry_t *out,
+                                  unsigned int room)
+{
+    char path[4096], line[256];
+    unsigned int n = 0;
+    FILE *f;
+
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    while (n < room && fgets(line, sizeof line, f) != NULL) {
+        unsigned int gpu;
+        unsigned long long bytes;
+        if (sscanf(line, "%u %llu", &gpu, &bytes) != 2 || gpu >= g_count)
+            continue;
+        out[n++] = (live_entry_t){pid, gpu, bytes};
+    }
+    fclose(f);
+    return n;
+}
+
+/* Every (pid, gpu, bytes) held by a live process right now. */
+static unsigned int scan_live(live_entry_t *out, unsigned int room)
+{
+    const char *dir = state_dir();
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    unsigned int n = 0;
+
+    if (dp == NULL)
+        return 0;
+    while (n < room && (e = readdir(dp)) != NULL) {
+        unsigned int pid = pid_from_name(e->d_name);
+        if (pid != 0 && pid_alive(pid))
+            n += read_mem_file(dir, e->d_name, pid, out + n, room - n);
+    }
+    closedir(dp);
+    return n;
+}
+
+/* Per-process totals on one GPU (one entry per pid), returns the count. */
+static unsigned int live_processes(unsigned int gpu, nvmlProcessInfo_v2_t *procs, unsigned int room)
+{
+    static live_entry_t live[MAX_LIVE];
+    unsigned int n = scan_live(live, MAX_LIVE), count = 0;
+
+    for (unsigned int i = 0; i < n; i++) {
+        unsigned int j;
+        if (live[i].gpu != gpu)
+            continue;
+        for (j = 0; j < count && procs[j].pid != live[i].pid; j++)
+            ;
+        if (j == count) {
+            if (count == room)
+                continue;
+            procs[count++] = (nvmlProcessInfo_v2_t){live[i].pid, 0, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        }
+        procs[j].usedGpuMemory += live[i].bytes;
+    }
+    return count;
+}
+
+static unsigned long long live_bytes(unsigned int gpu)
+{
+    static nvmlProcessInfo_v2_t procs[MAX_LIVE];
+    unsigned int n = live_processes(gpu, procs, MAX_LIVE);
+    unsigned long long total = 0;
+    for (unsigned int i = 0; i < n; i++)
+        total += procs[i].usedGpuMemory;
+    return total;
+}
+
+static void memory_now(const struct fake_device *d, unsigned long long *used, unsigned long long *free_)
+{
+    unsigned long long u = d->mem_reserved + live_bytes(dev_index((nvmlDevice_t)d));
+    if (u > d->mem_total)
+        u = d->mem_total;
+    *used = u;
+    *free_ = d->mem_total - u;
+}
+
+/* ---- init, errors, system -------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+    if (g_refcount > 0) {
+        g_refcount++;
+        return NVML_SUCCESS;
+    }
+    nvmlReturn_t r = load_profile();
+    if (r != NVML_SUCCESS)
+        return r;
+    if (g_init_error != 0)
+        return g_init_error;
+    if (g_count == 0 && !(flags & NVML_INIT_FLAG_NO_GPUS))
+        return NVML_ERROR_GPU_NOT_FOUND;
+    g_refcount = 1;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlInit_v2(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+EXPORT nvmlReturn_t nvmlInit(void)
+{
+    return nvmlInitWithFlags(0);
+}
+
+EXPORT nvmlReturn_t nvmlShutdown(void)
+{
+    CHECK_INIT();
+    g_refcount--;
+    return NVML_SUCCESS;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t result)
+{
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
+    default: return "Unknown Error";
+    }
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+    CHECK_INIT();
+    return copy_string(version, length, g_driver_version);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+    CHECK_INIT();
+    return copy_string(version, length, g_nvml_version);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+    CHECK_INIT();
+    CHECK_PTR(cudaDriverVersion);
+    *cudaDriverVersion = g_cuda_version;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+    return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* ---- enumeration and identity ---------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+    CHECK_INIT();
+    CHECK_PTR(deviceCount);
+    *deviceCount = g_count;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+    CHECK_INIT();
+    CHECK_PTR(device);
+    if (index >= g_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &g_devs[index];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+    CHECK_INIT();
+    CHECK_PTR(uuid);
+    CHECK_PTR(device);
+    for (unsigned int i = 0; i < g_count; i++) {
+        if (strcmp(g_devs[i].uuid, uuid) == 0) {
+            *device = &g_devs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* Accepts "dddddddd:bb:dd.f", "dddd:bb:dd.f" and "bb:dd.f", any case. */
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *pciBusId, nvmlDevice_t *device)
+{
+    unsigned int domain = 0, bus, dev, fn;
+    CHECK_INIT();
+    CHECK_PTR(pciBusId);
+    CHECK_PTR(device);
+    if (sscanf(pciBusId, "%x:%x:%x.%x", &domain, &bus, &dev, &fn) != 4) {
+        domain = 0;
+        if (sscanf(pciBusId, "%x:%x.%x", &bus, &dev, &fn) != 3)
+            return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (unsigned int i = 0; i < g_count; i++) {
+        const struct fake_device *d = &g_devs[i];
+        if (d->domain == domain && d->bus == bus && d->device == dev && fn == 0) {
+            *device = &g_devs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *pciBusId, nvmlDevice_t *device)
+{
+    return nvmlDeviceGetHandleByPciBusId_v2(pciBusId, device);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    CHECK_DEVICE(device);
+    return copy_string(name, length, device->name);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+    CHECK_DEVICE(device);
+    return copy_string(uuid, length, device->uuid);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t device, char *serial, unsigned int length)
+{
+    CHECK_DEVICE(device);
+    if (!device->has_serial)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return copy_string(serial, length, device->serial);
+}
+
+static void fill_pci(nvmlPciInfo_t *pci, unsigned int domain, unsigned int bus, unsigned int dev,
+                     unsigned int device_id, unsigned int subsystem_id)
+{
+    memset(pci, 0, sizeof *pci);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = device_id;
+    pci->pciSubSystemId = subsystem_id;
+    format_bus_ids(domain, bus, dev, pci->busIdLegacy, sizeof pci->busIdLegacy, pci->busId,
+                   sizeof pci->busId);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(pci);
+    fill_pci(pci, device->domain, device->bus, device->device, device->pci_device_id,
+             device->pci_subsystem_id);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetPciInfo_v3(device, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(index);
+    *index = dev_index(device);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(minorNumber);
+    *minorNumber = device->minor;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t device, unsigned int *arch)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(arch);
+    *arch = device->arch;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(major);
+    CHECK_PTR(minor);
+    *major = device->cc_major;
+    *minor = device->cc_minor;
+    return NVML_SUCCESS;
+}
+
+/* ---- memory and processes -------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(memory);
+    memory->total = device->mem_total;
+    memory_now(device, &memory->used, &memory->free);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(memory);
+    if (memory->version != NVML_MEMORY_V2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory->total = device->mem_total;
+    memory->reserved = device->mem_reserved;
+    memory_now(device, &memory->used, &memory->free);
+    return NVML_SUCCESS;
+}
+
+/*
+ * Two-phase process listing shared by all versions: with too small a buffer (or NULL) report the
+ * needed count and NVML_ERROR_INSUFFICIENT_SIZE; SUCCESS with count 0 when nothing runs.
+ */
+static nvmlReturn_t running_processes(nvmlDevice_t device, unsigned int *infoCount, void *infos,
+                                      size_t entry_size)
+{
+    static nvmlProcessInfo_v2_t procs[MAX_LIVE];
+    unsigned int n;
+
+    CHECK_DEVICE(device);
+    CHECK_PTR(infoCount);
+    n = live_processes(dev_index(device), procs, MAX_LIVE);
+    if (n == 0) {
+        *infoCount = 0;
+        return NVML_SUCCESS;
+    }
+    if (infos == NULL || *infoCount < n) {
+        *infoCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++) {
+        char *slot = (char *)infos + i * entry_size;
+        if (entry_size == sizeof(nvmlProcessInfo_v1_t))
+            *(nvmlProcessInfo_v1_t *)slot = (nvmlProcessInfo_v1_t){procs[i].pid, procs[i].usedGpuMemory};
+        else
+            *(nvmlProcessInfo_v2_t *)slot = procs[i];
+    }
+    *infoCount = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_v2_t *infos)
+{
+    return running_processes(device, infoCount, infos, sizeof(nvmlProcessInfo_v2_t));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_v2_t *infos)
+{
+    return running_processes(device, infoCount, infos, sizeof(nvmlProcessInfo_v2_t));
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                         nvmlProcessInfo_v1_t *infos)
+{
+    return running_processes(device, infoCount, infos, sizeof(nvmlProcessInfo_v1_t));
+}
+
+/* Headless servers run no graphics clients. */
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    CHECK_DEVICE(device);
+    CHECK_PTR(infoCount);
+    *infoCount = 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- ECC, remapping, MIG, persistence, power, temperature ------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(current);
+    CHECK_PTR(pending);
+    if (!device->has_ecc)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *current = device->ecc_current;
+    *pending = device->ecc_pending;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                                unsigned long long *eccCounts)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(eccCounts);
+    if (errorType < 0 || errorType > 1 || counterType < 0 || counterType > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (!device->has_ecc || !device->ecc_current)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *eccCounts = device->ecc_counts[errorType][counterType];
+    return NVML_SUCCESS;
+}
+
+/* Ampere and newer replaced page retirement by row remapping: page queries are not supported. */
+static nvmlReturn_t retired_pages_support(nvmlDevice_t device)
+{
+    CHECK_DEVICE(device);
+    if (!device->has_ecc || device->has_remap || device->arch >= 7)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause, unsigned int *pageCount,
+                                              unsigned long long *addresses)
+{
+    nvmlReturn_t r = retired_pages_support(device);
+    (void)cause;
+    (void)addresses;
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(pageCount);
+    *pageCount = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages_v2(nvmlDevice_t device, int cause, unsigned int *pageCount,
+                                                 unsigned long long *addresses, unsigned long long *timestamps)
+{
+    (void)timestamps;
+    return nvmlDeviceGetRetiredPages(device, cause, pageCount, addresses);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *isPending)
+{
+    nvmlReturn_t r = retired_pages_support(device);
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(isPending);
+    *isPending = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                              unsigned int *uncRows, unsigned int *isPending,
+                                              unsigned int *failureOccurred)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(corrRows);
+    CHECK_PTR(uncRows);
+    CHECK_PTR(isPending);
+    CHECK_PTR(failureOccurred);
+    if (!device->has_remap)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *corrRows = device->remap[0];
+    *uncRows = device->remap[1];
+    *isPending = device->remap[2];
+    *failureOccurred = device->remap[3];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
+                                         unsigned int *pendingMode)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(currentMode);
+    CHECK_PTR(pendingMode);
+    if (!device->has_mig)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *currentMode = (unsigned)device->mig_current;
+    *pendingMode = (unsigned)device->mig_pending;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, int *mode)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(mode);
+    *mode = device->persistence;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(limit);
+    *limit = device->power_limit;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    return nvmlDeviceGetPowerManagementLimit(device, limit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(limit);
+    *limit = device->power_enforced;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(power);
+    *power = device->power_usage;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensorType, unsigned int *temp)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(temp);
+    if (sensorType != 0) /* NVML_TEMPERATURE_GPU is the only sensor */
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *temp = (unsigned)device->temperature;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_v1_t *temperature)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(temperature);
+    if (temperature->version != NVML_TEMPERATURE_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (temperature->sensorType != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    temperature->temperature = device->temperature;
+    return NVML_SUCCESS;
+}
+
+/* ---- PCIe ------------------------------------------------------------------------------ */
+
+static nvmlReturn_t pcie_value(nvmlDevice_t device, unsigned int *out, unsigned int value)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(out);
+    *out = value;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    return pcie_value(device, gen, valid_device(device) ? device->pcie_cur_gen : 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    return pcie_value(device, gen, valid_device(device) ? device->pcie_max_gen : 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *gen)
+{
+    return pcie_value(device, gen, valid_device(device) ? device->pcie_gpu_max_gen : 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
+{
+    return pcie_value(device, width, valid_device(device) ? device->pcie_cur_width : 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width)
+{
+    return pcie_value(device, width, valid_device(device) ? device->pcie_max_width : 0);
+}
+
+/* ---- topology, P2P, NUMA --------------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                        int *pathInfo)
+{
+    CHECK_DEVICE(device1);
+    CHECK_DEVICE(device2);
+    CHECK_PTR(pathInfo);
+    *pathInfo = device1->topo[dev_index(device2)];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t device1, nvmlDevice_t device2, int p2pIndex,
+                                           int *p2pStatus)
+{
+    CHECK_DEVICE(device1);
+    CHECK_DEVICE(device2);
+    CHECK_PTR(p2pStatus);
+    if (p2pIndex < 0 || p2pIndex >= P2P_CAPS_INDEX_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *p2pStatus = device1->p2p[dev_index(device2)][p2pIndex];
+    return NVML_SUCCESS;
+}
+
+/* GPU memory is not a NUMA node on x86 hosts (nvidia-smi prints "GPU NUMA ID N/A"). */
+EXPORT nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t device, unsigned int *node)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(node);
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int cpuSetSize,
+                                             unsigned long *cpuSet)
+{
+    CHECK_DEVICE(device);
+    if (cpuSetSize == 0 || cpuSet == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->cpu_aff_words == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < cpuSetSize; i++)
+        cpuSet[i] = i < device->cpu_aff_words ? (unsigned long)device->cpu_aff[i] : 0;
+    return NVML_SUCCESS;
+}
+
+/* ---- NVLink ---------------------------------------------------------------------------- */
+
+/* NOT_SUPPORTED without NVLink; INVALID_ARGUMENT at or past the GPU's own link count. */
+static nvmlReturn_t check_link(nvmlDevice_t device, unsigned int link)
+{
+    CHECK_DEVICE(device);
+    if (device->nvlink_count == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= device->nvlink_count || !device->links[link].present)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive)
+{
+    nvmlReturn_t r = check_link(device, link);
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(isActive);
+    *isActive = device->links[link].active ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t device, unsigned int link, unsigned int *version)
+{
+    nvmlReturn_t r = check_link(device, link);
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(version);
+    *version = device->nvlink_version;
+    return NVML_SUCCESS;
+}
+
+/* P2P, sysmem access and P2P atomics over every link; no sysmem atomics on x86; no SLI bridge. */
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned int link, int capability,
+                                                  unsigned int *capResult)
+{
+    static const unsigned int caps[NVLINK_CAP_COUNT] = {1, 1, 1, 0, 0, 1};
+    nvmlReturn_t r = check_link(device, link);
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(capResult);
+    if (capability < 0 || capability >= NVLINK_CAP_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *capResult = caps[capability];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t device, unsigned int link,
+                                                        nvmlPciInfo_t *pci)
+{
+    nvmlReturn_t r = check_link(device, link);
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(pci);
+    const fake_link_t *l = &device->links[link];
+    /* "pciSubSystemId is not filled" (nvml.h) */
+    fill_pci(pci, l->domain, l->bus, l->device, l->remote_device_id, 0);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo(nvmlDevice_t device, unsigned int link,
+                                                     nvmlPciInfo_t *pci)
+{
+    return nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, pci);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t device, unsigned int link,
+                                                        int *remoteType)
+{
+    nvmlReturn_t r = check_link(device, link);
+    if (r != NVML_SUCCESS)
+        return r;
+    CHECK_PTR(remoteType);
+    *remoteType = device->links[link].remote_type;
+    return NVML_SUCCESS;
+}
+
+static unsigned int active_switch_links(nvmlDevice_t device)
+{
+    unsigned int n = 0;
+    for (unsigned int l = 0; l < device->nvlink_count; l++)
+        if (device->links[l].active && device->links[l].remote_type == NVLINK_DEVICE_TYPE_SWITCH)
+            n++;
+    return n;
+}
+
+static void field_value(nvmlDevice_t device, nvmlFieldValue_t *v)
+{
+    v->timestamp = 0;
+    v->latencyUsec = 0;
+    v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+    v->value.ullVal = 0;
+    v->nvmlReturn = NVML_SUCCESS;
+    switch (v->fieldId) {
+    case FI_NVLINK_LINK_COUNT:
+    case FI_NVSWITCH_CONNECTED_LINK_COUNT:
+        if (device->nvlink_count == 0)
+            v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        else if (v->fieldId == FI_NVLINK_LINK_COUNT)
+            v->value.uiVal = device->nvlink_count;
+        else
+            v->value.uiVal = active_switch_links(device);
+        return;
+    case FI_NVLINK_GET_STATE:
+    case FI_NVLINK_GET_VERSION:
+        v->nvmlReturn = check_link(device, v->scopeId);
+        if (v->nvmlReturn == NVML_SUCCESS)
+            v->value.uiVal = v->fieldId == FI_NVLINK_GET_STATE ? (unsigned)device->links[v->scopeId].active
+                                                               : device->nvlink_version;
+        return;
+    default:
+        v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
+{
+    CHECK_DEVICE(device);
+    if (valuesCount < 0 || (valuesCount > 0 && values == NULL))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < valuesCount; i++)
+        field_value(device, &values[i]);
+    return NVML_SUCCESS;
+}
+
+/* ---- GPU fabric (Hopper SXM and newer) ------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfo_v3_t *info)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(info);
+    if (info->version != NVML_FABRIC_V2 && info->version != NVML_FABRIC_V3)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (!device->has_fabric)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memcpy(info->clusterUuid, device->cluster_uuid, sizeof info->clusterUuid);
+    info->status = device->fabric_status;
+    info->cliqueId = device->fabric_clique;
+    info->state = (unsigned char)device->fabric_state;
+    info->healthMask = device->fabric_health_mask;
+    if (info->version == NVML_FABRIC_V3)
+        info->healthSummary = (unsigned char)device->fabric_health_summary;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabricInfo_t *info)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(info);
+    if (!device->has_fabric)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memcpy(info->clusterUuid, device->cluster_uuid, sizeof info->clusterUuid);
+    info->status = device->fabric_status;
+    info->cliqueId = device->fabric_clique;
+    info->state = (unsigned char)device->fabric_state;
+    return NVML_SUCCESS;
+}
