@@ -46,6 +46,9 @@ class GpuSku:
     fabric_info: bool  #: ``nvmlDeviceGetGpuFabricInfoV`` supported (Hopper+ SXM)
     typical_count: int  #: GPUs in the usual host built around this model
     typical_fabric: NvlinkFabric
+    #: peer-to-peer over PCIe allowed (``nvmlDeviceGetP2PStatus``); GeForce boards report
+    #: ``NVML_P2P_STATUS_GPU_NOT_SUPPORTED`` (``GNS`` in ``nvidia-smi topo -p2p``)
+    pcie_p2p: bool = True
 
     @property
     def memory_gib(self) -> float:
@@ -225,6 +228,7 @@ CATALOGUE: dict[str, GpuSku] = {
             fabric_info=False,
             typical_count=2,
             typical_fabric="none",
+            pcie_p2p=False,
         ),
     )
 }
@@ -300,7 +304,9 @@ class HostGpus:
     def uniform(cls, count: int, memory_total: int, nvlink: bool, name: str = "GPU") -> HostGpus:
         """A host described only by inventory numbers: N GPUs of one size, NVLink or not."""
         gpus = tuple(Gpu(index=i, name=name, memory_total=memory_total) for i in range(count))
-        return cls(gpus=gpus, islands=nvlink_islands(count, "switch" if nvlink else "none"), source="inventory")
+        return cls(
+            gpus=gpus, islands=nvlink_islands(count, "switch" if nvlink else "none"), source="inventory"
+        )
 
     @property
     def count(self) -> int:
