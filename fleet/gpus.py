@@ -289,9 +289,7 @@ class HostGpus:
     sku: GpuSku | None = field(default=None, compare=False)
 
     @classmethod
-    def from_catalogue(
-        cls, key: str, count: int | None = None, fabric: NvlinkFabric | None = None
-    ) -> HostGpus:
+    def from_catalogue(cls, key: str, count: int | None = None, fabric: NvlinkFabric | None = None) -> HostGpus:
         sku = sku_for(key)
         n = count if count is not None else sku.typical_count
         fab: NvlinkFabric = fabric if fabric is not None else sku.typical_fabric
@@ -304,9 +302,7 @@ class HostGpus:
     def uniform(cls, count: int, memory_total: int, nvlink: bool, name: str = "GPU") -> HostGpus:
         """A host described only by inventory numbers: N GPUs of one size, NVLink or not."""
         gpus = tuple(Gpu(index=i, name=name, memory_total=memory_total) for i in range(count))
-        return cls(
-            gpus=gpus, islands=nvlink_islands(count, "switch" if nvlink else "none"), source="inventory"
-        )
+        return cls(gpus=gpus, islands=nvlink_islands(count, "switch" if nvlink else "none"), source="inventory")
 
     @property
     def count(self) -> int:

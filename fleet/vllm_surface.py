@@ -21,7 +21,16 @@ from typing import Any
 
 DATA_DIR = Path(__file__).resolve().parent / "data" / "vllm"
 
-_HUMAN_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_HUMAN_SUFFIX = {
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "K": 2**10,
+    "M": 2**20,
+    "G": 2**30,
+    "T": 2**40,
+}
 
 
 def human_readable_int(value: str) -> int:

@@ -1,0 +1,144 @@
+"""``fleet plan`` as a library: inventory in, one plan (or one problem) per host out.
+
+Touches no host. GPU facts come from, in order: the inventory's ``gpu`` entry, the host's lab
+profile (``lab_profile``, for lab hosts), or a probe result handed in by the caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import FleetError, PlanError, PlanProblem
+from fleet.gpus import GiB, HostGpus
+from fleet.inventory import HostSpec, LoadedInventory, load_inventory
+from fleet.model import ModelArch, load_model
+from fleet.planner import HostPlan, Instance, plan_host
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """The plan of one host, or why it has none."""
+
+    spec: HostSpec
+    plan: HostPlan | None
+    problem: PlanProblem | None
+
+    @property
+    def ok(self) -> bool:
+        return self.plan is not None
+
+
+def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> HostGpus:
+    """The GPU facts the planner uses for a host; ``PlanError`` if there are none."""
+    if probed and spec.name in probed:
+        return probed[spec.name]
+    if spec.gpu is not None:
+        return spec.gpu.host_gpus()
+    if spec.lab_profile is not None:
+        from fleet.lab.profiles import load_profile
+
+        try:
+            return load_profile(spec.lab_profile).host_gpus()
+        except (ValueError, OSError) as exc:
+            raise PlanError(PlanProblem(spec.name, f"lab_profile {spec.lab_profile!r}: {exc}")) from exc
+    raise PlanError(
+        PlanProblem(
+            spec.name,
+            "no GPU facts: the host was not probed and the inventory has no gpu entry",
+            ways_out=[
+                "add gpu: {'sku': 'h100-sxm-80gb', 'count': 8} to the host's data",
+                "probe the host (fleet audit)",
+            ],
+        )
+    )
+
+
+def plan_inventory(
+    inventory: LoadedInventory,
+    probed: Mapping[str, HostGpus] | None = None,
+    model_loader: Callable[[str, str | None], ModelArch] = load_model,
+) -> list[HostOutcome]:
+    """Plan every host; problems are collected per host, never raised half-way."""
+    outcomes = []
+    models: dict[tuple[str, str | None], ModelArch] = {}
+    for spec in inventory.hosts:
+        try:
+            key = (spec.model, spec.model_config)
+            if key not in models:
+                models[key] = model_loader(*key)
+            plan = plan_host(spec, gpus_for(spec, probed), models[key])
+            outcomes.append(HostOutcome(spec, plan, None))
+        except PlanError as exc:
+            outcomes.append(HostOutcome(spec, None, exc.problem))
+        except FleetError as exc:
+            outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc))))
+    return outcomes
+
+
+def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:
+    return plan_inventory(load_inventory(path, limit))
+
+
+# -- data for --json --------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> float:
+    return round(n / GiB, 3)
+
+
+def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str, Any]:
+    m = instance.memory
+    return {
+        "index": instance.index,
+        "unit": f"fleet-{instance.unit_name}.service",
+        "gpus": list(instance.gpus),
+        "tensor_parallel_size": instance.tensor_parallel_size,
+        "port": instance.port,
+        "argv": [f"{venv}/bin/vllm", "serve", *instance.argv],
+        "env": dict(instance.env),
+        "flags": [{"option": f.option, "value": f.value, "reason": f.reason} for f in instance.flags],
+        "memory": {
+            "gpu_total_gib": _gib(m.gpu_total),
+            "gpu_memory_utilization": m.utilization,
+            "budget_gib": _gib(m.budget),
+            "weights_per_gpu_gib": _gib(m.weights),
+            "non_torch_gib": _gib(m.non_torch),
+            "activation_peak_gib": _gib(m.activation_peak),
+            "cuda_graphs_gib": _gib(m.cuda_graphs),
+            "kv_budget_gib": _gib(m.kv_budget),
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "kv_tokens": m.kv_tokens,
+            "max_model_len": m.max_model_len,
+            "max_concurrency": round(m.max_concurrency, 2),
+            "workload_concurrency": m.workload_concurrency,
+        },
+    }
+
+
+def outcome_data(outcome: HostOutcome) -> dict[str, Any]:
+    data: dict[str, Any] = {"host": outcome.spec.name, "ok": outcome.ok, "model": outcome.spec.model}
+    if outcome.plan is not None:
+        p = outcome.plan
+        data.update(
+            {
+                "model_config": p.model_source,
+                "gpus_source": p.gpus_source,
+                "vllm_version": p.vllm_version,
+                "weights_precision": p.weights_precision,
+                "weights_gib": _gib(p.weight_bytes),
+                "instances": [instance_data(i) for i in p.instances],
+                "total_kv_tokens": p.total_kv_tokens,
+                "workload_concurrency": p.workload_concurrency,
+                "target_concurrency": outcome.spec.workload.target_concurrency,
+                "notes": list(p.notes),
+                "warnings": list(p.warnings),
+                "idle_gpus": list(p.idle_gpus),
+            }
+        )
+    if outcome.problem is not None:
+        pr = outcome.problem
+        data["error"] = {"summary": pr.summary, "details": pr.details, "ways_out": pr.ways_out}
+    return data

@@ -1,0 +1,118 @@
+"""How reports look to people: rich tables and colours. Data for machines lives elsewhere (``--json``)."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from fleet.gpus import GiB
+from fleet.plan import HostOutcome
+from fleet.planner import HostPlan, Instance
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def memory_table(instance: Instance) -> Table:
+    m = instance.memory
+    table = Table(show_header=False, box=None, padding=(0, 1))
+    table.add_column(style="dim")
+    table.add_column(justify="right")
+    table.add_row("GPU total", _gib(m.gpu_total))
+    table.add_row(f"× utilization {m.utilization:.2f}", _gib(m.budget))
+    table.add_row("− weights / GPU", _gib(m.weights))
+    table.add_row("− non-torch (CUDA, NCCL)", _gib(m.non_torch))
+    table.add_row("− activation peak (est.)", _gib(m.activation_peak))
+    table.add_row("− CUDA graphs (est.)", _gib(m.cuda_graphs))
+    table.add_row("= KV cache / GPU", _gib(m.kv_budget))
+    table.add_row("KV bytes / token / GPU", f"{m.kv_bytes_per_token:,}")
+    table.add_row("KV tokens", f"{m.kv_tokens:,}")
+    table.add_row(f"max concurrency @ {m.max_model_len:,}", f"{m.max_concurrency:.2f}x")
+    table.add_row(f"workload requests ({m.kv_tokens_per_request:,} KV tok)", f"{m.workload_concurrency:,}")
+    return table
+
+
+def flags_table(instance: Instance) -> Table:
+    """One row per flag: the flag, its value, and under the value why it has it."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="cyan", no_wrap=True)
+    table.add_column(ratio=1)
+    for flag in instance.flags:
+        table.add_row(flag.option, Group(Text(flag.value or "(switch)", style="bold"), Text(flag.reason, style="dim")))
+    env = " ".join(f"{k}={v}" for k, v in instance.env)
+    table.add_row(
+        "environment",
+        Group(Text(env, style="bold"), Text("this instance's GPUs, numbered as NVML numbers them", style="dim")),
+    )
+    return table
+
+
+def _same_flags(a: Instance, b: Instance) -> bool:
+    strip = {"--port"}
+    return [(f.option, f.value) for f in a.flags if f.option not in strip] == [
+        (f.option, f.value) for f in b.flags if f.option not in strip
+    ] and a.memory == b.memory
+
+
+def plan_panel(outcome: HostOutcome) -> Panel:
+    spec = outcome.spec
+    if outcome.plan is None:
+        assert outcome.problem is not None
+        body = Text(str(outcome.problem))
+        return Panel(body, title=f"[bold red]✗ {spec.name}[/]", border_style="red")
+    plan: HostPlan = outcome.plan
+    parts: list[Table | Text] = [
+        Text.assemble(
+            ("model ", "dim"),
+            (plan.model, "bold"),
+            (f"  weights {plan.weights_precision} {_gib(plan.weight_bytes)}", ""),
+            ("  vLLM ", "dim"),
+            plan.vllm_version,
+            ("  GPUs from ", "dim"),
+            plan.gpus_source,
+        )
+    ]
+    for instance in plan.instances:
+        if instance.index > 0 and _same_flags(instance, plan.instances[0]):
+            parts.append(
+                Text(
+                    f"instance {instance.index}: GPUs {list(instance.gpus)}  port {instance.port}  "
+                    f"(same flags and memory as instance 0)",
+                    style="bold",
+                )
+            )
+            continue
+        parts.append(
+            Text(
+                f"\ninstance {instance.index}: GPUs {list(instance.gpus)}  TP {instance.tensor_parallel_size}  "
+                f"port {instance.port}",
+                style="bold",
+            )
+        )
+        parts.append(flags_table(instance))
+        parts.append(memory_table(instance))
+    summary = (
+        f"\n{len(plan.instances)} instance(s), {plan.total_kv_tokens:,} KV tokens, "
+        f"{plan.workload_concurrency:,} concurrent requests of the workload "
+        f"(target {spec.workload.target_concurrency})"
+    )
+    parts.append(Text(summary))
+    for note in plan.notes:
+        parts.append(Text(f"• {note}", style="dim"))
+    for warning in plan.warnings:
+        parts.append(Text(f"! {warning}", style="yellow"))
+    style = "yellow" if plan.warnings else "green"
+    return Panel(Group(*parts), title=f"[bold {style}]✓ {spec.name}[/]", border_style=style)
+
+
+def print_plans(console: Console, outcomes: list[HostOutcome]) -> None:
+    for outcome in outcomes:
+        console.print(plan_panel(outcome))
+    bad = [o.spec.name for o in outcomes if not o.ok]
+    if bad:
+        console.print(f"[bold red]{len(bad)} of {len(outcomes)} host(s) have no valid plan:[/] {', '.join(bad)}")
+    else:
+        console.print(f"[bold green]{len(outcomes)} host(s) planned.[/]")
