@@ -69,6 +69,10 @@ def _fail(message: str, as_json: bool, code: int = 2) -> None:
 
 def _register_optional_groups() -> None:
     """Attach command groups that live in their own modules."""
+    import importlib.util
+
+    if importlib.util.find_spec("fleet.lab.cli") is None:  # the lab ships in its own issue
+        return
     from fleet.lab.cli import lab
 
     main.add_command(lab)
