@@ -103,9 +103,7 @@ class _Fields:
         self.path, self.prefix, self.table = path, prefix, table
 
     def fail(self, key: str, value: object, allowed: str) -> ValueError:
-        return ValueError(
-            f"{self.path}: field '{self.prefix}{key}' = {value!r} is invalid; allowed: {allowed}"
-        )
+        return ValueError(f"{self.path}: field '{self.prefix}{key}' = {value!r} is invalid; allowed: {allowed}")
 
     def sub(self, key: str) -> _Fields:
         value = self.table.get(key, {})
@@ -520,9 +518,7 @@ def _links_per_switch(nvlink: _Fields, fabric: NvlinkFabric, sku: GpuSku) -> tup
         base, extra = divmod(sku.nvlink_links, switches)
         given = [base + (1 if i < extra else 0) for i in range(switches)]
     if sum(given) != sku.nvlink_links:
-        raise nvlink.fail(
-            "links_per_switch", given, f"counts summing to {sku.nvlink_links} ({sku.key} links)"
-        )
+        raise nvlink.fail("links_per_switch", given, f"counts summing to {sku.nvlink_links} ({sku.key} links)")
     return tuple(given)
 
 
@@ -533,11 +529,7 @@ def _pairs(nvlink: _Fields, fabric: NvlinkFabric, count: int) -> tuple[tuple[int
     seen: set[int] = set()
     pairs = []
     for pair in values:
-        ok = (
-            isinstance(pair, list)
-            and len(pair) == 2
-            and all(isinstance(s, int) and 0 <= s < count for s in pair)
-        )
+        ok = isinstance(pair, list) and len(pair) == 2 and all(isinstance(s, int) and 0 <= s < count for s in pair)
         if not ok or pair[0] == pair[1] or seen & set(pair):
             raise nvlink.fail("pairs", values, f"a list of disjoint [a, b] slot pairs, slots < {count}")
         seen.update(pair)
@@ -551,9 +543,7 @@ def _fabric_info(table: _Fields) -> FabricInfo:
     try:
         cluster = uuid.UUID(raw_uuid)
     except ValueError:
-        raise table.fail(
-            "cluster_uuid", raw_uuid, "a UUID like 00000000-0000-0000-0000-000000000000"
-        ) from None
+        raise table.fail("cluster_uuid", raw_uuid, "a UUID like 00000000-0000-0000-0000-000000000000") from None
     return FabricInfo(FABRIC_STATES[state], table.int_("status", 0), table.int_("clique_id", 0), cluster)
 
 
@@ -597,9 +587,7 @@ def _pcie_levels(pcie: _Fields, count: int) -> tuple[tuple[int, ...], ...]:
 
 
 def _parse_matrix(pcie: _Fields, rows: list[Any], count: int) -> tuple[tuple[int, ...], ...]:
-    allowed = (
-        f"{count} rows of {count} symbols from {' '.join(TOPOLOGY_LEVELS)}, X on the diagonal, symmetric"
-    )
+    allowed = f"{count} rows of {count} symbols from {' '.join(TOPOLOGY_LEVELS)}, X on the diagonal, symmetric"
     parsed = []
     for row in rows:
         symbols = row.split() if isinstance(row, str) else []
@@ -615,9 +603,7 @@ def _parse_matrix(pcie: _Fields, rows: list[Any], count: int) -> tuple[tuple[int
     return tuple(parsed)
 
 
-def _slots(
-    path: Path, top: _Fields, pcie: _Fields, defaults: _Fields, sku: GpuSku, count: int
-) -> tuple[SlotGpu, ...]:
+def _slots(path: Path, top: _Fields, pcie: _Fields, defaults: _Fields, sku: GpuSku, count: int) -> tuple[SlotGpu, ...]:
     bus_values = pcie.list_("bus_ids")
     if bus_values is None:
         bus_values = [f"{0x10 * (i + 1):02x}" for i in range(count)]
