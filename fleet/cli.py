@@ -79,3 +79,7 @@ def _register_optional_groups() -> None:
 
 
 _register_optional_groups()
+
+
+if __name__ == "__main__":  # python -m fleet.cli
+    main()

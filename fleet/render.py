@@ -55,6 +55,13 @@ def systemd_arg(value: str) -> str:
     return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def exec_lines(instance: Instance) -> list[str]:
+    """``vllm serve`` arguments grouped one flag (and its value) per line, quoted for systemd."""
+    lines = [systemd_arg(instance.model)]
+    lines += [" ".join(systemd_arg(part) for part in flag.argv()) for flag in instance.flags]
+    return lines
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
@@ -88,6 +95,7 @@ def unit_file(plan: HostPlan, instance: Instance, paths: HostPaths = HostPaths()
             paths=paths,
             timeout_start=TIMEOUT_START_SECONDS,
             timeout_stop=timeout_stop + STOP_GRACE_SECONDS,
+            exec_lines=exec_lines(instance),
         )
     )
     return RenderedFile(f"{paths.unit_dir}/fleet-{instance.unit_name}.service", content, 0o644)

@@ -1,0 +1,73 @@
+"""`fleet plan` as an operator runs it: the installed console script, exit codes, --json, --render."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FLEET = [sys.executable, "-m", "fleet.cli"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "100"}
+    return subprocess.run([*FLEET, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+
+
+def test_plan_prod_inventory_table() -> None:
+    result = run("plan", "inventory/prod.py")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "gpu-h100-01" in out and "--max-model-len" in out and "KV tokens" in out and "host(s) planned" in out
+
+
+def test_plan_json_has_argv_and_memory_math() -> None:
+    result = run("plan", "inventory/prod.py", "--limit", "edge-a10-01", "--json")
+    assert result.returncode == 0, result.stderr
+    (host,) = json.loads(result.stdout)["hosts"]
+    assert host["ok"] and host["host"] == "edge-a10-01"
+    inst = host["instances"][0]
+    assert inst["argv"][:3] == ["/opt/fleet/vllm/bin/vllm", "serve", "mistralai/Mistral-7B-Instruct-v0.3"]
+    assert inst["memory"]["kv_tokens"] > 0 and inst["memory"]["max_concurrency"] > 1
+    assert {f["option"] for f in inst["flags"]} >= {"--max-model-len", "--gpu-memory-utilization"}
+    assert all(f["reason"] for f in inst["flags"])
+
+
+def test_exit_1_when_a_host_has_no_plan(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.py"
+    wl = {"p95_input_tokens": 1000, "p95_output_tokens": 100, "prefix_reuse": 0, "target_concurrency": 4}
+    a10 = {"sku": "a10-24gb"}
+    inv.write_text(
+        f"ok = [('small', {{'model': 'meta-llama/Llama-3.1-8B-Instruct', 'workload': {wl}, 'gpu': {a10}}})]\n"
+        f"bad = [('tiny', {{'model': 'meta-llama/Llama-3.1-70B-Instruct', 'workload': {wl}, 'gpu': {a10}}})]\n"
+    )
+    result = run("plan", str(inv), "--json")
+    assert result.returncode == 1
+    hosts = {h["host"]: h for h in json.loads(result.stdout)["hosts"]}
+    assert hosts["small"]["ok"] and not hosts["tiny"]["ok"]
+    assert hosts["tiny"]["error"]["ways_out"]
+    human = run("plan", str(inv))
+    assert human.returncode == 1 and "1 of 2 host(s) have no valid plan" in human.stdout
+
+
+def test_exit_2_on_invalid_inventory(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.py"
+    inv.write_text("h = [('h1', {'model': 'm/x', 'workload': {}, 'port': 'eighty'})]\n")
+    result = run("plan", str(inv))
+    assert result.returncode == 2
+    assert f"{inv}: host h1: port='eighty'" in result.stderr
+
+
+def test_render_writes_units_and_private_env_files(tmp_path: Path) -> None:
+    result = run("plan", "inventory/prod.py", "--limit", "gpu-l40s-01", "--render", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    root = tmp_path / "gpu-l40s-01"
+    units = sorted((root / "etc/systemd/system").glob("fleet-vllm-*.service"))
+    envs = sorted((root / "etc/fleet").glob("vllm-*.env"))
+    assert len(units) == len(envs) == 4
+    assert all(stat.S_IMODE(e.stat().st_mode) == 0o600 for e in envs)
+    assert "VLLM_API_KEY=" not in "".join(u.read_text() for u in units)

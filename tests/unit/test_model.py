@@ -1,0 +1,135 @@
+"""Model architecture: parameter counts, KV bytes per token per GPU, TP rules, config lookup."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import ModelConfigError
+from fleet.model import find_config, load_model, parse_config
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+
+# Published parameter counts (shared/reference/models.json, all with an untied LM head).
+PARAMS = {
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
+    "meta-llama/Llama-3.1-70B-Instruct": 70_553_706_496,
+    "mistralai/Mistral-7B-Instruct-v0.3": 7_248_023_552,
+    "Qwen/Qwen2.5-72B-Instruct": 72_706_203_648,
+}
+
+# KV bytes per token per GPU, bf16, from the table in shared/reference/vllm.md §5.1.
+KV_TABLE = {
+    "meta-llama/Llama-3.1-8B-Instruct": {1: 131_072, 2: 65_536, 4: 32_768, 8: 16_384},
+    "mistralai/Mistral-7B-Instruct-v0.3": {1: 131_072, 2: 65_536, 4: 32_768, 8: 16_384},
+    "meta-llama/Llama-3.1-70B-Instruct": {1: 327_680, 2: 163_840, 4: 81_920, 8: 40_960},
+    "Qwen/Qwen2.5-72B-Instruct": {1: 327_680, 2: 163_840, 4: 81_920, 8: 40_960},
+}
+
+
+@pytest.mark.parametrize("model, count", PARAMS.items())
+def test_parameter_count_from_architecture_matches_published(model: str, count: int) -> None:
+    assert load_model(model).computed_parameters == count
+
+
+@pytest.mark.parametrize("model", KV_TABLE)
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_kv_bytes_per_token_matches_vllm_table(model: str, tp: int) -> None:
+    assert load_model(model).kv_bytes_per_token(tp) == KV_TABLE[model][tp]
+
+
+def test_kv_heads_replicate_once_tp_exceeds_them() -> None:
+    arch = load_model("meta-llama/Llama-3.1-70B-Instruct")  # 8 KV heads
+    assert arch.kv_heads_per_gpu(16) == 1
+    assert arch.kv_bytes_per_token(16) == arch.kv_bytes_per_token(8)  # stops shrinking past 8
+    assert arch.kv_bytes_per_token(8, kv_dtype_bytes=1) == 20_480  # fp8 halves it
+
+
+def test_mla_latent_cache_is_not_split_by_tp() -> None:
+    arch = load_model(str(FIXTURES / "deepseek-v2-lite"))
+    assert arch.is_mla and arch.attention_kind == "MLA"
+    per_token = 27 * (512 + 64) * 2  # layers × (kv_lora_rank + qk_rope_head_dim) × bf16
+    assert [arch.kv_bytes_per_token(tp) for tp in (1, 2, 4, 8)] == [per_token] * 4
+    assert arch.is_moe and arch.num_experts == 64 and arch.dense_layers == 1
+    assert arch.computed_parameters == pytest.approx(15.7e9, rel=0.01)  # "15.7B" published
+    assert arch.max_model_len == 163_840  # yarn factor is not multiplied in
+
+
+def test_moe_mixtral_counts_every_expert() -> None:
+    arch = load_model(str(FIXTURES / "mixtral-8x7b"))
+    assert arch.attention_kind == "GQA" and arch.experts_per_token == 2
+    assert arch.computed_parameters == 46_702_792_704  # published Mixtral-8x7B total
+
+
+def test_odd_head_count_limits_tensor_parallel_sizes() -> None:
+    arch = load_model(str(FIXTURES / "odd-heads"))
+    assert arch.attention_kind == "MHA"
+    assert [tp for tp in range(1, 9) if arch.tp_problem(tp) is None] == [1, 5]
+    problem = arch.tp_problem(2)
+    assert problem is not None and "Total number of attention heads (25)" in problem
+    assert arch.dtype_bytes == 2  # an fp32 checkpoint is served as bf16 by --dtype auto
+    assert arch.tie_word_embeddings and arch.embedding_parameters == 50304 * 1600
+
+
+@pytest.mark.parametrize(
+    "n_kv, tp, ok",
+    [(8, 1, True), (8, 2, True), (8, 8, True), (8, 16, True), (8, 3, False), (4, 8, True), (6, 4, False), (2, 8, True)],
+)
+def test_kv_head_divisibility_rule(n_kv: int, tp: int, ok: bool) -> None:
+    cfg = {"num_attention_heads": 48, "num_key_value_heads": n_kv, "hidden_size": 6144, "num_hidden_layers": 2}
+    cfg["intermediate_size"] = 48 * 256
+    arch = parse_config(cfg, "synthetic")
+    heads_ok = 48 % tp == 0
+    assert (arch.tp_problem(tp) is None) == (ok and heads_ok)
+
+
+def test_rope_factor_multiplies_max_len_only_for_scaled_types() -> None:
+    base = {"num_attention_heads": 8, "hidden_size": 512, "num_hidden_layers": 2, "max_position_embeddings": 4096}
+    linear = parse_config({**base, "rope_scaling": {"type": "linear", "factor": 4.0}}, "a")
+    llama3 = parse_config({**base, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "b")
+    assert (linear.max_model_len, llama3.max_model_len) == (16384, 4096)
+
+
+def test_sliding_window_off_when_config_disables_it() -> None:
+    assert load_model("Qwen/Qwen2.5-72B-Instruct").sliding_window is None  # use_sliding_window: false
+    cfg = {"num_attention_heads": 8, "hidden_size": 512, "num_hidden_layers": 2, "sliding_window": 4096}
+    assert parse_config(cfg, "x").sliding_window == 4096
+
+
+def test_quantization_config_is_read() -> None:
+    cfg = {
+        "num_attention_heads": 8,
+        "hidden_size": 512,
+        "num_hidden_layers": 2,
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
+    }
+    q = parse_config(cfg, "x").quantization
+    assert q is not None and (q.method, q.bytes_per_param) == ("awq", 0.5)
+    fp8 = parse_config({**cfg, "quantization_config": {"quant_method": "fp8"}}, "y").quantization
+    assert fp8 is not None and fp8.bits == 8
+
+
+def test_multimodal_uses_text_config() -> None:
+    text = {"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "num_hidden_layers": 40}
+    arch = parse_config({"model_type": "llava", "text_config": text, "vision_config": {}}, "mm")
+    assert (arch.num_layers, arch.num_kv_heads) == (40, 8)
+
+
+def test_config_found_in_hf_cache_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshot = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    cfg = {"num_attention_heads": 4, "hidden_size": 256, "num_hidden_layers": 3, "torch_dtype": "float16"}
+    (snapshot / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    assert find_config("acme/tiny") == snapshot / "config.json"
+    assert load_model("acme/tiny").num_layers == 3
+
+
+def test_missing_config_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(ModelConfigError) as err:
+        load_model("acme/absent")
+    assert "acme/absent" in str(err.value) and str(tmp_path) in str(err.value) and "model_config" in str(err.value)

@@ -1,0 +1,272 @@
+"""The serving planner: the seed example, the 70B cases, errors with ways out, and properties."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleet.errors import PlanError
+from fleet.gpus import CATALOGUE, GiB, Gpu, HostGpus
+from fleet.model import load_model, parse_config
+from fleet.planner import BLOCK_SIZE, HostPlan, plan_host
+from fleet.vllm_surface import parse_serve_argv
+from tests.unit.conftest import spec
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
+L70 = "meta-llama/Llama-3.1-70B-Instruct"
+
+
+def flag(plan: HostPlan, option: str, instance: int = 0) -> str | None:
+    for f in plan.instances[instance].flags:
+        if f.option == option:
+            return f.value
+    raise KeyError(option)
+
+
+def test_seed_example_mistral_on_a_48gb_nvlink_gpu() -> None:
+    """The seed article's case: 48 GB GPU with NVLink, Mistral-7B v0.3 bf16, 2048+1024, reuse 0.6, 80 users."""
+    s = spec(
+        model="mistralai/Mistral-7B-Instruct-v0.3",
+        workload={"p95_input_tokens": 2048, "p95_output_tokens": 1024, "prefix_reuse": 0.6, "target_concurrency": 80},
+        gpu={"memory_gib": 48, "count": 1, "nvlink": True},
+    )
+    plan = plan_host(s, s.gpu.host_gpus(), load_model(s.model))  # type: ignore[union-attr]
+    (inst,) = plan.instances
+    m = inst.memory
+    # weights: 7,248,023,552 params × 2 bytes
+    assert plan.weight_bytes == 7_248_023_552 * 2
+    assert m.budget == int(0.90 * 48 * GiB)
+    assert m.kv_bytes_per_token == 131_072  # 2 × 32 layers × 8 KV heads × 128 × 2 bytes
+    assert flag(plan, "--max-model-len") == "3072"  # 2048 + 1024, a multiple of 16
+    assert flag(plan, "--tensor-parallel-size") == "1"
+    assert flag(plan, "--gpu-memory-utilization") == "0.90"
+    # KV: 43.2 GiB budget − 13.5 weights − ~1.2 overhead ≈ 28.5 GiB → ~233k tokens
+    assert 27 * GiB < m.kv_budget < 30 * GiB
+    assert m.kv_tokens == (m.kv_budget // (131_072 * BLOCK_SIZE) - 1) * BLOCK_SIZE
+    assert m.max_concurrency == pytest.approx(m.kv_tokens / 3072)
+    assert 70 < m.max_concurrency < 80  # full-length sequences
+    # with 60% prefix reuse a request holds 0.4 × 2048 + 1024 unique KV tokens: 80 users fit
+    assert m.kv_tokens_per_request == round(2048 * 0.4) + 1024
+    assert m.workload_concurrency >= 80 and not plan.warnings
+    assert "--enable-prefix-caching" not in inst.argv  # on by default since vLLM 0.11
+
+
+def test_llama70b_on_8x_h100_sxm_uses_tp4_twice() -> None:
+    plan = plan_host(spec(model=L70), HostGpus.from_catalogue("h100-sxm-80gb"), load_model(L70))
+    assert [i.gpus for i in plan.instances] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    assert [i.port for i in plan.instances] == [8000, 8001]
+    m = plan.instances[0].memory
+    assert m.weights == pytest.approx(131.4 * GiB / 4, rel=0.01)
+    assert m.kv_bytes_per_token == 81_920
+    assert plan.workload_concurrency >= 64
+    env = dict(plan.instances[1].env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+def test_llama70b_tp2_would_not_meet_target_so_tp4_is_chosen() -> None:
+    """TP 2 fits the weights but leaves ~3 GiB of KV per GPU: too few requests for the target."""
+    low = plan_host(
+        spec(model=L70, workload={**_wl(), "target_concurrency": 8}),
+        HostGpus.from_catalogue("h100-sxm-80gb"),
+        load_model(L70),
+    )
+    assert low.instances[0].tensor_parallel_size == 2 and len(low.instances) == 4
+
+
+def _wl() -> dict[str, float]:
+    return {"p95_input_tokens": 2048, "p95_output_tokens": 512, "prefix_reuse": 0.5, "target_concurrency": 64}
+
+
+def test_llama70b_on_2x_h100_pcie_without_nvlink_is_refused_with_ways_out() -> None:
+    gpus = HostGpus.from_catalogue("h100-pcie-80gb", 2, "none")
+    with pytest.raises(PlanError) as err:
+        plan_host(spec(model=L70), gpus, load_model(L70))
+    problem = err.value.problem
+    assert "do not fit" in problem.summary
+    text = str(problem)
+    assert "131.4" in text and "weights: fp8" in text and "allow_pcie_tensor_parallel" in text
+    # the way out works: TP 2 over PCIe when the operator allows it, with a warning
+    plan = plan_host(spec(model=L70, allow_pcie_tensor_parallel=True), gpus, load_model(L70))
+    assert plan.instances[0].tensor_parallel_size == 2
+    assert any("PCIe" in w for w in plan.warnings)
+
+
+def test_llama70b_on_one_a10_is_refused() -> None:
+    with pytest.raises(PlanError) as err:
+        plan_host(spec(model=L70), HostGpus.from_catalogue("a10-24gb", 1), load_model(L70))
+    text = str(err.value)
+    assert "weights do not fit" in text and "more GPUs" in text and "22.5 GiB" in text
+
+
+def test_context_that_leaves_no_room_for_one_sequence_is_an_error() -> None:
+    s = spec(model=L70, weights="fp8", workload={**_wl(), "p95_input_tokens": 30000})
+    with pytest.raises(PlanError) as err:
+        plan_host(s, HostGpus.from_catalogue("h100-pcie-80gb", 2, "none"), load_model(L70))
+    problem = err.value.problem
+    assert "no room for one sequence" in problem.summary
+    assert any("shorter context" in w for w in problem.ways_out)
+    assert any("kv_cache_dtype: fp8" in w for w in problem.ways_out)
+
+
+def test_pcie_only_gpus_get_one_instance_each() -> None:
+    plan = plan_host(spec(), HostGpus.from_catalogue("l40s-48gb"), load_model("meta-llama/Llama-3.1-8B-Instruct"))
+    assert [i.gpus for i in plan.instances] == [(0,), (1,), (2,), (3,)]
+    assert {i.tensor_parallel_size for i in plan.instances} == {1}
+
+
+def test_bridged_pairs_limit_tp_to_the_island() -> None:
+    gpus = HostGpus.from_catalogue("h100-pcie-80gb", 8, "pairs")
+    plan = plan_host(spec(model=L70, weights="fp8", kv_cache_dtype="fp8"), gpus, load_model(L70))
+    for inst in plan.instances:
+        assert inst.tensor_parallel_size <= 2
+        assert frozenset(inst.gpus) <= gpus.island_of(inst.gpus[0])
+    assert flag(plan, "--quantization") == "fp8" and flag(plan, "--kv-cache-dtype") == "fp8"
+
+
+def test_pinned_tp_that_cannot_divide_heads_is_refused() -> None:
+    arch = parse_config(
+        {"num_attention_heads": 24, "num_key_value_heads": 8, "hidden_size": 3072, "num_hidden_layers": 4}, "x"
+    )
+    with pytest.raises(PlanError) as err:
+        plan_host(spec(tensor_parallel_size=3), HostGpus.from_catalogue("h100-sxm-80gb"), arch)
+    text = str(err.value)
+    assert "tensor_parallel_size=3" in text and "use one of: 1, 2, 4, 8" in text
+
+
+def test_pinned_tp_larger_than_island_is_refused() -> None:
+    with pytest.raises(PlanError, match="largest NVLink island"):
+        plan_host(spec(tensor_parallel_size=4), HostGpus.from_catalogue("h100-pcie-80gb", 8, "pairs"), load_model(L70))
+
+
+def test_memory_in_use_lowers_utilization_and_says_why() -> None:
+    base = HostGpus.from_catalogue("l40s-48gb", 1)
+    busy = dataclasses.replace(base, gpus=(dataclasses.replace(base.gpus[0], memory_used=10 * GiB),))
+    plan = plan_host(spec(), busy, load_model("meta-llama/Llama-3.1-8B-Instruct"))
+    util = float(flag(plan, "--gpu-memory-utilization") or 0)
+    total = base.gpus[0].memory_total
+    assert util * total <= total - 10 * GiB  # vLLM's start check: free ≥ util × total
+    reason = next(f.reason for f in plan.instances[0].flags if f.option == "--gpu-memory-utilization")
+    assert "10.0 GiB in use" in reason
+
+
+def test_workload_longer_than_the_model_is_capped_with_a_warning() -> None:
+    s = spec(model="mistralai/Mistral-7B-Instruct-v0.3", workload={**_wl(), "p95_input_tokens": 40000})
+    plan = plan_host(s, HostGpus.from_catalogue("h100-sxm-80gb", 1), load_model(s.model))
+    assert flag(plan, "--max-model-len") == "32768"
+    assert any("exceeds the model's maximum" in w for w in plan.warnings)
+
+
+def test_int4_needs_a_prequantized_checkpoint() -> None:
+    with pytest.raises(PlanError) as err:
+        plan_host(
+            spec(weights="int4"), HostGpus.from_catalogue("a10-24gb", 1), load_model("meta-llama/Llama-3.1-8B-Instruct")
+        )
+    assert "pre-quantized" in str(err.value)
+
+
+def test_prequantized_awq_checkpoint_is_served_without_quantization_flag() -> None:
+    cfg = {
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "intermediate_size": 28672,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
+    }
+    plan = plan_host(spec(), HostGpus.from_catalogue("h100-sxm-80gb", 1), parse_config(cfg, "awq-70b"))
+    assert plan.weights_precision == "int4"
+    assert 35 * GiB < plan.weight_bytes < 40 * GiB  # 4-bit body + 16-bit embeddings
+    assert "--quantization" not in plan.instances[0].argv
+
+
+def test_api_key_never_in_argv_and_shutdown_timeout_present() -> None:
+    plan = plan_host(
+        spec(api_key_ref="env:KEY"),
+        HostGpus.from_catalogue("a10-24gb", 1),
+        load_model("meta-llama/Llama-3.1-8B-Instruct"),
+    )
+    argv = plan.instances[0].argv
+    assert "--api-key" not in argv and flag(plan, "--shutdown-timeout") == "30"
+
+
+def test_unknown_vllm_version_is_refused() -> None:
+    with pytest.raises(PlanError, match=r"0\.33\.0"):
+        plan_host(
+            spec(vllm_version="0.10.0"),
+            HostGpus.from_catalogue("a10-24gb", 1),
+            load_model("meta-llama/Llama-3.1-8B-Instruct"),
+        )
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+MODELS = [
+    load_model(m)
+    for m in (
+        "meta-llama/Llama-3.1-8B-Instruct",
+        L70,
+        "mistralai/Mistral-7B-Instruct-v0.3",
+        "Qwen/Qwen2.5-72B-Instruct",
+        str(FIXTURES / "mixtral-8x7b"),
+        str(FIXTURES / "deepseek-v2-lite"),
+        str(FIXTURES / "odd-heads"),
+    )
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    arch=st.sampled_from(MODELS),
+    sku=st.sampled_from(sorted(CATALOGUE)),
+    count=st.sampled_from([1, 2, 4, 8]),
+    fabric=st.sampled_from(["switch", "pairs", "none"]),
+    used_gib=st.lists(st.floats(0, 30), min_size=8, max_size=8),
+    p95_in=st.integers(1, 40000),
+    p95_out=st.integers(1, 8000),
+    reuse=st.floats(0, 1),
+    target=st.integers(1, 500),
+    weights=st.sampled_from(["auto", "fp8", "bf16"]),
+    kv=st.sampled_from(["auto", "fp8"]),
+)
+def test_any_plan_fits_memory_divides_heads_and_parses(
+    arch, sku, count, fabric, used_gib, p95_in, p95_out, reuse, target, weights, kv
+) -> None:  # type: ignore[no-untyped-def]
+    gpus = HostGpus.from_catalogue(sku, count, fabric)
+    gpus = dataclasses.replace(
+        gpus,
+        gpus=tuple(
+            Gpu(g.index, g.name, g.memory_total, int(min(used_gib[g.index] * GiB, g.memory_total * 0.5)))
+            for g in gpus.gpus
+        ),
+    )
+    wl = {"p95_input_tokens": p95_in, "p95_output_tokens": p95_out, "prefix_reuse": reuse, "target_concurrency": target}
+    s = spec(model=arch.name, workload=wl, weights=weights, kv_cache_dtype=kv)
+    try:
+        plan = plan_host(s, gpus, arch)
+    except PlanError as err:
+        assert err.problem.summary and err.problem.host == "h1"
+        return
+    used_gpus: set[int] = set()
+    for inst in plan.instances:
+        m = inst.memory
+        tp = inst.tensor_parallel_size
+        assert arch.num_attention_heads % tp == 0 and arch.tp_problem(tp) is None
+        assert len(inst.gpus) == tp and not used_gpus & set(inst.gpus)
+        used_gpus |= set(inst.gpus)
+        assert frozenset(inst.gpus) <= gpus.island_of(inst.gpus[0])
+        for i in inst.gpus:  # vLLM's start check and the memory sum, on every GPU of the instance
+            g = gpus.gpus[i]
+            assert m.utilization * g.memory_total <= g.memory_total - g.memory_used
+            assert m.weights + m.non_torch + m.activation_peak + m.cuda_graphs + m.kv_budget <= g.memory_total
+        assert 0 < m.utilization < 1
+        assert m.kv_tokens >= m.max_model_len  # at least one full sequence fits
+        assert m.max_model_len % BLOCK_SIZE == 0 or m.max_model_len == arch.max_model_len
+        ns = parse_serve_argv(inst.argv, "0.33.0")
+        assert ns.tensor_parallel_size == tp and ns.max_model_len == m.max_model_len
