@@ -1,0 +1,2 @@
+"""The simulated vLLM: argument parsing, model architecture, memory arithmetic, GPUs, workers,
+engine, HTTP server, metrics and fault injection, one module each."""

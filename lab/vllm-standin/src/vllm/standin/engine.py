@@ -1,0 +1,245 @@
+"""A simulated engine core: a scheduler over a KV cache of ``num_blocks`` blocks.
+
+No model runs. A request is admitted while fewer than ``max_num_seqs`` run and its tokens fit
+in free KV blocks; "prefill" takes ``prefill_seconds_per_token × prompt tokens``, then one token
+is produced every ``token_seconds``. When a running request needs a new block and none is free
+it is preempted (recompute, as in vLLM V1) and goes back to waiting. Generated text is derived
+deterministically from the prompt, so two identical requests give identical answers.
+
+The counters and histograms behind ``/metrics`` live here (see ``metrics.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+_WORD_TEXT = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+    "they you were her she there been one all we their has would when if so no will more can out other "
+    "fleet lab vllm token model serve engine cache block memory host rollout drain health metric"
+)
+WORDS = tuple(_WORD_TEXT.split())
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+
+#: Buckets of vLLM's ``vllm:time_to_first_token_seconds``.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+#: Buckets of ``vllm:e2e_request_latency_seconds``.
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+               240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+def count_tokens(text: str) -> int:
+    """A stable stand-in tokenizer: words and punctuation marks, plus a BOS token."""
+    return len(_TOKEN_RE.findall(text)) + 1
+
+
+class EngineDeadError(Exception):
+    """The engine died (vLLM's ``EngineDeadError``)."""
+
+
+class RequestAborted(Exception):
+    """The request was aborted (shutdown without drain, or drain timeout)."""
+
+
+class EngineShuttingDown(Exception):
+    """New requests are rejected while draining."""
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.count += 1
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    abort: threading.Event = field(default_factory=threading.Event)
+    blocks: int = 0
+    generated: int = 0
+
+
+class Engine:
+    """Scheduler, KV accounting and statistics of one engine (``engine="0"``)."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        token_seconds: float,
+        prefill_seconds_per_token: float,
+    ) -> None:
+        self.num_blocks = max(1, num_blocks - 1)  # one block is the null block
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.token_seconds = token_seconds
+        self.prefill_seconds_per_token = prefill_seconds_per_token
+        self.cond = threading.Condition()
+        self.running: list[Request] = []
+        self.waiting: list[Request] = []
+        self.used_blocks = 0
+        self.dead = False
+        self.hung = False
+        self.rejecting = False
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.preemptions = 0
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.e2e = Histogram(E2E_BUCKETS)
+        self.started = time.time()
+        self._ids = 0
+
+    # -- state changes from the server -------------------------------------------------
+    def kill(self) -> None:
+        """The engine dies: everything in flight fails with ``EngineDeadError``."""
+        with self.cond:
+            self.dead = True
+            self.cond.notify_all()
+        self.abort_all()
+
+    def abort_all(self) -> int:
+        with self.cond:
+            requests = self.running + self.waiting
+            for req in requests:
+                req.abort.set()
+            self.cond.notify_all()
+        return len(requests)
+
+    def in_flight(self) -> int:
+        with self.cond:
+            return len(self.running) + len(self.waiting)
+
+    def kv_usage(self) -> float:
+        with self.cond:
+            return self.used_blocks / self.num_blocks
+
+    # -- request path ------------------------------------------------------------------
+    def new_request(self, prompt: str, max_tokens: int) -> Request:
+        with self.cond:
+            if self.dead:
+                raise EngineDeadError("EngineCore encountered an issue. See stack trace above for the root cause.")
+            if self.rejecting:
+                raise EngineShuttingDown("The engine is shutting down and does not accept new requests.")
+            self._ids += 1
+            return Request(f"cmpl-{self._ids:08x}", prompt, count_tokens(prompt), max_tokens)
+
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+    def _check(self, req: Request) -> None:
+        if self.dead:
+            raise EngineDeadError("EngineCore encountered an issue. See stack trace above for the root cause.")
+        if req.abort.is_set():
+            raise RequestAborted(req.request_id)
+
+    def _admit(self, req: Request) -> None:
+        with self.cond:
+            self.waiting.append(req)
+            try:
+                while True:
+                    self._check(req)
+                    need = self._blocks_for(req.prompt_tokens + req.generated + 1)
+                    if (
+                        self.waiting[0] is req
+                        and len(self.running) < self.max_num_seqs
+                        and self.used_blocks + need <= self.num_blocks
+                    ):
+                        break
+                    self.cond.wait(0.05)
+            finally:
+                self.waiting.remove(req)
+            req.blocks = need
+            self.used_blocks += need
+            self.running.append(req)
+            self.cond.notify_all()
+
+    def _release(self, req: Request) -> None:
+        with self.cond:
+            if req in self.running:
+                self.running.remove(req)
+                self.used_blocks -= req.blocks
+                req.blocks = 0
+                self.cond.notify_all()
+
+    def _sleep(self, req: Request, seconds: float) -> None:
+        if req.abort.wait(seconds):
+            self._check(req)
+
+    def generate(self, req: Request) -> Iterator[str]:
+        """Yield the request's tokens; raises ``RequestAborted``/``EngineDeadError``."""
+        arrival = time.monotonic()
+        rng = random.Random(hashlib.sha256(req.prompt.encode()).digest())
+        reason = "error"
+        try:
+            self._admit(req)
+            with self.cond:
+                self.prompt_tokens += req.prompt_tokens
+            self._sleep(req, self.prefill_seconds_per_token * req.prompt_tokens)
+            first = True
+            while req.generated < req.max_tokens:
+                while self.hung:  # the "alive but hung" engine: no token ever comes
+                    self._sleep(req, 0.1)
+                    self._check(req)
+                self._sleep(req, self.token_seconds)
+                self._check(req)
+                with self.cond:
+                    need = self._blocks_for(req.prompt_tokens + req.generated + 1)
+                    if need > req.blocks:
+                        if self.used_blocks + 1 > self.num_blocks:
+                            preempted = True
+                        else:
+                            self.used_blocks += 1
+                            req.blocks += 1
+                            preempted = False
+                    else:
+                        preempted = False
+                    if not preempted:
+                        req.generated += 1
+                        self.generation_tokens += 1
+                if preempted:
+                    with self.cond:
+                        self.preemptions += 1
+                    self._release(req)
+                    self._admit(req)
+                    continue
+                if first:
+                    self.ttft.observe(time.monotonic() - arrival)
+                    first = False
+                yield " " + rng.choice(WORDS)
+            reason = "length"
+        except RequestAborted:
+            reason = "abort"
+            raise
+        finally:
+            self._release(req)
+            with self.cond:
+                self.success[reason] += 1
+            self.e2e.observe(time.monotonic() - arrival)

@@ -1,0 +1,105 @@
+"""The GPUs this process may use, seen through NVML (``nvidia-ml-py``).
+
+In the lab the NVML library is fleet's shim, so "GPU memory" is whatever the shim reports:
+the profile's totals minus what live processes hold (their ``<pid>.mem`` files). vLLM sees
+devices through CUDA; here ``CUDA_VISIBLE_DEVICES`` is mapped to NVML indices assuming
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA index order = NVML index order), which is what fleet's
+units set. Like CUDA, entries may be indices or (prefixes of) UUIDs, and the list stops at the
+first entry that names no device.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.standin.log import StartupError
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One visible GPU: its CUDA index (position in the visible list) and NVML facts."""
+
+    cuda_index: int
+    nvml_index: int
+    uuid: str
+    name: str
+    total: int
+    free: int
+    compute_capability: tuple[int, int]
+
+
+def _nvml() -> Any:
+    import pynvml
+
+    return pynvml
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _select(visible: str | None, uuids: list[str]) -> list[int]:
+    """NVML indices selected by a ``CUDA_VISIBLE_DEVICES`` value (``None``: all)."""
+    if visible is None:
+        return list(range(len(uuids)))
+    chosen: list[int] = []
+    for raw in visible.split(","):
+        entry = raw.strip()
+        if not entry:
+            break
+        if entry.lstrip("-").isdigit():
+            index = int(entry)
+            if not 0 <= index < len(uuids):
+                break
+        else:
+            matches = [i for i, u in enumerate(uuids) if u.startswith(entry) or u == "GPU-" + entry]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        if index in chosen:
+            break
+        chosen.append(index)
+    return chosen
+
+
+def nvml_init() -> Any:
+    """``pynvml`` after ``nvmlInit``; a vLLM-like error when there is no usable NVML."""
+    try:
+        pynvml = _nvml()
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+        raise StartupError("RuntimeError", f"Failed to infer device type (NVML: {exc})") from None
+    return pynvml
+
+
+def gpu_info(pynvml: Any, nvml_index: int, cuda_index: int) -> Gpu:
+    """Facts about one device, memory as NVML reports it right now."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    try:
+        cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+    except Exception:
+        cc = (9, 0)
+    return Gpu(
+        cuda_index=cuda_index,
+        nvml_index=nvml_index,
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        name=_text(pynvml.nvmlDeviceGetName(handle)),
+        total=int(mem.total),
+        free=int(mem.free),
+        compute_capability=(int(cc[0]), int(cc[1])),
+    )
+
+
+def visible_gpus() -> list[Gpu]:
+    """The GPUs CUDA would show this process, in CUDA order."""
+    pynvml = nvml_init()
+    count = pynvml.nvmlDeviceGetCount()
+    uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+    chosen = _select(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)
+    gpus = [gpu_info(pynvml, nvml_index, cuda_index) for cuda_index, nvml_index in enumerate(chosen)]
+    if not gpus:
+        raise StartupError("RuntimeError", "Failed to infer device type")
+    return gpus
