@@ -6,6 +6,7 @@ profile (``lab_profile``, for lab hosts), or a probe result handed in by the cal
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> Ho
         from fleet.lab.profiles import load_profile
 
         try:
-            return load_profile(spec.lab_profile).host_gpus()
+            gpus = load_profile(spec.lab_profile).host_gpus()
+            return dataclasses.replace(gpus, source=f"lab_profile:{spec.lab_profile}")
         except (ValueError, OSError) as exc:
             raise PlanError(PlanProblem(spec.name, f"lab_profile {spec.lab_profile!r}: {exc}")) from exc
     raise PlanError(

@@ -308,7 +308,7 @@ def gpu_groups(gpus: HostGpus, tp: int, pcie_tp: bool) -> list[tuple[int, ...]]:
     for island in sorted(islands, key=min):
         members = sorted(island)
         groups += [tuple(members[i : i + tp]) for i in range(0, len(members) - tp + 1, tp)]
-    return groups
+    return sorted(groups)
 
 
 def candidate_tps(arch: ModelArch, gpus: HostGpus, spec: HostSpec, pcie_tp: bool) -> list[int]:
