@@ -1,0 +1,76 @@
+"""A private cgroup for each lab host's systemd-nspawn, when systemd is not PID 1 here.
+
+``systemd-nspawn --keep-unit`` treats the cgroup it starts in as its own and creates
+``supervisor`` and ``payload`` beside itself. Two hosts started from the same cgroup would share
+one ``payload`` and their systemds would manage (and kill) each other's services, so each host's
+nspawn is started inside ``<hierarchy>/fleet-lab/<machine>`` in every hierarchy systemd uses: the
+unified (v2) one and the named ``systemd`` v1 one on hybrid machines, or the single v2 tree.
+When systemd is PID 1 here, nspawn asks it for a scope instead and none of this is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+LAB_CGROUP = "fleet-lab"
+
+
+def systemd_is_pid1() -> bool:
+    """Whether this machine was booted with systemd (then nspawn can allocate its own scope)."""
+    return Path("/run/systemd/system").is_dir()
+
+
+def hierarchies(root: Path = CGROUP_ROOT) -> list[Path]:
+    """The cgroup hierarchies systemd (and so nspawn) uses on this machine."""
+    if (root / "cgroup.controllers").exists():
+        return [root]
+    return [h for h in (root / "unified", root / "systemd") if (h / "cgroup.procs").exists()]
+
+
+def host_cgroups(machine: str, root: Path = CGROUP_ROOT) -> list[Path]:
+    """The cgroup directories (one per hierarchy) that hold ``machine``'s nspawn and payload."""
+    return [h / LAB_CGROUP / machine for h in hierarchies(root)]
+
+
+def create(paths: list[Path]) -> None:
+    """Create the cgroups (the parent too)."""
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+
+
+def pids_in(path: Path) -> list[int]:
+    """Every pid in the cgroup and its descendants."""
+    pids: list[int] = []
+    if not path.is_dir():
+        return pids
+    for procs in path.rglob("cgroup.procs"):
+        try:
+            pids += [int(x) for x in procs.read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def kill_all(paths: list[Path]) -> None:
+    """SIGKILL every process left in the cgroups (the fallback when a container would not stop)."""
+    for p in paths:
+        for pid in pids_in(p):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def remove(paths: list[Path]) -> None:
+    """Remove the cgroups (deepest first) and the shared parent once it is empty."""
+    for p in paths:
+        if not p.is_dir():
+            continue
+        for d in sorted((d for d in p.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        for d in (p, p.parent):
+            with contextlib.suppress(OSError):
+                d.rmdir()

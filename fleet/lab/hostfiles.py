@@ -1,0 +1,150 @@
+"""The files that make a copy of the base into one particular lab host.
+
+Written into the host's overlay root before it boots (and refreshed by every ``up``): identity
+(hostname, /etc/hosts, machine-id), sshd listening on the host's own loopback address only with
+key auth only and the lab-made host key, the login key, and the simulated GPUs: the NVML shim as
+``libnvidia-ml.so.1``, its profile, the text of ``/proc/driver/nvidia/version`` (bind-mounted over
+``/proc/driver`` by nspawn), and a tmpfiles.d entry for the shim's live-state dir.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet.lab.base import LOGIN_USER
+from fleet.lab.errors import LabError
+from fleet.lab.state import HostRecord
+
+#: Inside the host: the directory nspawn binds read-only over /proc/driver.
+PROC_DRIVER_SOURCE = "/usr/lib/fleet-lab/proc-driver"
+NVML_PROFILE_PATH = "/etc/fleet-lab/nvml-profile"
+NVML_STATE_DIR = "/run/fleet-lab/nvml"
+SHIM_PATH = f"/usr/lib/{platform.machine()}-linux-gnu/libnvidia-ml.so.1"
+SSHD_DROP_IN = "/etc/ssh/sshd_config.d/10-fleet-lab.conf"
+HOST_KEY = "/etc/ssh/ssh_host_ed25519_key"
+
+
+@dataclass(frozen=True)
+class HostFile:
+    """One file to place in a host: path inside the host, content, mode, and owner."""
+
+    path: str
+    content: str
+    mode: int = 0o644
+    owner: str = "root"
+
+
+def sshd_config(address: str, port: int) -> str:
+    """sshd settings: this host's address only, keys only, the lab-made ed25519 host key."""
+    return (
+        "# Written by fleet lab: listen on this lab host's own loopback address only.\n"
+        f"ListenAddress {address}:{port}\n"
+        f"HostKey {HOST_KEY}\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "PermitRootLogin no\n"
+        "UseDNS no\n"
+    )
+
+
+def etc_hosts(me: HostRecord, lab_hosts: list[HostRecord]) -> str:
+    """/etc/hosts naming every host of the lab at its address."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    lines += [f"{h.address}\t{h.name}" for h in lab_hosts]
+    if me not in lab_hosts:
+        lines.append(f"{me.address}\t{me.name}")
+    return "\n".join(lines) + "\n"
+
+
+def identity_files(
+    lab: str, me: HostRecord, lab_hosts: list[HostRecord], port: int, host_key: Path, control_pub: str
+) -> list[HostFile]:
+    """Hostname, hosts, sshd, host key, login key and the lab's description of the host."""
+    info = {"lab": lab, "name": me.name, "address": me.address, "profile": me.profile, "ssh_port": port}
+    return [
+        HostFile("/etc/hostname", me.name + "\n"),
+        HostFile("/etc/hosts", etc_hosts(me, lab_hosts)),
+        HostFile(SSHD_DROP_IN, sshd_config(me.address, port)),
+        HostFile(HOST_KEY, host_key.read_text(), 0o600),
+        HostFile(HOST_KEY + ".pub", Path(f"{host_key}.pub").read_text()),
+        HostFile(f"/home/{LOGIN_USER}/.ssh/authorized_keys", control_pub + "\n", 0o600, LOGIN_USER),
+        HostFile("/etc/fleet-lab/host.json", json.dumps(info, indent=2) + "\n"),
+    ]
+
+
+def gpu_files(profile_name: str) -> list[HostFile]:
+    """The simulated GPUs' profile, driver version text and live-state dir (tmpfiles.d)."""
+    from fleet.lab.profiles import load_profile
+
+    try:
+        profile = load_profile(profile_name)
+    except ValueError as exc:
+        raise LabError(f"lab profile: {exc}") from exc
+    return [
+        HostFile(NVML_PROFILE_PATH, profile.render()),
+        HostFile(PROC_DRIVER_SOURCE + "/nvidia/version", profile.proc_driver_version_text(), 0o444),
+        HostFile("/etc/tmpfiles.d/fleet-lab.conf", f"d {NVML_STATE_DIR} 1777 root root -\n"),
+    ]
+
+
+def _owner_ids(root: Path, user: str) -> tuple[int, int]:
+    """uid and gid of ``user`` in the host's own /etc/passwd (not the control machine's)."""
+    if user == "root":
+        return 0, 0
+    for line in (root / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == user:
+            return int(fields[2]), int(fields[3])
+    raise LabError(f"user {user!r} is missing from {root}/etc/passwd; rebuild the base (remove the cache dir)")
+
+
+def _inside(root: Path, path: str) -> Path:
+    """``path`` inside ``root``, refusing a path that resolves outside it (a symlink in the host)."""
+    target = root / path.lstrip("/")
+    parent = target.parent.resolve()
+    if parent != root.resolve() and root.resolve() not in parent.parents:
+        raise LabError(f"{path} in {root} resolves outside the host root ({parent}); refusing to write it")
+    return target
+
+
+def install_files(root: Path, files: list[HostFile]) -> None:
+    """Write ``files`` into the host root (atomically each), with modes and owners."""
+    for f in files:
+        uid, gid = _owner_ids(root, f.owner)
+        target = _inside(root, f.path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if f.owner != "root":
+            for d in (target.parent,):
+                d.chmod(0o700)
+                shutil.chown(d, uid, gid)
+        tmp = target.with_name(f".{target.name}.fleet-lab-tmp")
+        tmp.write_text(f.content)
+        tmp.chmod(f.mode)
+        shutil.chown(tmp, uid, gid)
+        tmp.replace(target)
+
+
+def install_shim(root: Path, shim: Path) -> None:
+    """Put the NVML shim where dlopen("libnvidia-ml.so.1") finds it, and refresh the loader cache."""
+    target = _inside(root, SHIM_PATH)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(".libnvidia-ml.fleet-lab-tmp")
+    shutil.copyfile(shim, tmp)
+    tmp.chmod(0o755)
+    tmp.replace(target)
+    result = subprocess.run(["ldconfig", "-r", str(root)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise LabError(f"ldconfig -r {root} failed: {result.stderr.strip()}")
+
+
+def ensure_machine_id(root: Path) -> None:
+    """Give the host its own machine-id once (the base's is empty)."""
+    path = root / "etc/machine-id"
+    if not path.is_file() or not path.read_text().strip():
+        path.write_text(uuid.uuid4().hex + "\n")

@@ -1,0 +1,78 @@
+"""Write the lab's pyinfra inventory (``inventory/lab.py`` by default).
+
+pyinfra's Python inventory format: every module-level list not starting with ``_`` is a group;
+its items are ``(host name, host data)`` tuples. The file holds one group, ``lab``. Every host
+carries its SSH settings (strict host-key checking against the lab's ``known_hosts``), its lab
+profile and address, and the fleet serving defaults below, which the planner reads.
+"""
+
+from __future__ import annotations
+
+import os
+import pprint
+from pathlib import Path
+from typing import Any
+
+from fleet.lab.base import LOGIN_USER
+from fleet.lab.state import HostRecord, LabDir, LabState
+
+DEFAULT_INVENTORY = Path("inventory/lab.py")
+GROUP = "lab"
+HEADER = "# Written by `fleet lab up` for lab {name!r}; `fleet lab down` removes it. Do not edit."
+
+#: What every lab host serves unless the inventory is edited: the planner's inputs.
+FLEET_LAB_DEFAULTS: dict[str, Any] = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "vllm_version": "0.33.0",
+    "port": 8000,
+    "workload": {
+        "p95_input_tokens": 2048,
+        "p95_output_tokens": 512,
+        "prefix_reuse": 0.5,
+        "target_concurrency": 32,
+    },
+    "api_key_ref": "env:FLEET_LAB_API_KEY",
+}
+
+
+def host_data(lab: LabDir, state: LabState, host: HostRecord, pip_index_url: str | None = None) -> dict[str, Any]:
+    """The pyinfra host data of one lab host."""
+    data: dict[str, Any] = {
+        "ssh_hostname": host.address,
+        "ssh_port": state.ssh_port,
+        "ssh_user": LOGIN_USER,
+        "ssh_key": str(lab.control_key),
+        "ssh_known_hosts_file": str(lab.known_hosts),
+        "ssh_strict_host_key_checking": "yes",
+        "lab_profile": host.profile,
+        "bind_address": host.address,
+        **FLEET_LAB_DEFAULTS,
+    }
+    # pip_index_url: where lab hosts install packages from (the lab's package index); None = not set.
+    if pip_index_url is not None:
+        data["pip_index_url"] = pip_index_url
+    return data
+
+
+def render_inventory(lab: LabDir, state: LabState, pip_index_url: str | None = None) -> str:
+    """The inventory file's text."""
+    hosts = [(h.name, host_data(lab, state, h, pip_index_url)) for h in state.hosts]
+    body = pprint.pformat(hosts, indent=1, width=100, sort_dicts=False)
+    return f"{HEADER.format(name=state.name)}\n\n{GROUP} = {body}\n"
+
+
+def written_by_lab(path: Path, lab_name: str) -> bool:
+    """Whether ``path`` is an inventory this lab wrote (so ``down`` may remove it)."""
+    try:
+        with open(path) as f:
+            return f.readline().rstrip("\n") == HEADER.format(name=lab_name)
+    except OSError:
+        return False
+
+
+def write_inventory(path: Path, text: str) -> None:
+    """Write atomically, creating the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,262 @@
+"""``up``, ``down`` and ``status`` of a whole lab: the operations behind ``fleet lab``.
+
+``up`` is declarative and idempotent: hosts 1..N exist and run with the requested profiles
+(cycled over the hosts); running hosts keep running (their per-host files are refreshed, which
+updates a changed profile live), missing or stopped ones are started, hosts beyond N are
+stopped and removed. ``down`` stops every host, unmounts, and removes the state dir and the
+inventory ``up`` wrote; the cached base stays.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from fleet.lab import base as base_mod
+from fleet.lab import hostfiles, inventory_writer, ssh
+from fleet.lab.errors import LabError
+from fleet.lab.machine import Machine
+from fleet.lab.mirror import find_mirror
+from fleet.lab.mounts import mounts_under
+from fleet.lab.ports import port_conflict
+from fleet.lab.prereqs import require_prereqs
+from fleet.lab.sshkeys import generate_ed25519, known_hosts_line
+from fleet.lab.state import (
+    DEFAULT_LAB_NAME,
+    DEFAULT_STATE_ROOT,
+    MAX_HOSTS,
+    HostRecord,
+    LabDir,
+    LabState,
+    choose_octet,
+    host_address,
+    host_name,
+)
+
+DEFAULT_PROFILE = "h100-sxm-8"
+Progress = Callable[[str], None]
+
+
+@dataclass
+class UpOptions:
+    """Everything ``up`` can be told (the CLI's flags)."""
+
+    name: str = DEFAULT_LAB_NAME
+    hosts: int = 2
+    profiles: Sequence[str] = (DEFAULT_PROFILE,)
+    mirror: str | None = None
+    inventory: Path = inventory_writer.DEFAULT_INVENTORY
+    state_root: Path = DEFAULT_STATE_ROOT
+    cache_dir: Path = base_mod.DEFAULT_CACHE_DIR
+    octet: int | None = None
+    ssh_port: int = 22
+    pip_index_url: str | None = None  # the lab package index; wired in by its own issue
+
+
+@dataclass
+class UpResult:
+    """What ``up`` did, for the CLI to show."""
+
+    state: LabState
+    started: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    inventory: Path | None = None
+    seconds: float = 0.0
+
+
+def machine_for(lab: LabDir, state: LabState, host: HostRecord) -> Machine:
+    """The Machine object of a recorded host."""
+    return Machine(host.name, host.address, state.ssh_port, lab.host_dir(host.name))
+
+
+def _check_profiles(profiles: Sequence[str]) -> None:
+    """Fail before touching anything if a profile name is unknown."""
+    from fleet.lab.profiles import load_profile
+
+    for name in profiles:
+        try:
+            load_profile(name)
+        except ValueError as exc:
+            raise LabError(f"--profile {name}: {exc}") from exc
+
+
+def _desired_hosts(opts: UpOptions, octet: int) -> list[HostRecord]:
+    if not 1 <= opts.hosts <= MAX_HOSTS:
+        raise LabError(f"--hosts must be between 1 and {MAX_HOSTS}, not {opts.hosts}")
+    profiles = list(opts.profiles) or [DEFAULT_PROFILE]
+    return [
+        HostRecord(host_name(opts.name, i), i, host_address(octet, i), profiles[(i - 1) % len(profiles)])
+        for i in range(1, opts.hosts + 1)
+    ]
+
+
+def _initial_state(lab: LabDir, opts: UpOptions) -> LabState:
+    """The recorded state, checked against the options, or a new one."""
+    state = lab.load()
+    if state is None:
+        octet = opts.octet if opts.octet is not None else choose_octet(lab.state_root, lab.name)
+        return LabState(name=lab.name, octet=octet, ssh_port=opts.ssh_port)
+    if opts.octet is not None and opts.octet != state.octet:
+        raise LabError(f"lab {lab.name!r} uses addresses 127.0.{state.octet}.x; take it down first to change the octet")
+    if opts.ssh_port != state.ssh_port:
+        raise LabError(f"lab {lab.name!r} uses ssh port {state.ssh_port}; take it down first to change it")
+    return state
+
+
+def _prepare_keys(lab: LabDir, state: LabState, hosts: list[HostRecord]) -> None:
+    """The control key pair, each host's key, and the known_hosts listing them."""
+    generate_ed25519(lab.control_key, f"fleet-lab-{lab.name}")
+    lines = []
+    for h in hosts:
+        key = generate_ed25519(lab.host_dir(h.name) / "ssh_host_ed25519_key", f"root@{h.name}")
+        lines.append(known_hosts_line(h.address, state.ssh_port, key))
+    lab.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+def _prepare_root(lab: LabDir, state: LabState, host: HostRecord, base: Path, shim: Path) -> Machine:
+    """Mount the host's root and write its files (also for a running host: refreshes them)."""
+    m = machine_for(lab, state, host)
+    m.mount_root(base)
+    control_pub = Path(f"{lab.control_key}.pub").read_text().strip()
+    files = hostfiles.identity_files(lab.name, host, state.hosts, state.ssh_port, m.host_key, control_pub)
+    hostfiles.install_files(m.root, files + hostfiles.gpu_files(host.profile))
+    hostfiles.install_shim(m.root, shim)
+    hostfiles.ensure_machine_id(m.root)
+    return m
+
+
+def _remove_host(lab: LabDir, state: LabState, host: HostRecord) -> None:
+    machine_for(lab, state, host).stop()
+    shutil.rmtree(lab.host_dir(host.name), ignore_errors=True)
+
+
+def _check_ports(state: LabState, hosts: list[HostRecord]) -> None:
+    for h in hosts:
+        taken = port_conflict(h.address, state.ssh_port)
+        if taken:
+            raise LabError(
+                f"port {state.ssh_port} at {h.address} is taken (something listens on {taken}); lab hosts share "
+                f"this machine's network, so pass another port with --ssh-port (e.g. 2222)"
+            )
+
+
+def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
+    """Bring the lab to ``opts.hosts`` running hosts; see the module docstring."""
+    t0 = time.monotonic()
+    require_prereqs()
+    lab = LabDir(opts.name, opts.state_root)
+    _check_profiles(opts.profiles)
+    state = _initial_state(lab, opts)
+    desired = _desired_hosts(opts, state.octet)
+    result = UpResult(state=state)
+    for extra in [h for h in state.hosts if h.name not in {d.name for d in desired}]:
+        progress(f"removing {extra.name}")
+        _remove_host(lab, state, extra)
+        result.removed.append(extra.name)
+
+    base_path = base_mod.base_path(opts.cache_dir, base_mod.DEFAULT_SUITE, base_mod.BASE_PACKAGES)
+    if not base_mod.is_complete(base_path):
+        mirror = opts.mirror or find_mirror(base_mod.DEFAULT_SUITE)
+        base_path = base_mod.ensure_base(mirror, opts.cache_dir, progress=progress)
+    from fleet.lab.nvml import build_shim
+
+    shim = build_shim(opts.cache_dir / "nvml")
+    state.hosts = desired
+    state.base = str(base_path)
+    state.inventory = str(opts.inventory.resolve())
+    lab.save(state)  # recorded before anything starts, so `down` can clean up a failed `up`
+    _prepare_keys(lab, state, desired)
+
+    to_start: list[Machine] = []
+    for h in desired:
+        m = _prepare_root(lab, state, h, base_path, shim)
+        if m.is_running():
+            result.kept.append(h.name)
+        else:
+            to_start.append(m)
+    _check_ports(state, [h for h in desired if h.name in {m.name for m in to_start}])
+    for m in to_start:
+        progress(f"booting {m.name} at {m.address}")
+        m.start()
+    for m in to_start:
+        m.wait_for_ssh()
+        progress(f"{m.name} answers on {m.address}:{m.ssh_port}")
+        result.started.append(m.name)
+
+    inventory_writer.write_inventory(opts.inventory, inventory_writer.render_inventory(lab, state, opts.pip_index_url))
+    result.inventory = opts.inventory
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def down(
+    name: str = DEFAULT_LAB_NAME, state_root: Path = DEFAULT_STATE_ROOT, progress: Progress = lambda _m: None
+) -> list[str]:
+    """Stop every host of the lab and remove what ``up`` made; return the hosts stopped."""
+    lab = LabDir(name, state_root)
+    if not lab.root.exists():
+        return []
+    state = lab.load()
+    port = state.ssh_port if state else 22
+    stopped = []
+    host_dirs = sorted(p for p in (lab.root / "hosts").glob("*") if p.is_dir())
+    for d in host_dirs:
+        progress(f"stopping {d.name}")
+        Machine(d.name, "", port, d).stop()
+        stopped.append(d.name)
+    if state and state.inventory and inventory_writer.written_by_lab(Path(state.inventory), name):
+        Path(state.inventory).unlink()
+    left = mounts_under(lab.root)
+    if left:
+        raise LabError(f"not removing {lab.root}: still mounted: {', '.join(map(str, left))}")
+    shutil.rmtree(lab.root)
+    return stopped
+
+
+@dataclass
+class HostStatus:
+    """One row of ``fleet lab status``."""
+
+    name: str
+    address: str
+    profile: str
+    pid: int | None
+    running: bool
+    ssh: str  #: "ok" or why not
+    system_state: str | None  #: `systemctl is-system-running` as the host says it
+
+
+def _probe_ssh(lab: LabDir, state: LabState, host: HostRecord) -> tuple[str, str | None]:
+    """Log in with strict host-key checking and ask systemd how the host is doing."""
+    try:
+        client = ssh.connect(host.address, state.ssh_port, lab.control_key, lab.known_hosts, timeout=5.0)
+    except (OSError, paramiko.SSHException) as exc:
+        return f"{type(exc).__name__}: {exc}", None
+    try:
+        _rc, out, _err = ssh.run(client, "systemctl is-system-running", timeout=15.0)
+        return "ok", out.strip() or None
+    finally:
+        client.close()
+
+
+def status(
+    name: str = DEFAULT_LAB_NAME, state_root: Path = DEFAULT_STATE_ROOT
+) -> tuple[LabState | None, list[HostStatus]]:
+    """The lab's recorded hosts with what is true now."""
+    lab = LabDir(name, state_root)
+    state = lab.load()
+    if state is None:
+        return None, []
+    rows = []
+    for h in state.hosts:
+        m = machine_for(lab, state, h)
+        pid = m.pid()
+        ssh_state, system_state = _probe_ssh(lab, state, h) if pid else ("host not running", None)
+        rows.append(HostStatus(h.name, h.address, h.profile, pid, pid is not None, ssh_state, system_state))
+    return state, rows
