@@ -1,0 +1,172 @@
+"""``fleet lab up / down / status``: a local fleet of real hosts to rehearse deploys on.
+
+Thin commands over :mod:`fleet.lab.lab`. Human output is a rich table with progress on stderr;
+``--json`` prints one JSON document on stdout (progress still goes to stderr). Errors print
+what is wrong and how to fix it, and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fleet.lab import lab as lab_ops
+from fleet.lab.errors import LabError
+from fleet.lab.inventory_writer import DEFAULT_INVENTORY
+from fleet.lab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT
+
+_err = Console(stderr=True, highlight=False)
+
+
+def _fail(message: str, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps({"error": message}, indent=2))
+    else:
+        _err.print(f"[bold red]error:[/] {message}", markup=True)
+    sys.exit(2)
+
+
+def _progress(message: str) -> None:
+    _err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}")
+
+
+def _status_table(lab: str, rows: list[lab_ops.HostStatus]) -> Table:
+    table = Table(title=f"lab {lab}")
+    for col in ("host", "address", "profile", "nspawn pid", "ssh", "systemd"):
+        table.add_column(col)
+    for r in rows:
+        ssh = "[green]ok[/]" if r.ssh == "ok" else f"[red]{r.ssh}[/]"
+        sysstate = r.system_state or "-"
+        colour = "green" if sysstate == "running" else "yellow"
+        table.add_row(r.name, r.address, r.profile, str(r.pid) if r.pid else "[red]stopped[/]", ssh,
+                      f"[{colour}]{sysstate}[/]")  # fmt: skip
+    return table
+
+
+_name_option = click.option("--name", default=DEFAULT_LAB_NAME, show_default=True, help="Lab name.")
+_state_option = click.option(
+    "--state-root",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=DEFAULT_STATE_ROOT,
+    show_default=True,
+    hidden=True,
+    help="Where labs keep their state (env FLEET_LAB_STATE).",
+)
+
+
+@click.group()
+def lab() -> None:
+    """A local fleet of real Linux hosts (systemd-nspawn) with simulated GPUs."""
+
+
+@lab.command()
+@click.option("--hosts", "hosts", type=click.IntRange(1, 240), default=2, show_default=True, help="Number of hosts.")
+@click.option(
+    "--profile",
+    "profiles",
+    multiple=True,
+    help=f"GPU profile; repeat to cycle profiles over hosts [default: {lab_ops.DEFAULT_PROFILE}].",
+)
+@_name_option
+@click.option("--mirror", default=None, help="Debian mirror for the base (default: this machine's apt sources).")
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=DEFAULT_INVENTORY,
+    show_default=True,
+    help="pyinfra inventory file to write.",
+)
+@click.option("--ssh-port", type=click.IntRange(1, 65535), default=22, show_default=True, help="sshd port in hosts.")
+@click.option("--octet", type=click.IntRange(1, 254), default=None, help="Use addresses 127.0.OCTET.x.")
+@_state_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def up(
+    hosts: int,
+    profiles: tuple[str, ...],
+    name: str,
+    mirror: str | None,
+    inventory: Path,
+    ssh_port: int,
+    octet: int | None,
+    state_root: Path,
+    as_json: bool,
+) -> None:
+    """Start the lab's hosts (idempotent: running hosts stay, missing ones start)."""
+    opts = lab_ops.UpOptions(
+        name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
+        inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port,
+    )  # fmt: skip
+    try:
+        with _err.status(f"bringing up lab {name}"):
+            result = lab_ops.up(opts, progress=_progress)
+    except LabError as exc:
+        _fail(str(exc), as_json)
+    if as_json:
+        payload: dict[str, Any] = {
+            "lab": name,
+            "started": result.started,
+            "kept": result.kept,
+            "removed": result.removed,
+            "inventory": str(result.inventory),
+            "seconds": round(result.seconds, 2),
+            "hosts": [asdict(h) for h in result.state.hosts],
+        }
+        click.echo(json.dumps(payload, indent=2))
+        return
+    table = Table(title=f"lab {name}: {len(result.state.hosts)} hosts")
+    for col in ("host", "address", "profile", ""):
+        table.add_column(col)
+    for h in result.state.hosts:
+        what = "started" if h.name in result.started else "kept running"
+        table.add_row(h.name, h.address, h.profile, what)
+    Console(highlight=False).print(table)
+    _err.print(f"inventory: {result.inventory}  ({result.seconds:.1f} s)")
+
+
+@lab.command()
+@_name_option
+@_state_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def down(name: str, state_root: Path, as_json: bool) -> None:
+    """Stop the lab's hosts and remove its state and inventory (the cached base stays)."""
+    t0 = time.monotonic()
+    try:
+        stopped = lab_ops.down(name, state_root, progress=_progress)
+    except LabError as exc:
+        _fail(str(exc), as_json)
+    seconds = time.monotonic() - t0
+    if as_json:
+        click.echo(json.dumps({"lab": name, "stopped": stopped, "seconds": round(seconds, 2)}, indent=2))
+    elif stopped:
+        _err.print(f"lab {name}: stopped {', '.join(stopped)} ({seconds:.1f} s)")
+    else:
+        _err.print(f"lab {name}: nothing to stop")
+
+
+@lab.command()
+@_name_option
+@_state_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(name: str, state_root: Path, as_json: bool) -> None:
+    """List the lab's hosts: address, profile, nspawn alive, SSH answering, systemd state."""
+    try:
+        state, rows = lab_ops.status(name, state_root)
+    except LabError as exc:
+        _fail(str(exc), as_json)
+    if as_json:
+        doc = {"lab": name, "exists": state is not None, "hosts": [asdict(r) for r in rows]}
+        click.echo(json.dumps(doc, indent=2))
+    elif state is None:
+        _err.print(f"lab {name} is not up (fleet lab up --name {name})")
+    else:
+        Console(highlight=False).print(_status_table(name, rows))
+    healthy = state is not None and all(r.running and r.ssh == "ok" for r in rows)
+    sys.exit(0 if healthy else 1)

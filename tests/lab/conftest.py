@@ -1,0 +1,114 @@
+"""Fixtures for lab tests: a small lab of real hosts, always torn down.
+
+The test lab has its own name, state dir, inventory path (under pytest's tmp dir) and address
+octet, so it never touches an operator's lab. It shares the cached base
+(``/var/cache/fleet/lab`` or ``$FLEET_LAB_CACHE``) because building one takes a minute.
+
+Teardown happens twice over: the fixture's ``finally`` takes the lab down, and
+``pytest_sessionfinish`` takes down every lab this session started (a no-op when the fixture
+already did), so an interrupted session leaves no nspawn process and no mount.
+
+Without root or the lab's tools the tests skip with the reason; with ``FLEET_LAB_REQUIRED=1``
+(set in CI) they fail instead, so CI cannot silently skip them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from fleet.lab import lab as lab_ops
+from fleet.lab.prereqs import check_prereqs, describe_missing
+from fleet.lab.state import LabDir, LabState
+
+TEST_OCTET = int(os.environ.get("FLEET_LAB_TEST_OCTET", "251"))
+TEST_PROFILES = ("h100-sxm-8-link-down", "rtx4090-2", "h100-pcie-8-bridged")
+
+#: (lab name, state root) of every lab this session brought up, for the safety net.
+_STARTED: list[tuple[str, Path]] = []
+
+
+def lab_unavailable() -> str | None:
+    """Why lab tests cannot run here, or None."""
+    missing = check_prereqs()
+    return describe_missing(missing) if missing else None
+
+
+def require_lab() -> None:
+    """Skip (or, with FLEET_LAB_REQUIRED=1, fail) when the lab cannot run here."""
+    reason = lab_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("FLEET_LAB_REQUIRED") == "1":
+        pytest.fail(f"FLEET_LAB_REQUIRED=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def bring_up(opts: lab_ops.UpOptions) -> lab_ops.UpResult:
+    """``up`` that registers the lab with the session's safety net first."""
+    if (opts.name, opts.state_root) not in _STARTED:
+        _STARTED.append((opts.name, opts.state_root))
+    return lab_ops.up(opts)
+
+
+def test_lab_options(root: Path, name: str, octet: int, hosts: int, profiles: tuple[str, ...]) -> lab_ops.UpOptions:
+    """Options for a test lab that lives entirely under ``root``."""
+    return lab_ops.UpOptions(
+        name=name,
+        hosts=hosts,
+        profiles=profiles,
+        mirror=os.environ.get("FLEET_LAB_MIRROR") or None,
+        inventory=root / "inventory" / "lab.py",
+        state_root=root / "state",
+        octet=octet,
+    )
+
+
+test_lab_options.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
+
+
+@dataclass
+class LabFleet:
+    """The running test lab."""
+
+    opts: lab_ops.UpOptions
+    result: lab_ops.UpResult
+
+    @property
+    def dir(self) -> LabDir:
+        return LabDir(self.opts.name, self.opts.state_root)
+
+    @property
+    def state(self) -> LabState:
+        state = self.dir.load()
+        assert state is not None
+        return state
+
+    def options(self, **changes: object) -> lab_ops.UpOptions:
+        return replace(self.opts, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def lab_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
+    """Three hosts with distinct profiles; taken down at the end of the session, pass or fail."""
+    require_lab()
+    root = tmp_path_factory.mktemp("lab")
+    opts = test_lab_options(root, f"pt{os.getpid()}", TEST_OCTET, 3, TEST_PROFILES)
+    try:
+        result = bring_up(opts)
+        yield LabFleet(opts, result)
+    finally:
+        lab_ops.down(opts.name, opts.state_root)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Safety net: take down every lab this session started, even if a fixture could not."""
+    for name, state_root in _STARTED:
+        try:
+            lab_ops.down(name, state_root)
+        except Exception as exc:  # report and go on to the next lab
+            print(f"\nfleet lab: could not take down test lab {name} under {state_root}: {exc}")
