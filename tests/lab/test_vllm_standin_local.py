@@ -1,0 +1,646 @@
+"""The vLLM stand-in on this machine: real wheel, real NVML shim, real pynvml, real processes.
+
+No containers: the stand-in is installed from its built wheel into a fresh venv (``--no-index``)
+and run as ``vllm serve`` subprocesses against fleet's simulated NVML library, with the
+profile, live-state directory and HF cache in temporary directories. GPU memory is observed
+from a separate process through the unmodified ``pynvml``, the way fleet's probe sees it.
+
+Expected numbers come from the NVML profile (totals) and from the stand-in's own log lines
+checked against each other, never from constants copied out of the implementation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.lab.index import build_standin_wheel, fetch_wheels
+from fleet.lab.nvml import build_shim
+from fleet.lab.profiles import load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "fleet" / "data" / "models"
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
+GiB = 1024**3
+LOAD_S = 0.4
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is needed to build the NVML shim")
+
+NVML_PROBE = """
+import json, pynvml as N
+N.nvmlInit()
+out = []
+for i in range(N.nvmlDeviceGetCount()):
+    h = N.nvmlDeviceGetHandleByIndex(i)
+    m = N.nvmlDeviceGetMemoryInfo(h)
+    procs = {p.pid: p.usedGpuMemory for p in N.nvmlDeviceGetComputeRunningProcesses(h)}
+    out.append({"total": m.total, "used": m.used, "free": m.free, "procs": procs})
+print(json.dumps(out))
+"""
+
+
+# ---- environment ------------------------------------------------------------------------------
+
+
+@dataclass
+class Lab:
+    """One installed stand-in plus the simulated machine it runs on."""
+
+    root: Path
+    venv: Path
+    shim_dir: Path
+    hf_home: Path
+    profiles: dict[str, Path]
+
+    @property
+    def vllm(self) -> Path:
+        return self.venv / "bin" / "vllm"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+
+def _install_model(hf_home: Path, model_id: str, config: dict[str, Any]) -> None:
+    repo = hf_home / "hub" / ("models--" + model_id.replace("/", "--"))
+    snap = repo / "snapshots" / "0123456789abcdef"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(config))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123456789abcdef")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+    root = tmp_path_factory.mktemp("standin")
+    shim = build_shim(root / "shim").parent
+    wheels = root / "wheels"
+    build_standin_wheel(wheels)
+    fetch_wheels(wheels)
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(wheels), "vllm==0.33.0"],
+        check=True,
+        env={**os.environ, "PIP_CONFIG_FILE": os.devnull},
+    )
+    hf_home = root / "hf"
+    for config in MODELS.glob("*/*/config.json"):
+        _install_model(hf_home, f"{config.parent.parent.name}/{config.parent.name}", json.loads(config.read_text()))
+    # 40 heads / 8 KV heads: TP=5 divides the heads but not the KV heads.
+    odd = json.loads((MODELS / LLAMA_8B / "config.json").read_text())
+    odd.update(num_attention_heads=40, hidden_size=5120)
+    _install_model(hf_home, "fleetlab/odd-heads", odd)
+    profiles = {}
+    for name in ("h100-sxm-8", "a10-1"):
+        profiles[name] = root / f"{name}.profile"
+        profiles[name].write_text(load_profile(name).render())
+    return Lab(root, venv, shim, hf_home, profiles)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    state_dir: Path
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_exit(self, timeout: float = 20) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def wait_ready(self, timeout: float = 30) -> float:
+        """Poll ``/health`` until 200; returns seconds since start."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError):
+                if http(self.url + "/health")[0] == 200:
+                    return time.monotonic() - self.started
+            time.sleep(0.05)
+        raise AssertionError(f"not ready after {timeout}s:\n{self.log()}")
+
+    def workers(self) -> list[int]:
+        return children(self.proc.pid)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def http(
+    url: str, body: dict[str, Any] | None = None, key: str | None = None, timeout: float = 10
+) -> tuple[int, bytes, dict[str, str]]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("content-type", "application/json")
+    if key:
+        req.add_header("authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), dict(err.headers)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        named = line.startswith((name + "{", name + " "))
+        if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"{name} {labels} not in metrics"
+    return total
+
+
+@pytest.fixture
+def run(lab: Lab, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Start ``vllm serve`` processes; every one (and its workers) is killed at teardown."""
+    started: list[Server] = []
+    state_dir = tmp_path / "nvml-state"
+
+    def start(*args: str, profile: str = "h100-sxm-8", env: dict[str, str] | None = None, wait: bool = False) -> Server:
+        port = free_port()
+        log_path = tmp_path / f"serve-{len(started)}.log"
+        full_env = {
+            **os.environ,
+            "LD_LIBRARY_PATH": str(lab.shim_dir),
+            "FLEET_NVML_PROFILE": str(lab.profiles[profile]),
+            "FLEET_NVML_STATE_DIR": str(state_dir),
+            "HF_HOME": str(lab.hf_home),
+            "FLEET_LAB_FAULTS": str(tmp_path / "faults.json"),
+            "FLEET_LAB_LOAD_SECONDS": str(LOAD_S),
+            "FLEET_LAB_WATCHDOG_SECONDS": "0.5",
+        }
+        full_env.pop("VLLM_API_KEY", None)
+        full_env.pop("CUDA_VISIBLE_DEVICES", None)
+        full_env.update(env or {})
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [str(lab.vllm), "serve", *args, "--host", "127.0.0.1", "--port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                start_new_session=True,  # its own process group: teardown reaches orphaned workers too
+            )
+        server = Server(proc, port, log_path, state_dir)
+        started.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                server.proc.wait(timeout=5)
+
+
+def nvml(lab: Lab, server: Server, profile: str = "h100-sxm-8") -> list[dict[str, Any]]:
+    """GPU memory and compute processes as a separate pynvml process sees them."""
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(lab.shim_dir),
+        "FLEET_NVML_PROFILE": str(lab.profiles[profile]),
+        "FLEET_NVML_STATE_DIR": str(server.state_dir),
+    }
+    out = subprocess.run([str(lab.python), "-c", NVML_PROBE], env=env, capture_output=True, text=True, check=True)
+    gpus: list[dict[str, Any]] = json.loads(out.stdout)
+    for gpu in gpus:
+        gpu["procs"] = {int(pid): used for pid, used in gpu["procs"].items()}
+    return gpus
+
+
+def health(server: Server) -> int:
+    """``/health`` status, -1 when the connection is refused or reset."""
+    try:
+        return http(server.url + "/health", timeout=2)[0]
+    except OSError:
+        return -1
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+
+def test_version(lab: Lab) -> None:
+    out = subprocess.run([str(lab.vllm), "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "0.33.0+fleetlab.1"
+    assert "not vLLM" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--swap-space", "4"],
+        ["--num-scheduler-steps", "8"],
+        ["--speculative-model", "x"],
+        ["--preemption-mode", "swap"],
+        ["--no-such-flag"],
+    ],
+)
+def test_removed_and_unknown_flags_exit_2(lab: Lab, flags: list[str]) -> None:
+    out = subprocess.run([str(lab.vllm), "serve", LLAMA_8B, *flags], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert f"vllm: error: unrecognized arguments: {' '.join(flags)}" in out.stderr
+
+
+# ---- start refusals ---------------------------------------------------------------------------
+
+
+def _refused(server: Server) -> str:
+    assert server.wait_exit() != 0
+    log = server.log()
+    assert not server.workers()
+    return log
+
+
+def test_max_model_len_above_model_limit(run: Callable[..., Server]) -> None:
+    # --disable-log-requests is 0.33.0's inverse of --enable-log-requests: accepted, so we get
+    # past parsing to the config check.
+    log = _refused(run(LLAMA_8B, "--max-model-len", "200000", "--disable-log-requests"))
+    assert (
+        "ValueError: User-specified max_model_len (200000) is greater than the derived max_model_len "
+        "(max_position_embeddings=131072 or model_max_length=None in model's config.json)"
+    ) in log
+
+
+def test_tp_larger_than_gpus(run: Callable[..., Server]) -> None:
+    log = _refused(run(LLAMA_8B, "-tp", "2", profile="a10-1"))
+    assert "ValueError: World size (2) is larger than the number of available GPUs (1) in this node." in log
+
+
+def test_cuda_visible_devices_limits_gpus(run: Callable[..., Server]) -> None:
+    log = _refused(run(LLAMA_8B, "-tp", "4", env={"CUDA_VISIBLE_DEVICES": "2,5"}))
+    assert "World size (4) is larger than the number of available GPUs (2)" in log
+
+
+def test_tp_must_divide_heads(run: Callable[..., Server]) -> None:
+    log = _refused(run(LLAMA_8B, "--tensor-parallel-size", "3"))
+    assert "ValueError: Total number of attention heads (32) must be divisible by tensor parallel size (3)." in log
+
+
+def test_tp_must_divide_kv_heads(run: Callable[..., Server]) -> None:
+    log = _refused(run("fleetlab/odd-heads", "-tp", "5", "--max-model-len", "4096"))
+    assert log.rstrip().endswith("AssertionError: 8 is not divisible by 5")
+
+
+def test_weights_do_not_fit(run: Callable[..., Server]) -> None:
+    log = _refused(run(LLAMA_70B, profile="a10-1"))
+    assert "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`" in log
+
+
+def test_max_model_len_does_not_fit_and_estimate_is_right(run: Callable[..., Server]) -> None:
+    log = _refused(run(LLAMA_8B, profile="a10-1"))
+    match = re.search(
+        r"To serve at least one request with the model's max seq len \(131072\), \((\d+\.\d+) GiB KV cache is needed, "
+        r"which is larger than the available KV cache memory \((\d+\.\d+) GiB\)\. Based on the available memory, "
+        r"the estimated maximum model length is (\d+)\.",
+        log,
+    )
+    assert match, log
+    needed, available, estimate = float(match[1]), float(match[2]), int(match[3])
+    per_token = 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, bf16 KV, TP1 (vllm.md §5.1)
+    assert needed == pytest.approx(131072 * per_token / GiB, abs=0.006)
+    assert abs(estimate - available * GiB / per_token) <= 16 + 0.006 * GiB / per_token
+    assert estimate % 16 == 0
+    # The estimate is a real boundary: it starts; one block more does not.
+    ok = run(LLAMA_8B, "--max-model-len", str(estimate), profile="a10-1", wait=True)
+    assert "GPU KV cache size:" in ok.log()
+    ok.proc.send_signal(signal.SIGTERM)
+    assert ok.wait_exit() == 0
+    too_long = _refused(run(LLAMA_8B, "--max-model-len", str(estimate + 16), profile="a10-1"))
+    assert f"estimated maximum model length is {estimate}." in too_long
+
+
+def test_second_instance_on_same_gpu_lacks_free_memory(lab: Lab, run: Callable[..., Server]) -> None:
+    first = run(LLAMA_8B, "--max-model-len", "8192", profile="a10-1", wait=True)
+    gpu = nvml(lab, first, "a10-1")[0]
+    second = run(LLAMA_8B, "--max-model-len", "8192", "--gpu-memory-utilization", "0.5", profile="a10-1")
+    log = _refused(second)
+    requested = math.ceil(gpu["total"] * 0.5)
+    assert (
+        f"ValueError: Free memory on device cuda:0 ({gpu['free'] / GiB:.2f}/{gpu['total'] / GiB:.2f} GiB) on startup "
+        f"is less than desired GPU memory utilization (0.5, {requested / GiB:.2f} GiB). Decrease GPU memory "
+        "utilization or reduce GPU memory used by other processes."
+    ) in log
+    assert first.proc.poll() is None
+
+
+# ---- serving ----------------------------------------------------------------------------------
+
+
+def test_readiness_endpoints_metrics_and_gpu_memory(lab: Lab, run: Callable[..., Server]) -> None:
+    key = "lab-secret-key"
+    server = run(LLAMA_8B, "--served-model-name", "llama-8b", "--max-model-len", "32768",
+                 env={"VLLM_API_KEY": key, "FLEET_LAB_LOAD_SECONDS": "1.5"})  # fmt: skip
+    # Loading: the port is bound (we cannot bind it) but refuses connections.
+    assert wait_for(lambda: bool(server.workers()), timeout=10)
+    with socket.socket() as probe, pytest.raises(OSError):
+        probe.bind(("127.0.0.1", server.port))
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+    ready_after = server.wait_ready()
+    assert ready_after >= 1.5
+    assert key not in server.log()
+
+    status, body, _ = http(server.url + "/health")
+    assert (status, body) == (200, b"")
+    assert http(server.url + "/ping")[0] == 200
+    assert json.loads(http(server.url + "/version")[1])["version"].startswith("0.33.0")
+    assert http(server.url + "/v1/models")[:2] == (401, b'{"error": "Unauthorized"}')
+    assert http(server.url + "/v1/models", key="wrong")[0] == 401
+    status, body, _ = http(server.url + "/v1/models", key=key)
+    card = json.loads(body)["data"][0]
+    assert status == 200
+    assert (card["id"], card["max_model_len"], card["owned_by"]) == ("llama-8b", 32768, "vllm")
+    assert card["root"].endswith("snapshots/0123456789abcdef")
+
+    metrics0 = http(server.url + "/metrics")[1].decode()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count",
+                 "vllm:cache_config_info"):  # fmt: skip
+        assert re.search(rf'^{re.escape(name)}\{{[^}}]*model_name="llama-8b"', metrics0, re.M) or (
+            name == "vllm:cache_config_info" and name in metrics0
+        ), name
+    assert "gpu_cache_usage_perc" not in metrics0
+
+    request = {"model": "llama-8b", "prompt": "The quick brown fox jumps", "max_tokens": 7}
+    t0 = time.monotonic()
+    status, body, _ = http(server.url + "/v1/completions", request, key=key)
+    latency = time.monotonic() - t0
+    first = json.loads(body)
+    assert status == 200, body
+    assert first["usage"]["completion_tokens"] == 7
+    assert len(first["choices"][0]["text"].split()) == 7
+    assert (
+        json.loads(http(server.url + "/v1/completions", request, key=key)[1])["choices"][0]["text"]
+        == (first["choices"][0]["text"])
+    )
+    other = json.loads(http(server.url + "/v1/completions", {**request, "prompt": "Something else"}, key=key)[1])
+    assert other["choices"][0]["text"] != first["choices"][0]["text"]
+    chat = json.loads(
+        http(
+            server.url + "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            key=key,
+        )[1]
+    )
+    assert chat["object"] == "chat.completion" and chat["usage"]["completion_tokens"] == 3
+    assert http(server.url + "/v1/completions", {**request, "model": "nope"}, key=key)[0] == 404
+    assert http(server.url + "/v1/completions", {**request, "max_tokens": 40000}, key=key)[0] == 400
+
+    metrics1 = http(server.url + "/metrics")[1].decode()
+    prompt_tokens = (
+        2 * first["usage"]["prompt_tokens"] + other["usage"]["prompt_tokens"] + chat["usage"]["prompt_tokens"]
+    )
+    assert metric(metrics1, "vllm:prompt_tokens_total") - metric(metrics0, "vllm:prompt_tokens_total") == prompt_tokens
+    assert metric(metrics1, "vllm:generation_tokens_total") - metric(metrics0, "vllm:generation_tokens_total") == 24
+    assert metric(metrics1, "vllm:request_success_total", finished_reason="length") == 4
+    assert metric(metrics1, "vllm:time_to_first_token_seconds_count") == 4
+
+    # GPU memory, seen from another process through pynvml: the worker holds ceil(0.92 × total).
+    gpus = nvml(lab, server)
+    (worker,) = server.workers()
+    requested = math.ceil(gpus[0]["total"] * 0.92)
+    assert gpus[0]["procs"] == {worker: requested}
+    assert gpus[0]["free"] == gpus[0]["total"] - gpus[0]["used"]
+    assert gpus[0]["used"] >= requested
+    assert all(not g["procs"] for g in gpus[1:])
+    print(f"\nstart-to-ready {ready_after:.2f}s (load {1.5}s); 7-token completion {latency * 1000:.0f} ms")
+
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    after = nvml(lab, server)
+    assert not after[0]["procs"] and after[0]["used"] == gpus[0]["used"] - requested
+    assert not alive(worker)
+    assert not list(server.state_dir.glob("*.mem"))
+
+
+def test_streaming_and_uuid_selection(lab: Lab, run: Callable[..., Server]) -> None:
+    uuid = nvml_uuid(lab, 3)
+    server = run(LLAMA_8B, "--max-model-len", "4096", env={"CUDA_VISIBLE_DEVICES": uuid}, wait=True)
+    gpus = nvml(lab, server)
+    assert [i for i, g in enumerate(gpus) if g["procs"]] == [3]
+    req = urllib.request.Request(
+        server.url + "/v1/completions",
+        data=json.dumps({"prompt": "stream me", "max_tokens": 5, "stream": True}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        events = [line for line in resp.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert sum(1 for c in chunks if c["choices"][0]["text"]) == 5
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def nvml_uuid(lab: Lab, index: int) -> str:
+    text = lab.profiles["h100-sxm-8"].read_text()
+    match = re.search(rf"^gpu\.{index}\.uuid=(\S+)$", text, re.M)
+    assert match
+    return match[1]
+
+
+# ---- shutdown ---------------------------------------------------------------------------------
+
+
+def _slow_request(server: Server, tokens: int, results: list[Any]) -> threading.Thread:
+    def go() -> None:
+        try:
+            results.append(http(server.url + "/v1/completions", {"prompt": "slow", "max_tokens": tokens}, timeout=30))
+        except Exception as exc:  # connection reset etc.
+            results.append(exc)
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread
+
+
+def _running(server: Server) -> float:
+    return metric(http(server.url + "/metrics")[1].decode(), "vllm:num_requests_running")
+
+
+def test_sigterm_drains_with_timeout_and_aborts_without(lab: Lab, run: Callable[..., Server]) -> None:
+    env = {"FLEET_LAB_TOKEN_SECONDS": "0.02"}
+    drain = run(LLAMA_8B, "--max-model-len", "4096", "--shutdown-timeout", "20", env=env)
+    abort = run(LLAMA_8B, "--max-model-len", "4096", env={**env, "CUDA_VISIBLE_DEVICES": "1"})
+    drain.wait_ready()
+    abort.wait_ready()
+    drained: list[Any] = []
+    aborted: list[Any] = []
+    threads = [_slow_request(drain, 100, drained), _slow_request(abort, 100, aborted)]
+    assert wait_for(lambda: _running(drain) == 1 and _running(abort) == 1)
+    t0 = time.monotonic()
+    drain.proc.send_signal(signal.SIGTERM)
+    abort.proc.send_signal(signal.SIGTERM)
+    # While draining, new requests are turned away.
+    time.sleep(0.2)
+    try:
+        status = http(drain.url + "/v1/completions", {"prompt": "late", "max_tokens": 1}, timeout=5)[0]
+    except OSError:
+        status = -1  # connection refused: equally "not accepted"
+    assert status in (503, -1)
+    for thread in threads:
+        thread.join(30)
+    assert drain.wait_exit() == 0 and abort.wait_exit() == 0
+    status, body, _ = drained[0]
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 100
+    assert time.monotonic() - t0 >= 1.0  # it really waited for ~100 × 20 ms
+    assert isinstance(aborted[0], Exception) or aborted[0][0] != 200
+    assert "[shutdown] API server: stopping engine client mode=drain timeout=20s" in drain.log()
+    assert "[shutdown] API server: stopping engine client mode=abort timeout=0s" in abort.log()
+    assert "aborted 1 unfinished request(s)" in abort.log()
+    assert not list(drain.state_dir.glob("*.mem"))
+
+
+def test_drain_timeout_aborts_the_rest(run: Callable[..., Server]) -> None:
+    server = run(LLAMA_8B, "--max-model-len", "4096", "--shutdown-timeout", "1",
+                 env={"FLEET_LAB_TOKEN_SECONDS": "0.05"}, wait=True)  # fmt: skip
+    results: list[Any] = []
+    thread = _slow_request(server, 1000, results)
+    assert wait_for(lambda: _running(server) == 1)
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit() == 0
+    thread.join(10)
+    assert 0.9 <= time.monotonic() - t0 < 10
+    assert isinstance(results[0], Exception) or results[0][0] != 200
+
+
+def test_worker_exits_at_once_on_sigterm_and_engine_dies(lab: Lab, run: Callable[..., Server]) -> None:
+    server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", wait=True)
+    workers = server.workers()
+    assert len(workers) == 2
+    assert {i for i, g in enumerate(nvml(lab, server)) if g["procs"]} == {0, 1}
+    t0 = time.monotonic()
+    os.kill(workers[0], signal.SIGTERM)
+    assert wait_for(lambda: not alive(workers[0]), timeout=2, step=0.01)
+    print(f"\nworker exit after SIGTERM: {(time.monotonic() - t0) * 1000:.0f} ms")
+    assert not (server.state_dir / f"{workers[0]}.mem").exists()
+    assert wait_for(lambda: health(server) == 503, timeout=5)
+    assert server.wait_exit() != 0  # the watchdog ends the API server
+    assert "died unexpectedly" in server.log()
+    assert not any(g["procs"] for g in nvml(lab, server))
+
+
+def test_orphan_workers_keep_memory_after_sigkill(lab: Lab, run: Callable[..., Server]) -> None:
+    server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", wait=True)
+    workers = server.workers()
+    before = nvml(lab, server)
+    server.proc.kill()
+    server.proc.wait()
+    time.sleep(0.5)
+    assert all(alive(pid) for pid in workers)
+    orphaned = nvml(lab, server)
+    assert {pid for g in orphaned for pid in g["procs"]} == set(workers)
+    assert [g["used"] for g in orphaned] == [g["used"] for g in before]
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: not any(alive(pid) for pid in workers))
+    # The stale .mem files stay, but the shim ignores dead pids.
+    assert len(list(server.state_dir.glob("*.mem"))) == 2
+    assert not any(g["procs"] for g in nvml(lab, server))
+
+
+# ---- faults -----------------------------------------------------------------------------------
+
+
+def _faults(server_dir: Path, data: dict[str, Any]) -> None:
+    (server_dir / "faults.json").write_text(json.dumps(data))
+
+
+def test_fault_fail_load(tmp_path: Path, run: Callable[..., Server]) -> None:
+    _faults(tmp_path, {"fail_load": [LLAMA_8B]})
+    log = _refused(run(LLAMA_8B, "--max-model-len", "4096"))
+    assert "SafetensorError" in log.strip().splitlines()[-1]
+    assert not list((tmp_path / "nvml-state").glob("*.mem"))
+
+
+def test_fault_load_seconds(tmp_path: Path, run: Callable[..., Server]) -> None:
+    _faults(tmp_path, {"load_seconds": 2.0})
+    server = run(LLAMA_8B, "--max-model-len", "4096")
+    assert server.wait_ready() >= 2.0
+
+
+def test_fault_hang_after_load(tmp_path: Path, run: Callable[..., Server]) -> None:
+    _faults(tmp_path, {"hang_after_load": True})
+    server = run(LLAMA_8B, "--max-model-len", "4096", wait=True)
+    assert http(server.url + "/health")[0] == 200
+    with pytest.raises(TimeoutError):
+        http(server.url + "/v1/completions", {"prompt": "anyone?", "max_tokens": 2}, timeout=1)
+    text = http(server.url + "/metrics")[1].decode()
+    assert metric(text, "vllm:num_requests_running") == 1
+    assert metric(text, "vllm:generation_tokens_total") == 0
+
+
+def test_fault_crash_after_seconds(lab: Lab, tmp_path: Path, run: Callable[..., Server]) -> None:
+    _faults(tmp_path, {"crash_after_seconds": 1})
+    server = run(LLAMA_8B, "--max-model-len", "4096", wait=True)
+    assert http(server.url + "/health")[0] == 200
+    assert wait_for(lambda: health(server) == 503, timeout=5)
+    assert server.wait_exit() == 1
+    assert not any(g["procs"] for g in nvml(lab, server))
