@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -55,12 +56,18 @@ def pids_in(path: Path) -> list[int]:
     return pids
 
 
-def kill_all(paths: list[Path]) -> None:
-    """SIGKILL every process left in the cgroups (the fallback when a container would not stop)."""
-    for p in paths:
-        for pid in pids_in(p):
+def kill_all(paths: list[Path], timeout: float = 5.0) -> None:
+    """SIGKILL every process left in the cgroups and wait until they are gone (the fallback when
+    a container would not stop, or outlived its nspawn)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [pid for p in paths for pid in pids_in(p)]
+        if not pids:
+            return
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def remove(paths: list[Path]) -> None:

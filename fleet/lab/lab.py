@@ -179,6 +179,7 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         if m.is_running():
             result.kept.append(h.name)
         else:
+            m.kill_leftovers()
             to_start.append(m)
     _check_ports(state, [h for h in desired if h.name in {m.name for m in to_start}])
     for m in to_start:

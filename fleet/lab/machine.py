@@ -145,12 +145,20 @@ class Machine:
         groups = cgroups.host_cgroups(self.name)
         return ["/bin/sh", "-c", _ENTER_CGROUPS, "fleet-lab-boot", *nspawn, "--keep-unit"], groups
 
+    def kill_leftovers(self) -> None:
+        """End processes of this host that outlived its nspawn (killed outright: sshd still holds
+        the address). Only when nspawn is not running."""
+        if not self.is_running():
+            rt = self.runtime()
+            cgroups.kill_all([Path(g) for g in rt.cgroups] if rt else cgroups.host_cgroups(self.name))
+
     def start(self) -> Runtime:
         """Boot the host detached; return once nspawn runs (not yet once sshd answers)."""
         if self.is_running():
             raise LabError(f"{self.name} is already running")
         cmd, groups = self._command()
-        cgroups.remove(groups)  # leftovers of an earlier run that was killed
+        self.kill_leftovers()
+        cgroups.remove(groups)
         cgroups.create(groups)
         env = {**os.environ, "FLEET_LAB_CGROUPS": " ".join(map(str, groups))}
         with open(self.console_log, "ab") as log:

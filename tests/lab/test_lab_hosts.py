@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -320,13 +321,20 @@ def test_pynvml_in_a_host_sees_the_profile(lab_fleet: LabFleet, nvml_wheel: Path
 
 
 @pytest.mark.lab
-def test_down_leaves_no_process_mount_or_state(tmp_path: Path) -> None:
+def test_killed_host_restarts_and_down_leaves_nothing(tmp_path: Path) -> None:
     require_lab()
     opts = test_lab_options(tmp_path, f"pd{os.getpid()}", TEST_OCTET_DOWN, 1, ("rtx4090-2",))
     try:
         bring_up(opts)
-        assert len(_nspawn_pids_under(opts.state_root)) == 1
+        (pid,) = _nspawn_pids_under(opts.state_root)
         assert opts.inventory.is_file()
+        # A host whose nspawn was killed outright is started again by `up`, and answers.
+        os.kill(pid, signal.SIGKILL)
+        again = bring_up(opts)
+        assert again.started == [f"{opts.name}-h1"]
+        assert len(_nspawn_pids_under(opts.state_root)) == 1
+        (row,) = lab_ops.status(opts.name, opts.state_root)[1]
+        assert row.ssh == "ok"
     finally:
         lab_ops.down(opts.name, opts.state_root)
     assert _nspawn_pids_under(opts.state_root) == []
