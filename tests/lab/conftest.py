@@ -22,10 +22,26 @@ from pathlib import Path
 import pytest
 
 from fleet.lab import lab as lab_ops
+from fleet.lab.ports import _listeners
 from fleet.lab.prereqs import check_prereqs, describe_missing
 from fleet.lab.state import LabDir, LabState
 
-TEST_OCTET = int(os.environ.get("FLEET_LAB_TEST_OCTET", "251"))
+
+def free_octet(start: int, avoid: frozenset[int] = frozenset()) -> int:
+    """An address octet (100-249) with nothing listening on 127.0.<octet>.* now.
+
+    Test sessions may run side by side (several engineers, CI jobs), each with its own lab, so
+    the octet is picked per session from the pid, skipping octets in use.
+    """
+    busy = {int(a.split(".")[2]) for a, _p in _listeners() if a.startswith("127.0.")}
+    for i in range(150):
+        octet = 100 + (start + i) % 150
+        if octet not in busy and octet not in avoid:
+            return octet
+    raise RuntimeError("no free 127.0.x.0/24 for a test lab")
+
+
+TEST_OCTET = int(os.environ.get("FLEET_LAB_TEST_OCTET") or free_octet(os.getpid()))
 TEST_PROFILES = ("h100-sxm-8-link-down", "rtx4090-2", "h100-pcie-8-bridged")
 
 #: (lab name, state root) of every lab this session brought up, for the safety net.

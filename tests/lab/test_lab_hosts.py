@@ -24,10 +24,9 @@ from fleet.lab.profiles import load_profile
 from fleet.lab.sshkeys import generate_ed25519, known_hosts_line
 from fleet.lab.state import HostRecord
 
-from .conftest import TEST_OCTET, LabFleet, bring_up, require_lab, test_lab_options
+from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 
 VENV = Path(sys.executable).parent
-TEST_OCTET_DOWN = TEST_OCTET - 1
 
 
 def _client(lab: LabFleet, host: HostRecord) -> paramiko.SSHClient:
@@ -249,9 +248,7 @@ def test_simulated_gpu_files_in_hosts(lab_fleet: LabFleet) -> None:
         assert out == profile.proc_driver_version_text()
         _, out, _ = _run(lab_fleet, h, "cat /etc/fleet-lab/nvml-profile")
         assert out == profile.render()
-        _, out, _ = _run(
-            lab_fleet, h, "stat -c %a /run/fleet-lab/nvml; /sbin/ldconfig -p | grep -c libnvidia-ml.so.1"
-        )
+        _, out, _ = _run(lab_fleet, h, "stat -c %a /run/fleet-lab/nvml; /sbin/ldconfig -p | grep -c libnvidia-ml.so.1")
         assert out.split() == ["1777", "1"]
 
 
@@ -323,7 +320,8 @@ def test_pynvml_in_a_host_sees_the_profile(lab_fleet: LabFleet, nvml_wheel: Path
 @pytest.mark.lab
 def test_killed_host_restarts_and_down_leaves_nothing(tmp_path: Path) -> None:
     require_lab()
-    opts = test_lab_options(tmp_path, f"pd{os.getpid()}", TEST_OCTET_DOWN, 1, ("rtx4090-2",))
+    octet = free_octet(os.getpid() + 1, avoid=frozenset({TEST_OCTET}))
+    opts = test_lab_options(tmp_path, f"pd{os.getpid()}", octet, 1, ("rtx4090-2",))
     try:
         bring_up(opts)
         (pid,) = _nspawn_pids_under(opts.state_root)
@@ -341,4 +339,4 @@ def test_killed_host_restarts_and_down_leaves_nothing(tmp_path: Path) -> None:
     assert mounts_under(tmp_path) == []
     assert not (opts.state_root / opts.name).exists()
     assert not opts.inventory.exists()
-    assert not [a for a, p in _listeners() if a.startswith(f"127.0.{TEST_OCTET_DOWN}.")]
+    assert not [a for a, p in _listeners() if a.startswith(f"127.0.{octet}.")]
