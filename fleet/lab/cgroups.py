@@ -70,14 +70,23 @@ def kill_all(paths: list[Path], timeout: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def remove(paths: list[Path]) -> None:
-    """Remove the cgroups (deepest first) and the shared parent once it is empty."""
+def _rmdir_tree(path: Path) -> bool:
+    """rmdir ``path`` and its sub-cgroups, deepest first; True once it is gone."""
+    subdirs = sorted((d for d in path.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)
+    for d in [*subdirs, path]:
+        with contextlib.suppress(OSError):
+            d.rmdir()
+    return not path.exists()
+
+
+def remove(paths: list[Path], timeout: float = 5.0) -> None:
+    """Remove the cgroups (deepest first) and the shared parent once it is empty.
+
+    A cgroup whose last process was just killed can stay busy (EBUSY) for a moment, so retry.
+    """
+    deadline = time.monotonic() + timeout
     for p in paths:
-        if not p.is_dir():
-            continue
-        for d in sorted((d for d in p.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                d.rmdir()
-        for d in (p, p.parent):
-            with contextlib.suppress(OSError):
-                d.rmdir()
+        while p.is_dir() and not _rmdir_tree(p) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            p.parent.rmdir()

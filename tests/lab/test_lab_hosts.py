@@ -14,8 +14,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from fleet.lab import cgroups, ssh
 from fleet.lab import lab as lab_ops
-from fleet.lab import ssh
 from fleet.lab.mirror import find_mirror
 from fleet.lab.mounts import mounts_under
 from fleet.lab.ports import _listeners
@@ -338,5 +338,6 @@ def test_killed_host_restarts_and_down_leaves_nothing(tmp_path: Path) -> None:
     assert _nspawn_pids_under(opts.state_root) == []
     assert mounts_under(tmp_path) == []
     assert not (opts.state_root / opts.name).exists()
+    assert not [p for p in cgroups.host_cgroups(f"{opts.name}-h1") if p.exists()]
     assert not opts.inventory.exists()
     assert not [a for a, p in _listeners() if a.startswith(f"127.0.{octet}.")]
