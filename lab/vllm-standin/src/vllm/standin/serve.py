@@ -262,6 +262,11 @@ class Serve:
             while time.monotonic() < deadline and self.stop.count < 2:
                 if app.wait_idle(0.1):
                     break
+                dead = [w for w in self.workers if not w.alive()]
+                if dead:  # e.g. KillMode=control-group: the workers got SIGTERM too
+                    logger.error("Worker proc VllmWorker-%d died unexpectedly during drain.", dead[0].rank)
+                    app.engine.kill()
+                    break
         remaining = app.engine.abort_all()
         if remaining:
             logger.info("[shutdown] Engine core: aborted %d unfinished request(s)", remaining)

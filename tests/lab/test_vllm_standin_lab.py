@@ -1,0 +1,276 @@
+"""The vLLM stand-in inside a lab host, installed from the lab's package index, run by systemd.
+
+What a deploy does on a real host, minus the GPU: ``pip install --index-url <mirror>
+vllm==0.33.0`` into a venv, a unit that runs ``vllm serve``, readiness polled on ``/health``,
+GPU memory seen through nvidia-ml-py inside the host, and ``systemctl stop``. It shows why the
+unit needs ``KillMode=mixed``: the drain completes and no worker outlives the unit, while with
+``KillMode=process`` a SIGKILLed API server leaves orphan workers holding the GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import socket
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import paramiko
+import pytest
+
+from fleet.lab import ssh
+from fleet.lab.index import ensure_index, stop_index
+from fleet.lab.state import HostRecord
+
+from .conftest import LabFleet
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA_8B_CONFIG = REPO / "fleet" / "data" / "models" / "meta-llama" / "Llama-3.1-8B-Instruct" / "config.json"
+HOME = "/home/fleet"
+VENV = f"{HOME}/vllm-venv"
+MODEL_DIR = f"{HOME}/models/llama-8b"
+LOAD_S = 1.5
+
+NVML_PROBE = textwrap.dedent("""\
+    import json, pynvml as N
+    N.nvmlInit()
+    out = []
+    for i in range(N.nvmlDeviceGetCount()):
+        h = N.nvmlDeviceGetHandleByIndex(i)
+        m = N.nvmlDeviceGetMemoryInfo(h)
+        out.append({"total": m.total, "used": m.used,
+                    "procs": {str(p.pid): p.usedGpuMemory for p in N.nvmlDeviceGetComputeRunningProcesses(h)}})
+    print(json.dumps(out))
+    """)
+
+pytestmark = pytest.mark.lab
+
+
+class Host:
+    """SSH to one lab host (a fresh connection per command keeps failures independent)."""
+
+    def __init__(self, lab: LabFleet, record: HostRecord) -> None:
+        self.lab = lab
+        self.record = record
+
+    def client(self) -> paramiko.SSHClient:
+        d = self.lab.dir
+        return ssh.connect(self.record.address, self.lab.state.ssh_port, d.control_key, d.known_hosts)
+
+    def run(self, command: str, timeout: float = 120.0, check: bool = True) -> str:
+        client = self.client()
+        try:
+            rc, out, err = ssh.run(client, command, timeout=timeout)
+        finally:
+            client.close()
+        if check:
+            assert rc == 0, f"{command!r} on {self.record.name}: exit {rc}\n{out}\n{err}"
+        return out
+
+    def put(self, path: str, content: str) -> None:
+        client = self.client()
+        try:
+            with client.open_sftp() as sftp, sftp.open(path, "w") as f:
+                f.write(content)
+        finally:
+            client.close()
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """GPU memory and compute processes as nvidia-ml-py sees them inside the host."""
+        data: list[dict[str, Any]] = json.loads(self.run(f"{VENV}/bin/python {HOME}/nvml_probe.py").strip())
+        return data
+
+    def pids(self, unit: str) -> list[int]:
+        """Processes whose cgroup is the unit's (read from /proc, whatever the cgroup layout)."""
+        out = self.run(f"grep -l '/{unit}$' /proc/[0-9]*/cgroup 2>/dev/null || true")
+        return sorted(int(line.split("/")[2]) for line in out.split())
+
+    def workers(self) -> list[int]:
+        out = self.run("pgrep -f 'vllm[.]standin[.]worker' || true")
+        return sorted(int(p) for p in out.split())
+
+
+@pytest.fixture(scope="module")
+def index_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    lab_dir = tmp_path_factory.mktemp("lab-index")
+    try:
+        yield ensure_index(lab_dir)
+    finally:
+        stop_index(lab_dir)
+
+
+@pytest.fixture(scope="module")
+def host(lab_fleet: LabFleet, index_url: str) -> Host:
+    """Host 1 of the test lab, with the stand-in installed from the lab index and a model dir."""
+    h = Host(lab_fleet, lab_fleet.state.hosts[0])
+    h.run(
+        f"rm -rf {VENV} && python3 -m venv {VENV} && "
+        f"{VENV}/bin/pip install --quiet --disable-pip-version-check --index-url {index_url} vllm==0.33.0",
+        timeout=300,
+    )
+    assert h.run(f"{VENV}/bin/vllm --version").split()[0] == "0.33.0+fleetlab.1"
+    h.run(f"mkdir -p {MODEL_DIR}")
+    h.put(f"{MODEL_DIR}/config.json", LLAMA_8B_CONFIG.read_text())
+    h.put(f"{HOME}/nvml_probe.py", NVML_PROBE)
+    return h
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((address, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def unit_text(address: str, port: int, kill_mode: str, tp: int = 1) -> str:
+    return textwrap.dedent(f"""\
+        [Unit]
+        Description=fleet lab: vLLM stand-in under test
+
+        [Service]
+        Type=simple
+        Environment=FLEET_LAB_LOAD_SECONDS={LOAD_S} FLEET_LAB_TOKEN_SECONDS=0.01
+        ExecStart={VENV}/bin/vllm serve {MODEL_DIR} --served-model-name llama-8b --host {address} \\
+            --port {port} --tensor-parallel-size {tp} --max-model-len 8192 --shutdown-timeout 10
+        KillMode={kill_mode}
+        KillSignal=SIGTERM
+        TimeoutStopSec=40
+        """)
+
+
+@pytest.fixture
+def unit(host: Host) -> Iterator[Callable[..., tuple[str, str]]]:
+    """Install and start a unit; returns ``(name, base url)``. Removed, processes killed, at teardown."""
+    names: list[str] = []
+
+    def install(kill_mode: str, tp: int = 1) -> tuple[str, str]:
+        name = f"standin-{kill_mode}-{len(names)}.service"
+        port = free_port(host.record.address)
+        host.put(f"{HOME}/{name}", unit_text(host.record.address, port, kill_mode, tp))
+        host.run(f"sudo -n mv {HOME}/{name} /etc/systemd/system/{name} && sudo -n systemctl daemon-reload")
+        names.append(name)
+        host.run(f"sudo -n systemctl start {name}")
+        return name, f"http://{host.record.address}:{port}"
+
+    try:
+        yield install
+    finally:
+        for name in names:
+            host.run(f"sudo -n systemctl kill --signal=SIGKILL {name}; sudo -n systemctl stop {name}", check=False)
+            host.run(f"sudo -n rm -f /etc/systemd/system/{name}; sudo -n systemctl daemon-reload", check=False)
+        leftover = host.workers()
+        if leftover:
+            host.run("sudo -n kill -9 " + " ".join(map(str, leftover)), check=False)
+
+
+def health(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return -1
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def complete(url: str, max_tokens: int, results: list[Any]) -> threading.Thread:
+    def go() -> None:
+        body = json.dumps({"model": "llama-8b", "prompt": "drain me", "max_tokens": max_tokens}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                results.append((resp.status, json.loads(resp.read())))
+        except urllib.error.HTTPError as err:
+            results.append((err.code, None))
+        except OSError as exc:
+            results.append((-1, str(exc)))
+
+    thread = threading.Thread(target=go)
+    thread.start()
+    return thread
+
+
+def test_standin_under_systemd_killmode_mixed(host: Host, unit: Callable[..., tuple[str, str]]) -> None:
+    started = time.monotonic()
+    name, url = unit("mixed")
+    # Loading: connections refused (no "loading" 503), then ready.
+    assert health(url) == -1
+    assert wait_for(lambda: health(url) == 200, timeout=60), host.run(
+        f"sudo -n journalctl -u {name} --no-pager", check=False
+    )
+    assert time.monotonic() - started >= LOAD_S
+    journal = host.run(f"sudo -n journalctl -u {name} --no-pager -o cat")
+    assert "GPU KV cache size:" in journal and "Application startup complete." in journal
+
+    gpus = host.gpus()
+    unit_pids = host.pids(name)
+    (worker,) = host.workers()
+    assert worker in unit_pids  # the worker lives in the unit's cgroup
+    assert [i for i, g in enumerate(gpus) if g["procs"]] == [0]
+    assert gpus[0]["procs"] == {str(worker): math.ceil(gpus[0]["total"] * 0.92)}
+
+    # systemctl stop during a request: SIGTERM reaches only the API server, which drains.
+    results: list[Any] = []
+    thread = complete(url, 200, results)  # ~2 s of tokens
+    time.sleep(0.5)
+    host.run(f"sudo -n systemctl stop {name}", timeout=60)
+    thread.join(60)
+    status, body = results[0]
+    assert status == 200 and body["usage"]["completion_tokens"] == 200
+    assert host.run(f"systemctl is-active {name}", check=False).strip() == "inactive"
+    assert host.pids(name) == [] and host.workers() == []
+    assert not any(g["procs"] for g in host.gpus())
+    journal = host.run(f"sudo -n journalctl -u {name} --no-pager -o cat")
+    assert "[shutdown] API server: stopping engine client mode=drain timeout=10s" in journal
+
+
+def test_killmode_process_leaves_orphans_holding_gpus(host: Host, unit: Callable[..., tuple[str, str]]) -> None:
+    name, url = unit("process", tp=2)
+    assert wait_for(lambda: health(url) == 200, timeout=60)
+    workers = host.workers()
+    assert len(workers) == 2
+    held = host.gpus()
+    main_pid = int(host.run(f"systemctl show -p MainPID --value {name}").strip())
+    host.run(f"sudo -n kill -9 {main_pid}")
+    assert wait_for(lambda: health(url) == -1, timeout=10)
+    time.sleep(1)
+    # The API server is gone, the unit is no longer running, but both workers still hold memory.
+    assert host.run(f"systemctl is-active {name}", check=False).strip() != "active"
+    assert host.workers() == workers
+    orphaned = host.gpus()
+    assert sorted(int(pid) for g in orphaned for pid in g["procs"]) == workers
+    assert [g["used"] for g in orphaned] == [g["used"] for g in held]
+    with contextlib.suppress(AssertionError):
+        host.run("sudo -n kill -9 " + " ".join(map(str, workers)))
+    assert wait_for(lambda: host.workers() == [], timeout=10)
+    assert not any(g["procs"] for g in host.gpus())
+
+
+def test_killmode_control_group_cuts_the_drain(host: Host, unit: Callable[..., tuple[str, str]]) -> None:
+    """With systemd's default KillMode the workers get SIGTERM with the API server: no drain."""
+    name, url = unit("control-group")
+    assert wait_for(lambda: health(url) == 200, timeout=60)
+    results: list[Any] = []
+    thread = complete(url, 300, results)  # ~3 s of tokens
+    time.sleep(0.5)
+    host.run(f"sudo -n systemctl stop {name}", timeout=60)
+    thread.join(60)
+    assert results[0][0] != 200
+    assert host.workers() == [] and not any(g["procs"] for g in host.gpus())
+    assert "died unexpectedly during drain" in host.run(f"sudo -n journalctl -u {name} --no-pager -o cat")
