@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fleet.errors import FleetError
 
-class LabError(Exception):
+
+class LabError(FleetError):
     """A lab operation failed; the message names the problem and the way out."""
