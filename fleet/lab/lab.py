@@ -55,7 +55,9 @@ class UpOptions:
     cache_dir: Path = base_mod.DEFAULT_CACHE_DIR
     octet: int | None = None
     ssh_port: int = 22
-    pip_index_url: str | None = None  # the lab package index; wired in by its own issue
+    #: Where lab hosts install Python packages from. None: the lab's own index on 127.0.0.1
+    #: (``fleet.lab.index``), like an air-gapped fleet's mirror.
+    pip_index_url: str | None = None
 
 
 @dataclass
@@ -190,7 +192,13 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         progress(f"{m.name} answers on {m.address}:{m.ssh_port}")
         result.started.append(m.name)
 
-    inventory_writer.write_inventory(opts.inventory, inventory_writer.render_inventory(lab, state, opts.pip_index_url))
+    index_url = opts.pip_index_url
+    if index_url is None:
+        from fleet.lab.index import ensure_index
+
+        index_url = ensure_index(lab.root)
+        progress(f"package index at {index_url}")
+    inventory_writer.write_inventory(opts.inventory, inventory_writer.render_inventory(lab, state, index_url))
     result.inventory = opts.inventory
     result.seconds = time.monotonic() - t0
     return result
@@ -211,6 +219,9 @@ def down(
         progress(f"stopping {d.name}")
         Machine(d.name, "", port, d).stop()
         stopped.append(d.name)
+    from fleet.lab.index import stop_index
+
+    stop_index(lab.root)
     if state and state.inventory and inventory_writer.written_by_lab(Path(state.inventory), name):
         Path(state.inventory).unlink()
     left = mounts_under(lab.root)
