@@ -13,7 +13,6 @@ the base.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -22,11 +21,12 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from fleet.lab.errors import LabError
+from fleet.lab.locks import file_lock
 from fleet.lab.mounts import unmount_all_under
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("FLEET_LAB_CACHE", "/var/cache/fleet/lab"))
@@ -73,16 +73,9 @@ def is_complete(path: Path) -> bool:
     return (path / MARKER).is_file()
 
 
-@contextmanager
-def _locked(cache_dir: Path) -> Iterator[None]:
-    """Hold the cache's build lock (one builder at a time; the others wait, then reuse)."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _locked(cache_dir: Path) -> AbstractContextManager[None]:
+    """Serialise builders of the same cache: one builds, the others wait, then reuse."""
+    return file_lock(cache_dir / ".build.lock")
 
 
 def _run_logged(cmd: list[str], log: Path, what: str) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import email.parser
-import fcntl
 import hashlib
 import html
 import os
@@ -35,10 +34,12 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from fleet.lab.errors import LabError
+from fleet.lab.locks import file_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO_ROOT / "lab" / "vllm-standin"
@@ -63,16 +64,9 @@ def index_root(lab_dir: Path) -> Path:
     return Path(lab_dir) / "index"
 
 
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Serialise index operations of concurrent callers (several test sessions, CLI)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _locked(root: Path) -> AbstractContextManager[None]:
+    """Serialise builders of the same index: one builds, the others wait, then reuse."""
+    return file_lock(root / ".lock")
 
 
 # -- wheels -----------------------------------------------------------------------------------
