@@ -14,6 +14,7 @@ once, naming the file, the host, the field, the value and what is allowed.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import re
 import runpy
 from dataclasses import dataclass
@@ -403,8 +404,6 @@ def load_inventory(path: str | Path, limit: list[str] | None = None) -> LoadedIn
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:
     if not limit:
         return None
-    import fnmatch
-
     names: set[str] = set()
     for pattern in limit:
         group = inventory.get_group(pattern, None)
