@@ -28,6 +28,7 @@ import pytest
 from fleet.lab import ssh
 from fleet.lab.index import ensure_index, stop_index
 from fleet.lab.state import HostRecord
+from tests.lab.polling import wait_for
 
 from .conftest import LabFleet
 
@@ -178,15 +179,6 @@ def health(url: str) -> int:
         return err.code
     except OSError:
         return -1
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30, step: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def complete(url: str, max_tokens: int, results: list[Any]) -> threading.Thread:

@@ -35,6 +35,7 @@ import pytest
 from fleet.lab.index import build_standin_wheel, fetch_wheels
 from fleet.lab.nvml import build_shim
 from fleet.lab.profiles import load_profile
+from tests.lab.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "fleet" / "data" / "models"
@@ -270,15 +271,6 @@ def health(server: Server) -> int:
         return http(server.url + "/health", timeout=2)[0]
     except OSError:
         return -1
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 # ---- command line -----------------------------------------------------------------------------
