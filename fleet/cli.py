@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -59,7 +60,7 @@ def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path
     sys.exit(0 if all(o.ok for o in outcomes) else 1)
 
 
-def _fail(message: str, as_json: bool, code: int = 2) -> None:
+def _fail(message: str, as_json: bool, code: int = 2) -> NoReturn:
     if as_json:
         click.echo(json.dumps({"error": message}, indent=2))
     else:
