@@ -13,16 +13,18 @@ then it is built from the catalogue (``HostGpus.from_catalogue``) or from invent
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from enum import StrEnum
 
 MiB = 1024**2
 GiB = 1024**3
 
-#: How the GPUs of a host are wired together by NVLink.
-#: ``switch``: every GPU reaches every other through NVSwitch (HGX/DGX boards).
-#: ``pairs``: NVLink bridges join GPUs two by two (PCIe cards with bridges).
-#: ``none``: PCIe only.
-NvlinkFabric = Literal["switch", "pairs", "none"]
+
+class Fabric(StrEnum):
+    """How the GPUs of a host are wired together by NVLink (the one spelling, everywhere)."""
+
+    SWITCH = "switch"  #: every GPU reaches every other through NVSwitch (HGX/DGX boards)
+    PAIRS = "pairs"  #: NVLink bridges join GPUs two by two (PCIe cards with bridges)
+    NONE = "none"  #: PCIe only
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class GpuSku:
     has_serial: bool  #: boards with an inforom report a serial; consumer boards do not
     fabric_info: bool  #: ``nvmlDeviceGetGpuFabricInfoV`` supported (Hopper+ SXM)
     typical_count: int  #: GPUs in the usual host built around this model
-    typical_fabric: NvlinkFabric
+    typical_fabric: Fabric
     #: peer-to-peer over PCIe allowed (``nvmlDeviceGetP2PStatus``); GeForce boards report
     #: ``NVML_P2P_STATUS_GPU_NOT_SUPPORTED`` (``GNS`` in ``nvidia-smi topo -p2p``)
     pcie_p2p: bool = True
@@ -75,7 +77,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=True,
             typical_count=8,
-            typical_fabric="switch",
+            typical_fabric=Fabric.SWITCH,
         ),
         GpuSku(
             key="h100-pcie-80gb",
@@ -94,7 +96,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=False,
             typical_count=8,
-            typical_fabric="pairs",
+            typical_fabric=Fabric.PAIRS,
         ),
         GpuSku(
             key="h200-sxm-141gb",
@@ -113,7 +115,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=True,
             typical_count=8,
-            typical_fabric="switch",
+            typical_fabric=Fabric.SWITCH,
         ),
         GpuSku(
             key="a100-sxm-80gb",
@@ -132,7 +134,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=False,
             typical_count=8,
-            typical_fabric="switch",
+            typical_fabric=Fabric.SWITCH,
         ),
         GpuSku(
             key="a100-sxm-40gb",
@@ -151,7 +153,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=False,
             typical_count=8,
-            typical_fabric="switch",
+            typical_fabric=Fabric.SWITCH,
         ),
         GpuSku(
             key="l40s-48gb",
@@ -170,7 +172,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=False,
             typical_count=4,
-            typical_fabric="none",
+            typical_fabric=Fabric.NONE,
         ),
         GpuSku(
             key="rtx-a6000-48gb",
@@ -189,7 +191,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=False,
             typical_count=2,
-            typical_fabric="pairs",
+            typical_fabric=Fabric.PAIRS,
         ),
         GpuSku(
             key="a10-24gb",
@@ -208,7 +210,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=True,
             fabric_info=False,
             typical_count=1,
-            typical_fabric="none",
+            typical_fabric=Fabric.NONE,
         ),
         GpuSku(
             key="rtx-4090-24gb",
@@ -227,7 +229,7 @@ CATALOGUE: dict[str, GpuSku] = {
             has_serial=False,
             fabric_info=False,
             typical_count=2,
-            typical_fabric="none",
+            typical_fabric=Fabric.NONE,
             pcie_p2p=False,
         ),
     )
@@ -247,15 +249,16 @@ def sku_for(key_or_name: str) -> GpuSku:
     raise KeyError(key_or_name)
 
 
-def nvlink_islands(count: int, fabric: NvlinkFabric) -> tuple[frozenset[int], ...]:
+def nvlink_islands(count: int, fabric: Fabric) -> tuple[frozenset[int], ...]:
     """The groups of GPU indices that NVLink joins, for a regular layout.
 
     ``switch`` gives one island of all GPUs, ``pairs`` gives (0,1), (2,3), ..., ``none`` gives
     one island per GPU. A probe replaces this with what the links really show.
     """
-    if fabric == "switch":
+    fabric = Fabric(fabric)
+    if fabric is Fabric.SWITCH:
         return (frozenset(range(count)),)
-    if fabric == "pairs":
+    if fabric is Fabric.PAIRS:
         islands = [frozenset({i, i + 1}) for i in range(0, count - 1, 2)]
         if count % 2:
             islands.append(frozenset({count - 1}))
@@ -289,20 +292,20 @@ class HostGpus:
     sku: GpuSku | None = field(default=None, compare=False)
 
     @classmethod
-    def from_catalogue(cls, key: str, count: int | None = None, fabric: NvlinkFabric | None = None) -> HostGpus:
+    def from_catalogue(cls, key: str, count: int | None = None, fabric: Fabric | None = None) -> HostGpus:
         sku = sku_for(key)
         n = count if count is not None else sku.typical_count
-        fab: NvlinkFabric = fabric if fabric is not None else sku.typical_fabric
+        fab: Fabric = fabric if fabric is not None else sku.typical_fabric
         if sku.nvlink_links == 0:
-            fab = "none"
+            fab = Fabric.NONE
         gpus = tuple(Gpu(index=i, name=sku.nvml_name, memory_total=sku.memory_total) for i in range(n))
         return cls(gpus=gpus, islands=nvlink_islands(n, fab), source=f"catalogue:{sku.key}", sku=sku)
 
     @classmethod
-    def uniform(cls, count: int, memory_total: int, nvlink: bool, name: str = "GPU") -> HostGpus:
-        """A host described only by inventory numbers: N GPUs of one size, NVLink or not."""
+    def uniform(cls, count: int, memory_total: int, fabric: Fabric, name: str = "GPU") -> HostGpus:
+        """A host described only by inventory numbers: N GPUs of one size joined by ``fabric``."""
         gpus = tuple(Gpu(index=i, name=name, memory_total=memory_total) for i in range(count))
-        return cls(gpus=gpus, islands=nvlink_islands(count, "switch" if nvlink else "none"), source="inventory")
+        return cls(gpus=gpus, islands=nvlink_islands(count, fabric), source="inventory")
 
     @property
     def count(self) -> int:

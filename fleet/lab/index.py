@@ -45,8 +45,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO_ROOT / "lab" / "vllm-standin"
 #: Files outside the stand-in's directory that go into its wheel (the vendored surface).
 STANDIN_EXTRA_INPUTS = (
-    REPO_ROOT / "fleet" / "vllm_surface.py",
-    REPO_ROOT / "fleet" / "data" / "vllm" / "serve-args-0.33.0.json",
+    REPO_ROOT / "fleet" / "plan" / "vllm_surface.py",
+    REPO_ROOT / "fleet" / "plan" / "data" / "vllm" / "serve-args-0.33.0.json",
 )
 STANDIN_DIST = "vllm"
 #: Third-party wheels a lab deploy installs next to the stand-in.

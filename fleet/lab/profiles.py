@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.gpus import CATALOGUE, Gpu, GpuSku, HostGpus, MiB, NvlinkFabric
+from fleet.gpus import CATALOGUE, Fabric, Gpu, GpuSku, HostGpus, MiB
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 
@@ -236,7 +236,7 @@ class LabProfile:
     fail_init_on_mismatch: bool
     pcie_levels: tuple[tuple[int, ...], ...]  #: by slot
     pci_subsystem_id: int
-    fabric: NvlinkFabric
+    fabric: Fabric
     switch_bus_ids: tuple[BusId, ...]
     links_per_switch: tuple[int, ...]
     switch_device_id: int
@@ -265,7 +265,7 @@ class LabProfile:
         down = self.slots[slot].links_down
         if count == 0:
             return ()
-        if self.fabric == "switch":
+        if self.fabric is Fabric.SWITCH:
             targets = [
                 (sw, NVLINK_REMOTE_SWITCH, self.switch_device_id)
                 for sw, n in zip(self.switch_bus_ids, self.links_per_switch, strict=True)
@@ -283,7 +283,7 @@ class LabProfile:
         return tuple(result)
 
     def _pair_peer(self, slot: int) -> int | None:
-        if self.fabric != "pairs":
+        if self.fabric is not Fabric.PAIRS:
             return None
         for a, b in self.pairs:
             if slot in (a, b):
@@ -294,7 +294,7 @@ class LabProfile:
         """Whether slots ``a`` and ``b`` reach each other over at least one active NVLink."""
         if a == b or self.sku.nvlink_links == 0:
             return False
-        if self.fabric == "switch":
+        if self.fabric is Fabric.SWITCH:
             return any(link.active for link in self.links(a)) and any(link.active for link in self.links(b))
         peer_bus = self.slots[b].bus_id
         return any(link.active and link.remote == peer_bus for link in self.links(a))
@@ -493,24 +493,24 @@ def _build(path: Path, top: _Fields) -> LabProfile:
     )
 
 
-def _fabric(nvlink: _Fields, sku: GpuSku) -> NvlinkFabric:
-    fabric = nvlink.choice("fabric", sku.typical_fabric, ("switch", "pairs", "none"))
-    if fabric != "none" and sku.nvlink_links == 0:
+def _fabric(nvlink: _Fields, sku: GpuSku) -> Fabric:
+    fabric = nvlink.choice("fabric", sku.typical_fabric, tuple(f.value for f in Fabric))
+    if fabric != Fabric.NONE and sku.nvlink_links == 0:
         raise nvlink.fail("fabric", fabric, f"'none' ({sku.key} has no NVLink)")
-    return "switch" if fabric == "switch" else "pairs" if fabric == "pairs" else "none"
+    return Fabric(fabric)
 
 
-def _switch_bus_ids(nvlink: _Fields, fabric: NvlinkFabric) -> tuple[BusId, ...]:
+def _switch_bus_ids(nvlink: _Fields, fabric: Fabric) -> tuple[BusId, ...]:
     values = nvlink.list_("switch_bus_ids")
-    if fabric != "switch":
+    if fabric is not Fabric.SWITCH:
         return ()
     if not values:
         raise nvlink.fail("switch_bus_ids", values, "a non-empty list of PCI bus ids (switch fabric)")
     return tuple(_bus_id(nvlink, "switch_bus_ids", v) for v in values)
 
 
-def _links_per_switch(nvlink: _Fields, fabric: NvlinkFabric, sku: GpuSku) -> tuple[int, ...]:
-    if fabric != "switch":
+def _links_per_switch(nvlink: _Fields, fabric: Fabric, sku: GpuSku) -> tuple[int, ...]:
+    if fabric is not Fabric.SWITCH:
         return ()
     switches = len(nvlink.list_("switch_bus_ids") or [])
     given = nvlink.int_list("links_per_switch", length=switches)
@@ -522,9 +522,9 @@ def _links_per_switch(nvlink: _Fields, fabric: NvlinkFabric, sku: GpuSku) -> tup
     return tuple(given)
 
 
-def _pairs(nvlink: _Fields, fabric: NvlinkFabric, count: int) -> tuple[tuple[int, int], ...]:
+def _pairs(nvlink: _Fields, fabric: Fabric, count: int) -> tuple[tuple[int, int], ...]:
     values = nvlink.list_("pairs") or []
-    if fabric != "pairs":
+    if fabric is not Fabric.PAIRS:
         return ()
     seen: set[int] = set()
     pairs = []

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from fleet.inventory import HostSpec, host_spec
+from fleet.inventory.spec import HostSpec, host_spec
 
 CHAT = {"p95_input_tokens": 2048, "p95_output_tokens": 512, "prefix_reuse": 0.5, "target_concurrency": 64}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import InventoryError
-from fleet.inventory import load_inventory
+from fleet.inventory.spec import load_inventory
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ModelConfigError
-from fleet.model import find_config, load_model, parse_config
+from fleet.model.arch import find_config, load_model, parse_config
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 

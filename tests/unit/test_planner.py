@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from fleet.errors import PlanError
 from fleet.gpus import CATALOGUE, GiB, Gpu, HostGpus
-from fleet.model import load_model, parse_config
-from fleet.planner import BLOCK_SIZE, HostPlan, plan_host
-from fleet.vllm_surface import parse_serve_argv
+from fleet.model.arch import load_model, parse_config
+from fleet.plan.planner import BLOCK_SIZE, HostPlan, plan_host
+from fleet.plan.vllm_surface import parse_serve_argv
 from tests.unit.conftest import spec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
@@ -125,6 +125,16 @@ def test_bridged_pairs_limit_tp_to_the_island() -> None:
         assert inst.tensor_parallel_size <= 2
         assert frozenset(inst.gpus) <= gpus.island_of(inst.gpus[0])
     assert flag(plan, "--quantization") == "fp8" and flag(plan, "--kv-cache-dtype") == "fp8"
+
+
+def test_inventory_gpus_joined_in_pairs_keep_tp_inside_a_pair() -> None:
+    """``{memory_gib, count, nvlink: pairs}`` is two islands of two, not one island of four."""
+    s = spec(model=L70, weights="fp8", gpu={"memory_gib": 80, "count": 4, "nvlink": "pairs"})
+    assert s.gpu is not None
+    gpus = s.gpu.host_gpus()
+    assert gpus.islands == (frozenset({0, 1}), frozenset({2, 3}))
+    plan = plan_host(s, gpus, load_model(L70))
+    assert [i.gpus for i in plan.instances] == [(0, 1), (2, 3)]
 
 
 def test_pinned_tp_that_cannot_divide_heads_is_refused() -> None:

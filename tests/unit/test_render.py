@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fleet.gpus import HostGpus
-from fleet.model import load_model
-from fleet.planner import HostPlan, plan_host
-from fleet.render import HostPaths, env_file, render_host, systemd_arg, unit_file, write_tree
+from fleet.model.arch import load_model
+from fleet.plan.planner import HostPlan, plan_host
+from fleet.render.units import HostPaths, env_file, render_host, systemd_arg, unit_file, write_tree
 from tests.unit.conftest import spec
 
 L70 = "meta-llama/Llama-3.1-70B-Instruct"

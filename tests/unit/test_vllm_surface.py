@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.vllm_surface import SurfaceError, accepted_flags, human_readable_int, parse_serve_argv
+from fleet.plan.vllm_surface import SurfaceError, accepted_flags, human_readable_int, parse_serve_argv
 
 
 @pytest.mark.parametrize(

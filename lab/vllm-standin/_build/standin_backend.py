@@ -2,7 +2,7 @@
 
 Why not setuptools: building must work on an air-gapped control machine without fetching a
 build backend, and the wheel must carry fleet's vLLM argument surface, which lives outside this
-directory (``fleet/vllm_surface.py`` and ``fleet/data/vllm/serve-args-0.33.0.json``). This
+directory (``fleet/plan/vllm_surface.py`` and ``fleet/plan/data/vllm/serve-args-0.33.0.json``). This
 backend reads ``[project]`` from ``pyproject.toml``, copies every file under ``src/`` into a
 pure-Python wheel, and adds the surface under ``vllm/_vendor/`` at build time, so there is one
 surface and no hand-written second list. Only the standard library is used.
@@ -35,8 +35,8 @@ def _surface_files() -> dict[str, bytes]:
     ``vllm_surface`` finds its data at ``<module dir>/data/vllm/``, so the JSON goes there and
     the module is copied byte for byte.
     """
-    module = FLEET_ROOT / "fleet" / "vllm_surface.py"
-    data = FLEET_ROOT / "fleet" / "data" / "vllm" / f"serve-args-{SURFACE_VERSION}.json"
+    module = FLEET_ROOT / "fleet" / "plan" / "vllm_surface.py"
+    data = FLEET_ROOT / "fleet" / "plan" / "data" / "vllm" / f"serve-args-{SURFACE_VERSION}.json"
     if not (module.is_file() and data.is_file()):
         raise FileNotFoundError(
             f"cannot vendor the vLLM argument surface: {module} or {data} is missing "

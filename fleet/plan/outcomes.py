@@ -14,9 +14,9 @@ from typing import Any
 
 from fleet.errors import FleetError, PlanError, PlanProblem
 from fleet.gpus import GiB, HostGpus
-from fleet.inventory import HostSpec, LoadedInventory, load_inventory
-from fleet.model import ModelArch, load_model
-from fleet.planner import HostPlan, Instance, plan_host
+from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
+from fleet.model.arch import ModelArch, load_model
+from fleet.plan.planner import HostPlan, Instance, plan_host
 
 
 @dataclass(frozen=True)

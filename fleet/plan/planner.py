@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 from fleet.errors import PlanError, PlanProblem
 from fleet.gpus import GiB, HostGpus
-from fleet.inventory import HostSpec
-from fleet.model import ModelArch
-from fleet.vllm_surface import SurfaceError, known_versions, parse_serve_argv
+from fleet.inventory.spec import HostSpec
+from fleet.model.arch import ModelArch
+from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
 
 BLOCK_SIZE = 16  #: vLLM's default KV block size (tokens)
 DEFAULT_UTILIZATION = 0.90

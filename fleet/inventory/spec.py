@@ -1,13 +1,6 @@
-"""Inventories in pyinfra's Python format, validated into typed ``HostSpec`` objects.
+"""Inventory host data validated into typed ``HostSpec`` objects (loading is in ``load.py``).
 
-An inventory file is plain pyinfra (``shared/reference/pyinfra.md`` §2.1): every module-level
-list, or ``(hosts, data)`` tuple, whose name does not start with ``_`` is a group; items are
-``"name"`` or ``("name", {data})``; hosts also join a group named after the file;
-``group_data/<group>.py`` next to the file adds group data. We load it into pyinfra's own
-``Inventory`` so data precedence (host > group > all) is pyinfra's, without importing
-``pyinfra_cli`` (which monkey-patches the interpreter with gevent on import).
-
-Then the keys ``fleet`` reads are validated. Every invalid value, on every host, is reported at
+The keys ``fleet`` reads are validated. Every invalid value, on every host, is reported at
 once, naming the file, the host, the field, the value and what is allowed.
 """
 
@@ -16,7 +9,6 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-import runpy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -24,13 +16,14 @@ from typing import Any, Literal, cast
 from pyinfra.api.inventory import Inventory
 
 from fleet.errors import FieldProblem, InventoryError
-from fleet.gpus import CATALOGUE, GiB, HostGpus, NvlinkFabric
+from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
+from fleet.inventory.load import load_pyinfra_inventory
 
 WeightPrecision = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"]
 KvCacheDtype = Literal["auto", "fp8"]
 WEIGHT_PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp8", "int8", "int4")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
-FABRICS: tuple[str, ...] = ("switch", "pairs", "none")
+FABRICS: tuple[str, ...] = tuple(f.value for f in Fabric)
 
 #: The host-data keys fleet reads. Others (ssh_*, pyinfra's _sudo, your own) are left alone,
 #: except near-misses of these, which are almost always typos.
@@ -94,13 +87,13 @@ class GpuSpec:
     count: int
     sku: str | None = None
     memory_gib: float | None = None
-    nvlink: NvlinkFabric = "none"
+    nvlink: Fabric = Fabric.NONE
 
     def host_gpus(self) -> HostGpus:
         if self.sku is not None:
             return HostGpus.from_catalogue(self.sku, self.count, self.nvlink)
         assert self.memory_gib is not None
-        return HostGpus.uniform(self.count, int(self.memory_gib * GiB), self.nvlink != "none")
+        return HostGpus.uniform(self.count, int(self.memory_gib * GiB), self.nvlink)
 
 
 @dataclass(frozen=True)
@@ -143,72 +136,6 @@ class LoadedInventory:
             if spec.name == name:
                 return spec
         raise KeyError(name)
-
-
-# -- loading pyinfra's format -------------------------------------------------------------------
-
-
-def _is_group(name: str, value: Any) -> bool:
-    if name.startswith("_"):
-        return False
-    hosts = value[0] if isinstance(value, tuple) and len(value) == 2 else value
-    return isinstance(hosts, list) and all(isinstance(item, str | tuple) for item in hosts)
-
-
-def _host_name(item: str | tuple[str, dict[str, Any]]) -> str:
-    return item[0] if isinstance(item, tuple) else item
-
-
-def _group_data_files(inventory_path: Path) -> dict[str, dict[str, Any]]:
-    folder = inventory_path.parent / "group_data"
-    data: dict[str, dict[str, Any]] = {}
-    if folder.is_dir():
-        for file in sorted(folder.glob("*.py")):
-            attrs = runpy.run_path(str(file))
-            data[file.stem] = {
-                k: v for k, v in attrs.items() if not k.startswith("_") and not callable(v) and not _is_module(v)
-            }
-    return data
-
-
-def _is_module(value: Any) -> bool:
-    return type(value).__name__ == "module"
-
-
-def load_pyinfra_inventory(path: str | Path) -> Inventory:
-    """Load a pyinfra Python inventory file into ``pyinfra.api.Inventory`` (CLI semantics)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InventoryError([FieldProblem(str(path), "-", "inventory", str(path), "no such file")])
-    try:
-        attrs = runpy.run_path(str(path))
-    except Exception as exc:
-        raise InventoryError(
-            [FieldProblem(str(path), "-", "inventory", type(exc).__name__, f"the file does not run: {exc}")]
-        ) from exc
-    groups: dict[str, tuple[list[Any], dict[str, Any]]] = {}
-    for name, value in attrs.items():
-        if _is_group(name, value):
-            hosts, data = value if isinstance(value, tuple) else (value, {})
-            groups[name] = (list(hosts), dict(data))
-    all_hosts, all_data = groups.pop("all", ([], {}))
-    all_names = [_host_name(h) for h in all_hosts]
-    for hosts, _ in groups.values():
-        for item in hosts:
-            if _host_name(item) not in all_names:
-                all_names.append(_host_name(item))
-                all_hosts.append(item)
-    file_group = path.stem
-    if file_group not in groups:
-        groups[file_group] = ([_host_name(h) for h in all_hosts], {})
-    for group, data in _group_data_files(path).items():
-        if group == "all":
-            all_data = {**all_data, **data}
-        elif group in groups:
-            groups[group][1].update(data)
-        else:
-            groups[group] = ([], data)
-    return Inventory((all_hosts, all_data), **groups)  # type: ignore[no-untyped-call]
 
 
 # -- validation ---------------------------------------------------------------------------------
@@ -306,20 +233,20 @@ def _gpu(c: _Checker, raw: Any) -> GpuSpec | None:
     count = c.integer("gpu.count", raw.get("count", 1), 1, 64)
     nvlink_raw = raw.get("nvlink", None)
     if isinstance(nvlink_raw, bool):
-        nvlink_raw = "switch" if nvlink_raw else "none"
+        nvlink_raw = Fabric.SWITCH if nvlink_raw else Fabric.NONE
     sku = raw.get("sku")
     if sku is not None:
         if sku not in CATALOGUE:
             c.problem("gpu.sku", sku, "one of " + ", ".join(CATALOGUE))
             return None
         fabric = CATALOGUE[sku].typical_fabric if nvlink_raw is None else nvlink_raw
-        return GpuSpec(count, sku=sku, nvlink=cast(NvlinkFabric, c.choice("gpu.nvlink", fabric, FABRICS)))
+        return GpuSpec(count, sku=sku, nvlink=Fabric(c.choice("gpu.nvlink", fabric, FABRICS)))
     memory = c.number("gpu.memory_gib", raw.get("memory_gib"), 1, 4096) if "memory_gib" in raw else None
     if memory is None:
         c.problem("gpu", raw, "needs sku (one of " + ", ".join(CATALOGUE) + ") or memory_gib")
         return None
-    fabric = c.choice("gpu.nvlink", "none" if nvlink_raw is None else nvlink_raw, FABRICS)
-    return GpuSpec(count, memory_gib=memory, nvlink=cast(NvlinkFabric, fabric))
+    fabric = c.choice("gpu.nvlink", Fabric.NONE if nvlink_raw is None else nvlink_raw, FABRICS)
+    return GpuSpec(count, memory_gib=memory, nvlink=Fabric(fabric))
 
 
 def _typos(c: _Checker) -> None:

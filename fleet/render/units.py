@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jinja2
 
-from fleet.planner import HostPlan, Instance
+from fleet.plan.planner import HostPlan, Instance
 
 #: Extra seconds systemd waits after vLLM's own drain before it SIGKILLs what is left.
 STOP_GRACE_SECONDS = 30
@@ -81,7 +81,7 @@ def templates_dir() -> Path:
     try:
         return Path(str(resources.files("fleet.templates")))
     except ModuleNotFoundError:  # running from a source checkout: templates/ beside fleet/
-        return Path(__file__).resolve().parent.parent / "templates"
+        return Path(__file__).resolve().parents[2] / "templates"
 
 
 def unit_file(plan: HostPlan, instance: Instance, paths: HostPaths = HostPaths()) -> RenderedFile:

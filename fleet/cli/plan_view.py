@@ -8,8 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.gpus import GiB
-from fleet.plan import HostOutcome
-from fleet.planner import HostPlan, Instance
+from fleet.plan.outcomes import HostOutcome
+from fleet.plan.planner import HostPlan, Instance
 
 
 def _gib(n: int) -> str:

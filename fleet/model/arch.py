@@ -20,7 +20,7 @@ from typing import Any
 
 from fleet.errors import ModelConfigError
 
-BUNDLED_MODELS = Path(__file__).resolve().parent / "data" / "models"
+BUNDLED_MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 
 #: Where vLLM reads the KV-head count, first match wins (transformers_utils/config.py).
 _KV_HEAD_KEYS = (

@@ -1,6 +1,6 @@
 """The argument surface of ``vllm serve``, rebuilt from vLLM's own parser dump.
 
-``fleet/data/vllm/serve-args-<version>.json`` is a dump of the real ``make_arg_parser`` of
+``fleet/plan/data/vllm/serve-args-<version>.json`` is a dump of the real ``make_arg_parser`` of
 that vLLM release (options, dest, action, nargs, type, choices, default). From it we build an
 ``argparse`` parser that accepts what that ``vllm serve`` accepts and rejects what it rejects
 (removed flags such as ``--swap-space`` fail with ``unrecognized arguments``, as in vLLM).

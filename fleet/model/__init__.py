@@ -1,0 +1,1 @@
+"""Model architecture from a Hugging Face config.json, and vLLM's arithmetic over it."""
