@@ -18,6 +18,10 @@ from enum import StrEnum
 MiB = 1024**2
 GiB = 1024**3
 
+#: The reserve assumed for a SKU nobody has measured yet: above both measured values (480 MiB on
+#: H100 80GB, 615 MiB on H200, driver 580), so a plan under-promises rather than over-promises.
+ESTIMATED_RESERVE = 640 * MiB
+
 
 class Fabric(StrEnum):
     """How the GPUs of a host are wired together by NVLink (the one spelling, everywhere)."""
@@ -51,6 +55,18 @@ class GpuSku:
     #: peer-to-peer over PCIe allowed (``nvmlDeviceGetP2PStatus``); GeForce boards report
     #: ``NVML_P2P_STATUS_GPU_NOT_SUPPORTED`` (``GNS`` in ``nvidia-smi topo -p2p``)
     pcie_p2p: bool = True
+    #: bytes the driver reserves (NVML v2 ``reserved``); CUDA's total (``cudaMemGetInfo``, what
+    #: vLLM multiplies by ``--gpu-memory-utilization``) is ``memory_total - memory_reserved``
+    memory_reserved: int = ESTIMATED_RESERVE
+    #: True where ``memory_reserved`` was read from a real driver; False: a conservative estimate
+    reserve_measured: bool = False
+    #: ``nvmlDeviceGetBoardPartNumber`` values seen on real boards of this model
+    board_part_numbers: tuple[str, ...] = ()
+
+    @property
+    def cuda_total(self) -> int:
+        """The memory CUDA reports as total: NVML's total minus the driver's reserve."""
+        return self.memory_total - self.memory_reserved
 
     @property
     def memory_gib(self) -> float:
@@ -78,6 +94,9 @@ CATALOGUE: dict[str, GpuSku] = {
             fabric_info=True,
             typical_count=8,
             typical_fabric=Fabric.SWITCH,
+            memory_reserved=480 * MiB,
+            reserve_measured=True,
+            board_part_numbers=("692-2G520-0200-000",),
         ),
         GpuSku(
             key="h100-pcie-80gb",
@@ -100,6 +119,9 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="h200-sxm-141gb",
+            memory_reserved=615 * MiB,
+            reserve_measured=True,
+            board_part_numbers=("692-2G520-0282-000",),
             nvml_name="NVIDIA H200",
             memory_total=143771 * MiB,
             compute_capability=(9, 0),
