@@ -62,6 +62,33 @@ class GpuSku:
     reserve_measured: bool = False
     #: ``nvmlDeviceGetBoardPartNumber`` values seen on real boards of this model
     board_part_numbers: tuple[str, ...] = ()
+    # ---- board facts the simulated NVML answers (added after the fields above; keep order) ----
+    #: ``nvmlDeviceGetBAR1MemoryInfo().bar1Total``, bytes (0: not known)
+    bar1_total: int = 0
+    #: ``nvmlDeviceGetClockInfo``/``MaxClockInfo``, MHz: graphics (= SM) at idle and at most,
+    #: memory (HBM/GDDR runs at its max), video at idle and at most (0: not known)
+    clock_graphics_idle_mhz: int = 0
+    clock_graphics_max_mhz: int = 0
+    clock_memory_mhz: int = 0
+    clock_video_idle_mhz: int = 0
+    clock_video_max_mhz: int = 0
+    #: ``nvmlDeviceGetSupportedMemoryClocks``, highest first
+    supported_memory_clocks_mhz: tuple[int, ...] = ()
+    #: ``nvmlDeviceGetVbiosVersion`` / ``nvmlDeviceGetInforomImageVersion`` of a board seen in the
+    #: field ("": not recorded; the simulated library then answers NOT_SUPPORTED)
+    vbios_version: str = ""
+    inforom_image_version: str = ""
+    #: ``nvmlDeviceGetNumGpuCores`` (CUDA cores) and ``nvmlDeviceGetMemoryBusWidth`` (bits)
+    cuda_cores: int = 0
+    memory_bus_width: int = 0
+    #: ``nvmlDeviceGetPowerManagementLimitConstraints`` minimum, mW (the maximum is power_limit_mw)
+    power_min_mw: int = 0
+    #: ``nvmlDeviceGetBrand``: 14 NVML_BRAND_NVIDIA (data centre), 13 NVIDIA_RTX, 5 GEFORCE
+    brand: int = 14
+    #: ``nvmlDeviceGetRowRemapperHistogram().max`` on a healthy board (banks with every spare row)
+    row_remap_banks: int = 0
+    #: ``nvmlDeviceGetPciInfo().pciSubSystemId`` of the usual board (0: not known)
+    pci_subsystem_id: int = 0
 
     @property
     def cuda_total(self) -> int:
@@ -78,6 +105,21 @@ CATALOGUE: dict[str, GpuSku] = {
     for sku in (
         GpuSku(
             key="h100-sxm-80gb",
+            # recorded (driver 580.159.04, tests/fixtures/gpu-truth/h100-80gb-hbm3)
+            bar1_total=128 * GiB,
+            clock_graphics_idle_mhz=345,
+            clock_graphics_max_mhz=1980,
+            clock_memory_mhz=2619,
+            clock_video_idle_mhz=765,
+            clock_video_max_mhz=1545,
+            supported_memory_clocks_mhz=(2619, 1593),
+            vbios_version="96.00.DA.00.0C",
+            inforom_image_version="G520.0200.00.05",
+            cuda_cores=16896,
+            memory_bus_width=5120,
+            power_min_mw=200_000,
+            row_remap_banks=2560,
+            pci_subsystem_id=0x16C110DE,
             nvml_name="NVIDIA H100 80GB HBM3",
             memory_total=81559 * MiB,
             compute_capability=(9, 0),
@@ -100,6 +142,19 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="h100-pcie-80gb",
+            # NVIDIA H100 PCIe product brief (boost 1755 MHz, HBM2e 5120-bit, 14592 cores);
+            # BAR1 and clock floor as on the SXM board [estimate]
+            bar1_total=128 * GiB,
+            clock_graphics_idle_mhz=345,
+            clock_graphics_max_mhz=1755,
+            clock_memory_mhz=1593,
+            clock_video_idle_mhz=765,
+            clock_video_max_mhz=1545,
+            supported_memory_clocks_mhz=(1593,),
+            cuda_cores=14592,
+            memory_bus_width=5120,
+            power_min_mw=200_000,
+            board_part_numbers=("900-21010-0000-000",),
             nvml_name="NVIDIA H100 PCIe",
             memory_total=81559 * MiB,
             compute_capability=(9, 0),
@@ -119,7 +174,22 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="h200-sxm-141gb",
-            memory_reserved=615 * MiB,
+            # recorded (driver 580.159.04, tests/fixtures/gpu-truth/h200-141gb)
+            bar1_total=256 * GiB,
+            clock_graphics_idle_mhz=345,
+            clock_graphics_max_mhz=1980,
+            clock_memory_mhz=3201,
+            clock_video_idle_mhz=765,
+            clock_video_max_mhz=1545,
+            supported_memory_clocks_mhz=(3201, 2201),
+            vbios_version="96.00.A5.00.1A",
+            inforom_image_version="G520.0282.02.02",
+            cuda_cores=16896,
+            memory_bus_width=6016,
+            power_min_mw=200_000,
+            row_remap_banks=3072,
+            pci_subsystem_id=0x18BF10DE,
+            memory_reserved=644_939_776,  # 615 MiB + 64 KiB, measured (NVML v2 reserved, driver 580)
             reserve_measured=True,
             board_part_numbers=("692-2G520-0282-000",),
             nvml_name="NVIDIA H200",
@@ -141,6 +211,19 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="a100-sxm-80gb",
+            # NVIDIA A100 datasheet (boost 1410 MHz, HBM2e 1593 MHz x 5120-bit, 6912 cores);
+            # nvidia-smi -q on DGX A100: BAR1 131072 MiB, idle 210 MHz [public outputs]
+            bar1_total=128 * GiB,
+            clock_graphics_idle_mhz=210,
+            clock_graphics_max_mhz=1410,
+            clock_memory_mhz=1593,
+            clock_video_idle_mhz=585,
+            clock_video_max_mhz=1290,
+            supported_memory_clocks_mhz=(1593,),
+            cuda_cores=6912,
+            memory_bus_width=5120,
+            power_min_mw=100_000,
+            board_part_numbers=("692-2G506-0210-002",),
             nvml_name="NVIDIA A100-SXM4-80GB",
             memory_total=81920 * MiB,
             compute_capability=(8, 0),
@@ -160,6 +243,17 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="a100-sxm-40gb",
+            # NVIDIA A100 datasheet (boost 1410 MHz, HBM2 1215 MHz x 5120-bit, 6912 cores)
+            bar1_total=64 * GiB,
+            clock_graphics_idle_mhz=210,
+            clock_graphics_max_mhz=1410,
+            clock_memory_mhz=1215,
+            clock_video_idle_mhz=585,
+            clock_video_max_mhz=1290,
+            supported_memory_clocks_mhz=(1215,),
+            cuda_cores=6912,
+            memory_bus_width=5120,
+            power_min_mw=100_000,
             nvml_name="NVIDIA A100-SXM4-40GB",
             memory_total=40960 * MiB,
             compute_capability=(8, 0),
@@ -179,6 +273,18 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="l40s-48gb",
+            # NVIDIA L40S datasheet (boost 2520 MHz, GDDR6 384-bit, 18176 cores); BAR1 64 GiB [estimate]
+            bar1_total=64 * GiB,
+            clock_graphics_idle_mhz=210,
+            clock_graphics_max_mhz=2520,
+            clock_memory_mhz=9001,
+            clock_video_idle_mhz=1185,
+            clock_video_max_mhz=1965,
+            supported_memory_clocks_mhz=(9001, 5001, 810, 405),
+            cuda_cores=18176,
+            memory_bus_width=384,
+            power_min_mw=100_000,
+            board_part_numbers=("900-2G133-0080-000",),
             nvml_name="NVIDIA L40S",
             memory_total=46068 * MiB,
             compute_capability=(8, 9),
@@ -198,6 +304,19 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="rtx-a6000-48gb",
+            # NVIDIA RTX A6000 datasheet (boost 1800 MHz, GDDR6 384-bit, 10752 cores); BAR1 256 MiB
+            # without resizable BAR [estimate]
+            bar1_total=256 * MiB,
+            clock_graphics_idle_mhz=210,
+            clock_graphics_max_mhz=2100,
+            clock_memory_mhz=8001,
+            clock_video_idle_mhz=555,
+            clock_video_max_mhz=1950,
+            supported_memory_clocks_mhz=(8001, 5001, 810, 405),
+            cuda_cores=10752,
+            memory_bus_width=384,
+            power_min_mw=100_000,
+            brand=13,
             nvml_name="NVIDIA RTX A6000",
             memory_total=49140 * MiB,
             compute_capability=(8, 6),
@@ -217,6 +336,17 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="a10-24gb",
+            # NVIDIA A10 datasheet (boost 1695 MHz, GDDR6 384-bit, 9216 cores); BAR1 32 GiB [public outputs]
+            bar1_total=32 * GiB,
+            clock_graphics_idle_mhz=210,
+            clock_graphics_max_mhz=1695,
+            clock_memory_mhz=6251,
+            clock_video_idle_mhz=555,
+            clock_video_max_mhz=1470,
+            supported_memory_clocks_mhz=(6251, 5001, 810, 405),
+            cuda_cores=9216,
+            memory_bus_width=384,
+            power_min_mw=100_000,
             nvml_name="NVIDIA A10",
             memory_total=23028 * MiB,
             compute_capability=(8, 6),
@@ -236,6 +366,19 @@ CATALOGUE: dict[str, GpuSku] = {
         ),
         GpuSku(
             key="rtx-4090-24gb",
+            # GeForce RTX 4090 specifications (boost 2520 MHz, max 3120, GDDR6X 384-bit, 16384 cores);
+            # BAR1 256 MiB without resizable BAR [estimate]; GeForce: no inforom, no part number
+            bar1_total=256 * MiB,
+            clock_graphics_idle_mhz=210,
+            clock_graphics_max_mhz=3120,
+            clock_memory_mhz=10501,
+            clock_video_idle_mhz=1185,
+            clock_video_max_mhz=2415,
+            supported_memory_clocks_mhz=(10501, 10251, 5001, 810, 405),
+            cuda_cores=16384,
+            memory_bus_width=384,
+            power_min_mw=150_000,
+            brand=5,
             nvml_name="NVIDIA GeForce RTX 4090",
             memory_total=24564 * MiB,
             compute_capability=(8, 9),

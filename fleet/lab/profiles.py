@@ -22,12 +22,19 @@ Schema (all tables optional unless noted)::
     cuda = 13000                   # required: nvmlSystemGetCudaDriverVersion
     build_date = "..."             # date shown in /proc/driver/nvidia/version
     fail_init_on_mismatch = false  # true: nvmlInit fails with LIB_RM_VERSION_MISMATCH (18)
+    branch = "r582_49"             # nvmlSystemGetDriverBranch (default "r<major>_00")
+
+    [host]
+    virtualization = "none"        # none | passthrough: the GPUs are passed through to a VM;
+                                   #   nvmlDeviceGetVirtualizationMode = 1 and NVLink is invisible
+                                   #   (every link call NOT_SUPPORTED; [nvlink] is ignored)
 
     [pcie]
     bus_ids = ["18", "2a", ...]    # hex bus numbers, or full "0000:18:00.0"
-    subsystem_id = 0x16C110DE
+    subsystem_id = 0x16C110DE      # default: the SKU's usual board (GpuSku.pci_subsystem_id)
     matrix = ["X NODE SYS", ...]   # explicit PCIe levels per pair (PIX PXB PHB NODE SYS), or:
-    numa = [0, 0, 1, 1]            #   same node -> same_numa_level, else cross_numa_level
+    numa = [0, 0, 1, 1]            #   same node -> same_numa_level, else cross_numa_level;
+                                   #   also nvmlDeviceGetMemoryAffinity (default node 0)
     switch_groups = [[0, 1]]       #   GPUs sharing a PCIe switch tree -> switch_level
     switch_level = "PXB"
     same_numa_level = "NODE"
@@ -49,7 +56,10 @@ Schema (all tables optional unless noted)::
     cluster_uuid = "00000000-0000-0000-0000-000000000000"
 
     [defaults]
-    baseline_used_mib = 0          # memory in use with nothing running (reserved)
+    baseline_used_mib = 0          # memory held by something else with nothing of ours running:
+                                   #   adds to v2 used (and v1 used), not to reserved
+    reserved_mib = 480             # the driver's reserve, NVML v2 reserved (default: the SKU's
+                                   #   GpuSku.memory_reserved); v1 used = reserved + v2 used
     temperature_c = 33
     power_usage_w = 70
     persistence = true
@@ -59,11 +69,16 @@ Schema (all tables optional unless noted)::
     [[gpu]]                        # per-slot overrides
     slot = 3
     bus_id = "0000:5d:00.0"; serial = "..."; uuid = "GPU-..."; baseline_used_mib = 600
-    pcie_gen = 4; pcie_width = 8
+    pcie_gen = 4; pcie_width = 8; irq = 41
     links_down = [7]
     ecc_errors = { corrected_volatile = 0, uncorrected_volatile = 2, corrected_aggregate = 0,
                    uncorrected_aggregate = 2 }
     remapped_rows = { correctable = 0, uncorrectable = 1, pending = true, failure = false }
+
+Board facts (part number, VBIOS and InfoROM versions, BAR1, clocks, cores, bus width, power
+limits) come from the catalogue SKU; memory follows the real driver (nvml.h ``nvmlMemory_v2_t``):
+reserved + used + free = total, v1 ``used`` = reserved + v2 ``used``, and live process memory
+(``<state dir>/<pid>.mem``) adds to ``used``.
 """
 
 from __future__ import annotations
@@ -247,6 +262,16 @@ class LabProfile:
     persistence: bool
     ecc_enabled: bool
     mig_enabled: bool
+    virtualization: str = "none"  #: "none" (bare metal) or "passthrough" (one VM owns the GPUs)
+    driver_branch: str = ""  #: ``nvmlSystemGetDriverBranch``
+    memory_reserved: int = 0  #: bytes, NVML v2 ``reserved`` (the driver's reserve)
+    numa_nodes: tuple[int, ...] = ()  #: host NUMA node per slot (``nvmlDeviceGetMemoryAffinity``)
+    irqs: tuple[int, ...] = ()  #: ``nvmlDeviceGetIrqNum`` per slot
+
+    @property
+    def passthrough(self) -> bool:
+        """GPUs passed through to a VM: NVML shows no NVLink (every link call is NOT_SUPPORTED)."""
+        return self.virtualization == "passthrough"
 
     # ---- derived views --------------------------------------------------------------------
 
@@ -358,6 +383,41 @@ class LabProfile:
 
     # ---- rendering for the C library ------------------------------------------------------
 
+    def _render_board(self, gpu: SlotGpu) -> list[str]:
+        """Board facts from the catalogue and host facts from the profile (one GPU)."""
+        sku = self.sku
+        out = [
+            f"virtualization={1 if self.passthrough else 0}",
+            f"irq={self.irqs[gpu.slot]}",
+            f"numa_node={self.numa_nodes[gpu.slot]}",
+            f"brand={sku.brand}",
+            f"conf_compute={1 if sku.architecture >= 9 else 0}",  # confidential computing: Hopper+
+        ]
+        if sku.board_part_numbers:
+            out.append(f"board_part_number={sku.board_part_numbers[0]}")
+        if sku.vbios_version:
+            out.append(f"vbios={sku.vbios_version}")
+        if sku.inforom_image_version:
+            out.append(f"inforom={sku.inforom_image_version}")
+        if sku.bar1_total:
+            # 1.625 MiB of BAR1 mapped at idle (recorded on H100 and H200)
+            out.append(f"bar1={sku.bar1_total} {1703936}")
+        if sku.clock_graphics_max_mhz:
+            out.append(
+                f"clocks={sku.clock_graphics_idle_mhz} {sku.clock_graphics_max_mhz} {sku.clock_memory_mhz} "
+                f"{sku.clock_video_idle_mhz} {sku.clock_video_max_mhz}"
+            )
+        if sku.supported_memory_clocks_mhz:
+            out.append("mem_clocks=" + " ".join(map(str, sku.supported_memory_clocks_mhz)))
+        if sku.cuda_cores:
+            out.append(f"cores={sku.cuda_cores}")
+        if sku.memory_bus_width:
+            out.append(f"bus_width={sku.memory_bus_width}")
+        out.append(f"power_min={sku.power_min_mw}")
+        if sku.row_remap_banks:
+            out.append(f"row_remap_banks={sku.row_remap_banks}")
+        return out
+
     def render(self) -> str:
         """The ``key=value`` file that ``fakenvml.c`` reads (``FLEET_NVML_PROFILE``)."""
         lines = [
@@ -367,6 +427,8 @@ class LabProfile:
             f"cuda_driver_version={self.cuda_driver_version}",
             f"gpu_count={len(self.enumerated)}",
         ]
+        if self.driver_branch:
+            lines.append(f"driver_branch={self.driver_branch}")
         if self.fail_init_on_mismatch and self.driver_version != self.kernel_module_version:
             lines.append("init_error=18")
         for index, gpu in enumerate(self.enumerated):
@@ -384,7 +446,7 @@ class LabProfile:
             f"minor={gpu.slot}",
             f"arch={sku.architecture}",
             f"cc={sku.compute_capability[0]} {sku.compute_capability[1]}",
-            f"memory={sku.memory_total} {gpu.baseline_used}",
+            f"memory={sku.memory_total} {self.memory_reserved} {gpu.baseline_used}",
             f"persistence={int(self.persistence)}",
             f"power={sku.power_limit_mw} {sku.power_limit_mw} {self.power_usage_w * 1000}",
             f"temperature={self.temperature_c}",
@@ -392,6 +454,7 @@ class LabProfile:
         ]
         if gpu.serial is not None:
             out.append(f"serial={gpu.serial}")
+        out.extend(self._render_board(gpu))
         if sku.ecc:
             enabled = int(self.ecc_enabled)
             out.append(f"ecc={enabled} {enabled} " + " ".join(map(str, gpu.ecc_errors)))
@@ -399,7 +462,10 @@ class LabProfile:
                 out.append("remapped_rows=" + " ".join(map(str, gpu.remapped_rows)))
         if sku.mig:
             out.append(f"mig={int(self.mig_enabled)} {int(self.mig_enabled)}")
-        if sku.nvlink_links:
+        if sku.nvlink_links and self.passthrough:
+            out.append(f"nvlink={sku.nvlink_links} {sku.nvlink_version}")
+            out.append("nvlink_hidden=1")
+        elif sku.nvlink_links:
             out.append(f"nvlink={sku.nvlink_links} {sku.nvlink_version}")
             for i, link in enumerate(self.links(gpu.slot)):
                 r = link.remote
@@ -463,7 +529,9 @@ def _build(path: Path, top: _Fields) -> LabProfile:
         top.sub("defaults"),
     )
     version = driver.str_("version")
-    fabric = _fabric(nvlink, sku)
+    host = top.sub("host")
+    virtualization = host.choice("virtualization", "none", ("none", "passthrough"))
+    fabric = Fabric.NONE if virtualization == "passthrough" else _fabric(nvlink, sku)
     slots = _slots(path, top, pcie, defaults, sku, count)
     return LabProfile(
         name=path.stem,
@@ -478,7 +546,7 @@ def _build(path: Path, top: _Fields) -> LabProfile:
         build_date=driver.str_("build_date", "Tue Sep 23 09:55:41 UTC 2025"),
         fail_init_on_mismatch=driver.bool_("fail_init_on_mismatch", False),
         pcie_levels=_pcie_levels(pcie, count),
-        pci_subsystem_id=pcie.int_("subsystem_id", 0),
+        pci_subsystem_id=pcie.int_("subsystem_id", sku.pci_subsystem_id),
         fabric=fabric,
         switch_bus_ids=_switch_bus_ids(nvlink, fabric),
         links_per_switch=_links_per_switch(nvlink, fabric, sku),
@@ -490,7 +558,20 @@ def _build(path: Path, top: _Fields) -> LabProfile:
         persistence=defaults.bool_("persistence", True),
         ecc_enabled=defaults.bool_("ecc", sku.ecc),
         mig_enabled=defaults.bool_("mig", False),
+        virtualization=virtualization,
+        driver_branch=driver.str_("branch", f"r{version.split('.')[0]}_00"),
+        memory_reserved=defaults.int_("reserved_mib", 0) * MiB
+        if "reserved_mib" in defaults.table
+        else sku.memory_reserved,
+        numa_nodes=tuple(pcie.int_list("numa", length=count) or [0] * count),
+        irqs=tuple(_irqs(top, count)),
     )
+
+
+def _irqs(top: _Fields, count: int) -> list[int]:
+    """``nvmlDeviceGetIrqNum`` per slot: ``[[gpu]] irq`` or an interrupt line per slot."""
+    overrides = _gpu_overrides(top, count)
+    return [overrides[s].int_("irq", 41 + s) if s in overrides else 41 + s for s in range(count)]
 
 
 def _fabric(nvlink: _Fields, sku: GpuSku) -> Fabric:

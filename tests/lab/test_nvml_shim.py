@@ -109,6 +109,25 @@ PROBE = textwrap.dedent(
             "p2p_nvlink": [N.nvmlDeviceGetP2PStatus(h, p, N.NVML_P2P_CAPS_INDEX_NVLINK)
                            for j, p in enumerate(hs) if j != i],
             "procs": [[p.pid, p.usedGpuMemory] for p in N.nvmlDeviceGetComputeRunningProcesses(h)],
+            "board": call(N.nvmlDeviceGetBoardPartNumber, h),
+            "vbios": call(N.nvmlDeviceGetVbiosVersion, h),
+            "bar1": call(lambda: N.nvmlDeviceGetBAR1MemoryInfo(h).bar1Total),
+            "clocks": [call(N.nvmlDeviceGetClockInfo, h, N.NVML_CLOCK_SM),
+                       call(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_SM),
+                       call(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_MEM)],
+            "clock_events": N.nvmlDeviceGetCurrentClocksEventReasons(h),
+            "virtualization": N.nvmlDeviceGetVirtualizationMode(h),
+            "pcie_speed": N.nvmlDeviceGetPcieSpeed(h),
+            "pstate": N.nvmlDeviceGetPerformanceState(h),
+            "util": [N.nvmlDeviceGetUtilizationRates(h).gpu, N.nvmlDeviceGetUtilizationRates(h).memory],
+            "compute_mode": N.nvmlDeviceGetComputeMode(h),
+            "power_constraints": N.nvmlDeviceGetPowerManagementLimitConstraints(h),
+            "default_ecc": call(N.nvmlDeviceGetDefaultEccMode, h),
+            "mem_affinity": list(N.nvmlDeviceGetMemoryAffinity(h, 2, 0)),
+            "cores": N.nvmlDeviceGetNumGpuCores(h),
+            "mps": N.nvmlDeviceGetMPSComputeRunningProcesses(h),
+            "topo_self": call(N.nvmlDeviceGetTopologyCommonAncestor, h, h),
+            "cap_past_end": call(N.nvmlDeviceGetNvLinkCapability, h, 36, 0),
         }
 
     try:
@@ -195,6 +214,8 @@ def expected_gpu(profile: LabProfile, index: int) -> dict[str, Any]:
     gpu = profile.enumerated[index]
     peers = [p for p in profile.enumerated if p.slot != gpu.slot]
     used = gpu.baseline_used
+    reserved = profile.memory_reserved
+    visible_links = sku.nvlink_links and not profile.passthrough
     links = [
         {
             "state": int(link.active),
@@ -203,7 +224,7 @@ def expected_gpu(profile: LabProfile, index: int) -> dict[str, Any]:
             "remote_bus": link.remote.nvml,
             "p2p_cap": 1,
         }
-        for link in profile.links(gpu.slot)
+        for link in (profile.links(gpu.slot) if visible_links else ())
     ]
     switch_links = sum(1 for link in profile.links(gpu.slot) if link.active and link.remote_type == 2)
     fabric: dict[str, Any] = NOT_SUPPORTED
@@ -223,8 +244,8 @@ def expected_gpu(profile: LabProfile, index: int) -> dict[str, Any]:
         "by_bus": index,
         "by_bus_lower": index,
         "arch": sku.architecture,
-        "mem_v1": [sku.memory_total, sku.memory_total - used, used],
-        "mem_v2": [sku.memory_total, used, sku.memory_total - used, used],
+        "mem_v1": [sku.memory_total, sku.memory_total - reserved - used, reserved + used],
+        "mem_v2": [sku.memory_total, reserved, sku.memory_total - reserved - used, used],
         "cc": list(sku.compute_capability),
         "ecc": [1, 1] if sku.ecc else NOT_SUPPORTED,
         "ecc_unc_vol": gpu.ecc_errors[2] if sku.ecc else NOT_SUPPORTED,
@@ -238,9 +259,10 @@ def expected_gpu(profile: LabProfile, index: int) -> dict[str, Any]:
         "temp": [profile.temperature_c, profile.temperature_c],
         "pcie": [gpu.pcie_gen, gpu.pcie_width, sku.pcie_generation, sku.pcie_width, sku.pcie_generation],
         "links": links,
-        "links_end": "NVMLError_InvalidArgument" if sku.nvlink_links else "NVMLError_NotSupported",
+        # a real driver answers NOT_SUPPORTED past the last link (and on every link it does not show)
+        "links_end": "NVMLError_NotSupported",
         "fields": [sku.nvlink_links, switch_links, links[0]["state"], sku.nvlink_version]
-        if sku.nvlink_links
+        if visible_links
         else [{"ret": 3}] * 4,
         "fabric": fabric,
         "numa": NOT_SUPPORTED,
@@ -248,6 +270,24 @@ def expected_gpu(profile: LabProfile, index: int) -> dict[str, Any]:
         "p2p_read": [profile.p2p_status(gpu.slot, p.slot)[0] for p in peers],
         "p2p_nvlink": [profile.p2p_status(gpu.slot, p.slot)[2] for p in peers],
         "procs": [],
+        "board": sku.board_part_numbers[0] if sku.board_part_numbers else NOT_SUPPORTED,
+        "vbios": sku.vbios_version or NOT_SUPPORTED,
+        "bar1": sku.bar1_total,
+        "clocks": [sku.clock_graphics_idle_mhz, sku.clock_graphics_max_mhz, sku.clock_memory_mhz],
+        "clock_events": 1,  # NVML_CLOCKS_EVENT_REASON_GPU_IDLE
+        "virtualization": 1 if profile.passthrough else 0,
+        "pcie_speed": {3: 8000, 4: 16000, 5: 32000}[gpu.pcie_gen],
+        "pstate": 0,
+        "util": [0, 0],
+        "compute_mode": 0,
+        "power_constraints": [sku.power_min_mw, sku.power_limit_mw],
+        "default_ecc": [1] if sku.ecc else NOT_SUPPORTED,
+        "mem_affinity": [1 << profile.numa_nodes[gpu.slot], 0],
+        "cores": sku.cuda_cores,
+        "mps": [],
+        "topo_self": NOT_SUPPORTED,
+        # nvmlDeviceGetNvLinkCapability checks the link index first: past the last link
+        "cap_past_end": {"error": "NVMLError_InvalidArgument"} if sku.nvlink_links else NOT_SUPPORTED,
     }
 
 
@@ -306,7 +346,7 @@ def test_h100_sxm_is_nv18_over_four_switches(read: Any) -> None:
     for gpu in out["gpus"]:
         assert gpu["name"] == "NVIDIA H100 80GB HBM3"
         assert gpu["cc"] == [9, 0]
-        assert len(gpu["links"]) == 18 and gpu["links_end"] == "NVMLError_InvalidArgument"
+        assert len(gpu["links"]) == 18 and gpu["links_end"] == "NVMLError_NotSupported"
         assert {lk["version"] for lk in gpu["links"]} == {6}  # NVML_NVLINK_VERSION_4_0
         assert {lk["remote_type"] for lk in gpu["links"]} == {2}  # NVSWITCH
         assert {lk["remote_bus"] for lk in gpu["links"]} == {f"00000000:0{n}:00.0" for n in (5, 6, 7, 8)}
@@ -443,7 +483,7 @@ def test_wrong_struct_versions(shim_dir: Path, state_dir: Path, tmp_path: Path) 
     assert run_python(shim_dir, profile_file, state_dir, script) == {
         "memory": "NVMLError_ArgumentVersionMismatch",
         "fabric": "NVMLError_ArgumentVersionMismatch",
-        "link36": "NVMLError_InvalidArgument",
+        "link36": "NVMLError_NotSupported",  # past the last link, as a real driver answers
         "uuid": "NVMLError_NotFound",
         "fabric_v2_state": 3,
     }
@@ -457,24 +497,24 @@ def test_live_process_memory_shows_and_goes_away(
 ) -> None:
     profile = load_profile("h100-sxm-8")
     profile_file = write_profile(tmp_path, profile)
-    total = profile.sku.memory_total
+    total, reserved = profile.sku.memory_total, profile.sku.memory_reserved
     (state_dir / f"{sleeper.pid}.mem").write_text(f"0 {3 * GiB}\n3 {5 * GiB}\n3 {1 * GiB}\n")
 
     busy = probe(shim_dir, profile_file, state_dir)["gpus"]
-    assert busy[0]["mem_v1"] == [total, total - 3 * GiB, 3 * GiB]
-    assert busy[0]["mem_v2"] == [total, 0, total - 3 * GiB, 3 * GiB]
+    assert busy[0]["mem_v1"] == [total, total - reserved - 3 * GiB, reserved + 3 * GiB]
+    assert busy[0]["mem_v2"] == [total, reserved, total - reserved - 3 * GiB, 3 * GiB]
     assert busy[0]["procs"] == [[sleeper.pid, 3 * GiB]]
     assert busy[3]["procs"] == [[sleeper.pid, 6 * GiB]]
-    assert busy[1]["procs"] == [] and busy[1]["mem_v1"][2] == 0
+    assert busy[1]["procs"] == [] and busy[1]["mem_v1"][2] == reserved and busy[1]["mem_v2"][3] == 0
 
     sleeper.kill()
     sleeper.wait()
     free = probe(shim_dir, profile_file, state_dir)["gpus"]
-    assert free[0]["mem_v1"] == [total, total, 0] and free[0]["procs"] == []
+    assert free[0]["mem_v1"] == [total, total - reserved, reserved] and free[0]["procs"] == []
     assert free[3]["procs"] == []
 
 
-def test_baseline_is_reserved_and_added_to_live(
+def test_baseline_is_held_beside_the_reserve_and_added_to_live(
     shim_dir: Path, state_dir: Path, tmp_path: Path, sleeper: subprocess.Popen[bytes]
 ) -> None:
     profile = load_profile("rtx4090-2")  # baseline_used_mib = 1
@@ -483,7 +523,9 @@ def test_baseline_is_reserved_and_added_to_live(
     (state_dir / f"{sleeper.pid}.mem").write_text(f"1 {GiB}\n")
     gpu1 = probe(shim_dir, write_profile(tmp_path, profile), state_dir)["gpus"][1]
     total = profile.sku.memory_total
-    assert gpu1["mem_v2"] == [total, base, total - base - GiB, base + GiB]
+    reserved = profile.sku.memory_reserved
+    assert gpu1["mem_v2"] == [total, reserved, total - reserved - base - GiB, base + GiB]
+    assert gpu1["mem_v1"] == [total, total - reserved - base - GiB, reserved + base + GiB]
 
 
 def test_dead_and_zombie_pids_are_ignored(shim_dir: Path, state_dir: Path, tmp_path: Path) -> None:
@@ -503,7 +545,7 @@ def test_dead_and_zombie_pids_are_ignored(shim_dir: Path, state_dir: Path, tmp_p
         gpu = probe(shim_dir, profile_file, state_dir)["gpus"][0]
     finally:
         zombie.wait()
-    assert gpu["mem_v1"][2] == 0 and gpu["procs"] == []
+    assert gpu["mem_v2"][3] == 0 and gpu["procs"] == []
 
 
 def test_live_state_is_reread_on_every_query(shim_dir: Path, state_dir: Path, tmp_path: Path) -> None:
@@ -512,14 +554,14 @@ def test_live_state_is_reread_on_every_query(shim_dir: Path, state_dir: Path, tm
         import json, os, pynvml as N
         N.nvmlInit()
         h = N.nvmlDeviceGetHandleByIndex(0)
-        before = N.nvmlDeviceGetMemoryInfo(h).used
+        before = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used
         path = os.path.join({str(state_dir)!r}, f"{{os.getpid()}}.mem")
         with open(path, "w") as f:
             f.write("0 4096\\n")
-        during = N.nvmlDeviceGetMemoryInfo(h).used
+        during = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used
         procs = [p.pid for p in N.nvmlDeviceGetComputeRunningProcesses(h)]
         os.unlink(path)
-        after = N.nvmlDeviceGetMemoryInfo(h).used
+        after = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2).used
         print(json.dumps({{"before": before, "during": during, "after": after, "procs": procs,
                            "pid": os.getpid()}}))
         """

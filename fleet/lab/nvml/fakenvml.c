@@ -208,6 +208,15 @@ struct fake_device {
     unsigned int cpu_aff_words;
     unsigned long long cpu_aff[MAX_AFF_WORDS];
     int topo[MAX_GPUS];
+    /* board facts (catalogue) and host facts (profile) */
+    unsigned long long mem_other;     /* used by something else with nothing of ours running */
+    char board_part[80], vbios[32], inforom[16];
+    unsigned long long bar1_total, bar1_used;
+    unsigned int clk_graphics_idle, clk_graphics_max, clk_mem_max, clk_video_idle, clk_video_max;
+    unsigned int mem_clocks[8], n_mem_clocks;
+    unsigned int cores, bus_width, power_min, brand, virt_mode, irq, numa_node, row_remap_banks;
+    int nvlink_hidden;                /* passthrough VM: the links exist but NVML shows none */
+    int conf_compute;                 /* Hopper and newer: confidential-computing capable */
     int p2p[MAX_GPUS][P2P_CAPS_INDEX_COUNT];
 };
 
@@ -218,6 +227,7 @@ static char g_driver_version[80];
 static char g_nvml_version[80];
 static int g_cuda_version;
 static int g_init_error;
+static char g_driver_branch[80];
 
 typedef struct {
     unsigned int pid;
@@ -351,6 +361,18 @@ static void parse_gpu_key(struct fake_device *d, const char *key, const char *va
         set_str(d->name, sizeof d->name, value);
         return;
     }
+    if (strcmp(key, "board_part_number") == 0) {
+        set_str(d->board_part, sizeof d->board_part, value);
+        return;
+    }
+    if (strcmp(key, "vbios") == 0) {
+        set_str(d->vbios, sizeof d->vbios, value);
+        return;
+    }
+    if (strcmp(key, "inforom") == 0) {
+        set_str(d->inforom, sizeof d->inforom, value);
+        return;
+    }
     if (strcmp(key, "uuid") == 0) {
         set_str(d->uuid, sizeof d->uuid, value);
         return;
@@ -408,6 +430,40 @@ static void parse_gpu_key(struct fake_device *d, const char *key, const char *va
     } else if (strcmp(key, "memory") == 0 && n >= 2) {
         d->mem_total = v[0];
         d->mem_reserved = v[1];
+        d->mem_other = n >= 3 ? v[2] : 0;
+    } else if (strcmp(key, "bar1") == 0 && n >= 2) {
+        d->bar1_total = v[0];
+        d->bar1_used = v[1];
+    } else if (strcmp(key, "clocks") == 0 && n >= 5) {
+        d->clk_graphics_idle = (unsigned)v[0];
+        d->clk_graphics_max = (unsigned)v[1];
+        d->clk_mem_max = (unsigned)v[2];
+        d->clk_video_idle = (unsigned)v[3];
+        d->clk_video_max = (unsigned)v[4];
+    } else if (strcmp(key, "mem_clocks") == 0) {
+        d->n_mem_clocks = n > 8 ? 8 : n;
+        for (unsigned int i = 0; i < d->n_mem_clocks; i++)
+            d->mem_clocks[i] = (unsigned)v[i];
+    } else if (strcmp(key, "row_remap_banks") == 0) {
+        d->row_remap_banks = (unsigned)v[0];
+    } else if (strcmp(key, "cores") == 0) {
+        d->cores = (unsigned)v[0];
+    } else if (strcmp(key, "bus_width") == 0) {
+        d->bus_width = (unsigned)v[0];
+    } else if (strcmp(key, "power_min") == 0) {
+        d->power_min = (unsigned)v[0];
+    } else if (strcmp(key, "brand") == 0) {
+        d->brand = (unsigned)v[0];
+    } else if (strcmp(key, "virtualization") == 0) {
+        d->virt_mode = (unsigned)v[0];
+    } else if (strcmp(key, "irq") == 0) {
+        d->irq = (unsigned)v[0];
+    } else if (strcmp(key, "numa_node") == 0) {
+        d->numa_node = (unsigned)v[0];
+    } else if (strcmp(key, "nvlink_hidden") == 0) {
+        d->nvlink_hidden = (int)v[0];
+    } else if (strcmp(key, "conf_compute") == 0) {
+        d->conf_compute = (int)v[0];
     } else if (strcmp(key, "ecc") == 0 && n >= 6) {
         d->has_ecc = 1;
         d->ecc_current = (int)v[0];
@@ -466,6 +522,8 @@ static void parse_line(char *line)
         set_str(g_nvml_version, sizeof g_nvml_version, value);
     } else if (strcmp(key, "cuda_driver_version") == 0) {
         g_cuda_version = atoi(value);
+    } else if (strcmp(key, "driver_branch") == 0) {
+        set_str(g_driver_branch, sizeof g_driver_branch, value);
     } else if (strcmp(key, "init_error") == 0) {
         g_init_error = atoi(value);
     } else if (strcmp(key, "gpu_count") == 0) {
@@ -498,7 +556,7 @@ static nvmlReturn_t load_profile(void)
     g_count = 0;
     g_cuda_version = 0;
     g_init_error = 0;
-    g_driver_version[0] = g_nvml_version[0] = '\0';
+    g_driver_version[0] = g_nvml_version[0] = g_driver_branch[0] = '\0';
     while (fgets(line, sizeof line, f) != NULL) {
         line[strcspn(line, "\r\n")] = '\0';
         parse_line(line);
@@ -620,13 +678,18 @@ static unsigned long long live_bytes(unsigned int gpu)
     return total;
 }
 
-static void memory_now(const struct fake_device *d, unsigned long long *used, unsigned long long *free_)
+/*
+ * Memory like the real driver (nvml.h nvmlMemory_v2_t; measured on H100/H200, driver 580):
+ * v2 reserved = the driver/firmware reserve; v2 used = what processes (and anything else) hold,
+ * excluding the reserve; v1 used = reserve + v2 used; reserved + used + free = total.
+ */
+static void memory_now(const struct fake_device *d, unsigned long long *used_v2, unsigned long long *free_)
 {
-    unsigned long long u = d->mem_reserved + live_bytes(dev_index((nvmlDevice_t)d));
-    if (u > d->mem_total)
-        u = d->mem_total;
-    *used = u;
-    *free_ = d->mem_total - u;
+    unsigned long long held = d->mem_other + live_bytes(dev_index((nvmlDevice_t)d));
+    if (held > d->mem_total - d->mem_reserved)
+        held = d->mem_total - d->mem_reserved;
+    *used_v2 = held;
+    *free_ = d->mem_total - d->mem_reserved - held;
 }
 
 /* ---- init, errors, system -------------------------------------------------------------- */
@@ -862,6 +925,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *m
     CHECK_PTR(memory);
     memory->total = device->mem_total;
     memory_now(device, &memory->used, &memory->free);
+    memory->used += device->mem_reserved; /* v1: "used = Sum of Reserved and Allocated" (nvml.h) */
     return NVML_SUCCESS;
 }
 
@@ -1137,6 +1201,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nv
     CHECK_DEVICE(device1);
     CHECK_DEVICE(device2);
     CHECK_PTR(pathInfo);
+    if (device1 == device2) /* a real driver (580, H100/H200) answers NOT_SUPPORTED for (h, h) */
+        return NVML_ERROR_NOT_SUPPORTED;
     *pathInfo = device1->topo[dev_index(device2)];
     return NVML_SUCCESS;
 }
@@ -1176,15 +1242,35 @@ EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinity(nvmlDevice_t device, unsigned int c
 
 /* ---- NVLink ---------------------------------------------------------------------------- */
 
-/* NOT_SUPPORTED without NVLink; INVALID_ARGUMENT at or past the GPU's own link count. */
+/*
+ * What the real driver (580, H100/H200 passed through to a VM) answers: NOT_SUPPORTED for state,
+ * version, remote PCI info and remote type on every link when NVLink is not visible, and past the
+ * last link; nvmlDeviceGetNvLinkCapability validates the link index first (INVALID_ARGUMENT past
+ * the last link, see capability_link below).
+ */
 static nvmlReturn_t check_link(nvmlDevice_t device, unsigned int link)
 {
     CHECK_DEVICE(device);
-    if (device->nvlink_count == 0)
+    if (device->nvlink_count == 0 || device->nvlink_hidden)
         return NVML_ERROR_NOT_SUPPORTED;
     if (link >= device->nvlink_count || !device->links[link].present)
-        return NVML_ERROR_INVALID_ARGUMENT;
+        return NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
+}
+
+/* NVML_NVLINK_MAX_LINKS (nvml.h): 18 */
+#define NVLINK_MAX_LINKS 18u
+
+static nvmlReturn_t capability_link(nvmlDevice_t device, unsigned int link)
+{
+    CHECK_DEVICE(device);
+    if (device->nvlink_count == 0 && !device->nvlink_hidden)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (device->nvlink_count ? device->nvlink_count : NVLINK_MAX_LINKS))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (device->nvlink_hidden)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return check_link(device, link);
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link, int *isActive)
@@ -1212,7 +1298,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetNvLinkCapability(nvmlDevice_t device, unsigned 
                                                   unsigned int *capResult)
 {
     static const unsigned int caps[NVLINK_CAP_COUNT] = {1, 1, 1, 0, 0, 1};
-    nvmlReturn_t r = check_link(device, link);
+    nvmlReturn_t r = capability_link(device, link);
     if (r != NVML_SUCCESS)
         return r;
     CHECK_PTR(capResult);
@@ -1271,7 +1357,7 @@ static void field_value(nvmlDevice_t device, nvmlFieldValue_t *v)
     switch (v->fieldId) {
     case FI_NVLINK_LINK_COUNT:
     case FI_NVSWITCH_CONNECTED_LINK_COUNT:
-        if (device->nvlink_count == 0)
+        if (device->nvlink_count == 0 || device->nvlink_hidden)
             v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
         else if (v->fieldId == FI_NVLINK_LINK_COUNT)
             v->value.uiVal = device->nvlink_count;
@@ -1330,5 +1416,747 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabri
     info->status = device->fabric_status;
     info->cliqueId = device->fabric_clique;
     info->state = (unsigned char)device->fabric_state;
+    return NVML_SUCCESS;
+}
+
+/* ==== everything else the real driver answers =================================================
+ *
+ * Every one-argument nvmlDevice* and no-argument nvmlSystem* query of pynvml, as a real driver
+ * (580.159.04, H100 80GB HBM3 and H200 passed through to a VM) answered it. Values come from the
+ * profile (catalogue facts per SKU, host facts per profile); what a real datacenter GPU answers
+ * with an error is answered with that same error. The rule for anything this library does not
+ * model is the driver's own NVML_ERROR_NOT_SUPPORTED, never a missing symbol.
+ */
+
+#define NVML_ERROR_NOT_READY 27
+
+/* A query the real driver answers with a fixed error on these GPUs (vGPU host features, Windows
+ * driver models, fans, DRAM encryption, ...). Extra arguments are never read. */
+#define DEVICE_ANSWERS(name, code)                                                                    \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, void *a, void *b, void *c)                          \
+    {                                                                                                 \
+        (void)a;                                                                                      \
+        (void)b;                                                                                      \
+        (void)c;                                                                                      \
+        CHECK_DEVICE(device);                                                                         \
+        return code;                                                                                  \
+    }
+
+DEVICE_ANSWERS(nvmlDeviceGetActiveVgpus, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetAttributes_v2, NVML_ERROR_NOT_SUPPORTED) /* MIG-device attributes */
+DEVICE_ANSWERS(nvmlDeviceGetAutoBoostedClocksEnabled, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetBridgeChipInfo, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetComputeInstanceId, NVML_ERROR_INVALID_ARGUMENT) /* not a MIG handle */
+DEVICE_ANSWERS(nvmlDeviceGetGpuInstanceId, NVML_ERROR_INVALID_ARGUMENT)     /* not a MIG handle */
+DEVICE_ANSWERS(nvmlDeviceGetDeviceHandleFromMigDeviceHandle, NVML_ERROR_INVALID_ARGUMENT)
+DEVICE_ANSWERS(nvmlDeviceGetCoolerInfo, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetCreatableVgpus, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetSupportedVgpus, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetDramEncryptionMode, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetDriverModel, NVML_ERROR_NOT_SUPPORTED)    /* Windows only */
+DEVICE_ANSWERS(nvmlDeviceGetDriverModel_v2, NVML_ERROR_NOT_SUPPORTED) /* Windows only */
+DEVICE_ANSWERS(nvmlDeviceGetFanSpeed, NVML_ERROR_NOT_SUPPORTED)       /* passively cooled */
+DEVICE_ANSWERS(nvmlDeviceGetFanSpeed_v2, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetFanSpeedRPM, NVML_ERROR_INVALID_ARGUMENT) /* fan 0 of 0 fans */
+DEVICE_ANSWERS(nvmlDeviceGetGpuOperationMode, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetHostVgpuMode, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetHostname_v1, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetLastBBXFlushTime, NVML_ERROR_NOT_READY)
+DEVICE_ANSWERS(nvmlDeviceGetPgpuMetadataString, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetVgpuHeterogeneousMode, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetVgpuMetadata, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetVgpuSchedulerCapabilities, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetVgpuSchedulerLog, NVML_ERROR_NOT_SUPPORTED)
+DEVICE_ANSWERS(nvmlDeviceGetVgpuSchedulerState, NVML_ERROR_NOT_SUPPORTED)
+
+/* A fixed unsigned value. */
+#define DEVICE_UINT(name, expr)                                                                       \
+    EXPORT nvmlReturn_t name(nvmlDevice_t device, unsigned int *out)                                  \
+    {                                                                                                 \
+        CHECK_DEVICE(device);                                                                         \
+        CHECK_PTR(out);                                                                               \
+        *out = (expr);                                                                                \
+        return NVML_SUCCESS;                                                                          \
+    }
+
+static int busy(nvmlDevice_t device)
+{
+    return live_bytes(dev_index(device)) > 0;
+}
+
+DEVICE_UINT(nvmlDeviceGetAccountingBufferSize, 4000u)
+DEVICE_UINT(nvmlDeviceGetAccountingMode, 0u)
+DEVICE_UINT(nvmlDeviceGetAdaptiveClockInfoStatus, 1u)
+DEVICE_UINT(nvmlDeviceGetAddressingMode, 0u)
+/* nvidia-smi prints it as "Board ID 0x6" for the GPU at 00:06.0: derived from the PCI location */
+DEVICE_UINT(nvmlDeviceGetBoardId, (device->domain << 16) | (device->bus << 8) | device->device)
+DEVICE_UINT(nvmlDeviceGetBrand, device->brand)
+DEVICE_UINT(nvmlDeviceGetBusType, 2u) /* NVML_BUS_TYPE_PCIE */
+DEVICE_UINT(nvmlDeviceGetComputeMode, 0u) /* NVML_COMPUTEMODE_DEFAULT */
+DEVICE_UINT(nvmlDeviceGetDisplayActive, 0u)
+DEVICE_UINT(nvmlDeviceGetDisplayMode, 1u)
+DEVICE_UINT(nvmlDeviceGetGpcClkVfOffset, 0u)
+DEVICE_UINT(nvmlDeviceGetMemClkVfOffset, 0u)
+DEVICE_UINT(nvmlDeviceGetInforomConfigurationChecksum, 0u)
+DEVICE_UINT(nvmlDeviceGetIrqNum, device->irq)
+DEVICE_UINT(nvmlDeviceGetMaxMigDeviceCount, device->has_mig && device->mig_current ? 7u : 0u)
+DEVICE_UINT(nvmlDeviceGetMemoryBusWidth, device->bus_width)
+DEVICE_UINT(nvmlDeviceGetMultiGpuBoard, 0u)
+DEVICE_UINT(nvmlDeviceGetNumFans, 0u)
+DEVICE_UINT(nvmlDeviceGetNumGpuCores, device->cores)
+DEVICE_UINT(nvmlDeviceGetPcieReplayCounter, 0u)
+DEVICE_UINT(nvmlDeviceGetPowerManagementMode, 1u) /* NVML_FEATURE_ENABLED */
+DEVICE_UINT(nvmlDeviceGetPowerSource, 0u)         /* NVML_POWER_SOURCE_AC */
+DEVICE_UINT(nvmlDeviceGetPerformanceState, 0u)    /* P0, idle or not (as recorded) */
+DEVICE_UINT(nvmlDeviceGetPowerState, 0u)
+/* NVML_PCIE_LINK_MAX_SPEED_*: 1 = 2.5 GT/s ... 5 = 32 GT/s (Gen5), 6 = 64 GT/s (Gen6) */
+DEVICE_UINT(nvmlDeviceGetPcieLinkMaxSpeed, device->pcie_max_gen)
+
+/* Mb/s per lane as nvmlDeviceGetPcieSpeed reports it: 2500, 5000, 8000, 16000, 32000, 64000. */
+EXPORT nvmlReturn_t nvmlDeviceGetPcieSpeed(nvmlDevice_t device, unsigned int *speed)
+{
+    static const unsigned int by_gen[] = {0, 2500, 5000, 8000, 16000, 32000, 64000};
+    CHECK_DEVICE(device);
+    CHECK_PTR(speed);
+    *speed = device->pcie_cur_gen < 7 ? by_gen[device->pcie_cur_gen] : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, unsigned int *mode)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(mode);
+    *mode = device->virt_mode; /* 0 bare metal, 1 passthrough */
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t device_string(nvmlDevice_t device, char *out, unsigned int length, const char *value)
+{
+    CHECK_DEVICE(device);
+    if (value[0] == '\0')
+        return NVML_ERROR_NOT_SUPPORTED; /* a board fact nobody recorded for this SKU */
+    return copy_string(out, length, value);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetBoardPartNumber(nvmlDevice_t device, char *partNumber, unsigned int length)
+{
+    return device_string(device, partNumber, length, valid_device(device) ? device->board_part : "");
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t device, char *version, unsigned int length)
+{
+    return device_string(device, version, length, valid_device(device) ? device->vbios : "");
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t device, char *version, unsigned int length)
+{
+    if (valid_device(device) && !device->has_serial)
+        return NVML_ERROR_NOT_SUPPORTED; /* boards without an inforom */
+    return device_string(device, version, length, valid_device(device) ? device->inforom : "");
+}
+
+typedef struct {
+    unsigned long long bar1Total, bar1Free, bar1Used;
+} nvmlBAR1Memory_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(bar1);
+    if (device->bar1_total == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    bar1->bar1Total = device->bar1_total;
+    bar1->bar1Used = device->bar1_used;
+    bar1->bar1Free = device->bar1_total - device->bar1_used;
+    return NVML_SUCCESS;
+}
+
+/* ---- clocks ---------------------------------------------------------------------------- */
+
+enum { CLOCK_GRAPHICS = 0, CLOCK_SM = 1, CLOCK_MEM = 2, CLOCK_VIDEO = 3 };
+
+/* Idle at the floor (as recorded: 345 MHz, clock-event reason "GPU idle"); busy at the max. */
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t device, int type, unsigned int *clock)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(clock);
+    int up = busy(device);
+    switch (type) {
+    case CLOCK_GRAPHICS:
+    case CLOCK_SM: *clock = up ? device->clk_graphics_max : device->clk_graphics_idle; break;
+    case CLOCK_MEM: *clock = device->clk_mem_max; break;
+    case CLOCK_VIDEO: *clock = up ? device->clk_video_max : device->clk_video_idle; break;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    return *clock ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *clock)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(clock);
+    switch (type) {
+    case CLOCK_GRAPHICS:
+    case CLOCK_SM: *clock = device->clk_graphics_max; break;
+    case CLOCK_MEM: *clock = device->clk_mem_max; break;
+    case CLOCK_VIDEO: *clock = device->clk_video_max; break;
+    default: return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    return *clock ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxCustomerBoostClock(nvmlDevice_t device, int type, unsigned int *clock)
+{
+    return nvmlDeviceGetMaxClockInfo(device, type, clock);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t device, int type, unsigned int *clock)
+{
+    return nvmlDeviceGetMaxClockInfo(device, type, clock);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t device, int type, unsigned int *clock)
+{
+    return nvmlDeviceGetMaxClockInfo(device, type, clock);
+}
+
+/* nvmlClocksEventReasons: 0x1 = GPU idle; supported mask 0x1FF as a Hopper board reports it. */
+static nvmlReturn_t event_reasons(nvmlDevice_t device, unsigned long long *reasons, int supported)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(reasons);
+    *reasons = supported ? 0x1FFull : (busy(device) ? 0ull : 1ull);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return event_reasons(device, reasons, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return event_reasons(device, reasons, 0);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return event_reasons(device, reasons, 1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t device, unsigned long long *reasons)
+{
+    return event_reasons(device, reasons, 1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(types);
+    *types = 0xFF9Full; /* as recorded on H100/H200 */
+    return NVML_SUCCESS;
+}
+
+/* Two-phase: too small a buffer -> the count and INSUFFICIENT_SIZE. Highest clock first. */
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count,
+                                                       unsigned int *clocks)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(count);
+    if (device->n_mem_clocks == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (clocks == NULL || *count < device->n_mem_clocks) {
+        *count = device->n_mem_clocks;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    memcpy(clocks, device->mem_clocks, device->n_mem_clocks * sizeof *clocks);
+    *count = device->n_mem_clocks;
+    return NVML_SUCCESS;
+}
+
+/* P0 and P2 (as recorded: [2, 0]); the rest NVML_PSTATE_UNKNOWN (32). */
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedPerformanceStates(nvmlDevice_t device, unsigned int *pstates,
+                                                            unsigned int size)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(pstates);
+    if (size < 2 * sizeof *pstates)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    for (unsigned int i = 0; i < size / sizeof *pstates; i++)
+        pstates[i] = 32;
+    pstates[0] = 2;
+    pstates[1] = 0;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version;
+    char str[2048];
+} nvmlClockString_v1_t;
+_Static_assert(sizeof(nvmlClockString_v1_t) == 2052, "nvmlDeviceCurrentClockFreqs_v1_t layout");
+#define NVML_CLOCK_STRING_V1 NVML_STRUCT_VERSION(nvmlClockString_v1_t, 1)
+
+static int clock_entry(char *out, size_t room, const struct fake_device *d, unsigned int nvclock,
+                       unsigned int memclock)
+{
+    return snprintf(out, room,
+                    "nvclock=%u, nvclockmin=%u, nvclockmax=%u, nvclockeditable=0, memclock=%u, memclockmin=%u, "
+                    "memclockmax=%u, memclockeditable=0, memTransferRate=%u, memTransferRatemin=%u, "
+                    "memTransferRatemax=%u, memTransferRateeditable=0",
+                    nvclock, d->clk_graphics_idle, d->clk_graphics_max, memclock, memclock, memclock,
+                    2 * memclock, 2 * memclock, 2 * memclock);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCurrentClockFreqs(nvmlDevice_t device, nvmlClockString_v1_t *freqs)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(freqs);
+    if (freqs->version != NVML_CLOCK_STRING_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (device->clk_graphics_max == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    clock_entry(freqs->str, sizeof freqs->str, device,
+                busy(device) ? device->clk_graphics_max : device->clk_graphics_idle, device->clk_mem_max);
+    return NVML_SUCCESS;
+}
+
+/* One entry per supported memory clock, lowest first: "perf=0, ... ; perf=1, ...". */
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceModes(nvmlDevice_t device, nvmlClockString_v1_t *modes)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(modes);
+    if (modes->version != NVML_CLOCK_STRING_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (device->clk_graphics_max == 0 || device->n_mem_clocks == 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    size_t used = 0, room = sizeof modes->str;
+    modes->str[0] = '\0';
+    for (unsigned int i = 0; i < device->n_mem_clocks && used < room; i++) {
+        unsigned int mem = device->mem_clocks[device->n_mem_clocks - 1 - i];
+        int n = snprintf(modes->str + used, room - used, "%sperf=%u, ", i ? " ; " : "", i);
+        if (n < 0 || (size_t)n >= room - used)
+            break;
+        used += (size_t)n;
+        n = clock_entry(modes->str + used, room - used, device, device->clk_graphics_idle, mem);
+        if (n < 0)
+            break;
+        used += (size_t)n;
+    }
+    return NVML_SUCCESS;
+}
+
+/* ---- power, utilization, engines --------------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device, unsigned int *minLimit,
+                                                                 unsigned int *maxLimit)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(minLimit);
+    CHECK_PTR(maxLimit);
+    *minLimit = device->power_min;
+    *maxLimit = device->power_limit;
+    return NVML_SUCCESS;
+}
+
+/* mJ since the driver loaded: grows with the simulated draw over this process's lifetime. */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
+{
+    static unsigned long long calls;
+    CHECK_DEVICE(device);
+    CHECK_PTR(energy);
+    *energy = 1000000ull + (unsigned long long)device->power_usage * ++calls;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int gpu, memory;
+} nvmlUtilization_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *util)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(util);
+    util->gpu = 0; /* the lab runs no kernels */
+    util->memory = 0;
+    return NVML_SUCCESS;
+}
+
+/* Video engines: 0 % over a 100 ms sample, as an idle GPU reports. */
+static nvmlReturn_t engine_utilization(nvmlDevice_t device, unsigned int *util, unsigned int *period)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(util);
+    CHECK_PTR(period);
+    *util = 0;
+    *period = 100000;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t d, unsigned int *u, unsigned int *p)
+{
+    return engine_utilization(d, u, p);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t d, unsigned int *u, unsigned int *p)
+{
+    return engine_utilization(d, u, p);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetJpgUtilization(nvmlDevice_t d, unsigned int *u, unsigned int *p)
+{
+    return engine_utilization(d, u, p);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetOfaUtilization(nvmlDevice_t d, unsigned int *u, unsigned int *p)
+{
+    return engine_utilization(d, u, p);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderStats(nvmlDevice_t device, unsigned int *sessions, unsigned int *fps,
+                                              unsigned int *latency)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(sessions);
+    CHECK_PTR(fps);
+    CHECK_PTR(latency);
+    *sessions = *fps = *latency = 0;
+    return NVML_SUCCESS;
+}
+
+/* No sessions: count 0 and SUCCESS. */
+static nvmlReturn_t no_sessions(nvmlDevice_t device, unsigned int *count)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(count);
+    *count = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderSessions(nvmlDevice_t device, unsigned int *count, void *infos)
+{
+    (void)infos;
+    return no_sessions(device, count);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFBCSessions(nvmlDevice_t device, unsigned int *count, void *infos)
+{
+    (void)infos;
+    return no_sessions(device, count);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t device, unsigned int *count, unsigned int *pids)
+{
+    (void)pids;
+    return no_sessions(device, count); /* accounting is off */
+}
+
+typedef struct {
+    unsigned int sessionsCount, averageFPS, averageLatency;
+} nvmlFBCStats_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetFBCStats(nvmlDevice_t device, nvmlFBCStats_t *stats)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(stats);
+    memset(stats, 0, sizeof *stats);
+    return NVML_SUCCESS;
+}
+
+/* nvmlGridLicensableFeatures_v4_t is 860 bytes; not licensable: all zero. */
+EXPORT nvmlReturn_t nvmlDeviceGetGridLicensableFeatures_v4(nvmlDevice_t device, void *features)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(features);
+    memset(features, 0, 860);
+    return NVML_SUCCESS;
+}
+
+/* ---- processes: graphics and MPS (none; compute processes are the live state) --------------- */
+
+static nvmlReturn_t no_processes(nvmlDevice_t device, unsigned int *infoCount)
+{
+    return no_sessions(device, infoCount);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                             nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    return no_processes(device, infoCount);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                          nvmlProcessInfo_v1_t *infos)
+{
+    (void)infos;
+    return no_processes(device, infoCount);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    return no_processes(device, infoCount);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+                                                               nvmlProcessInfo_v2_t *infos)
+{
+    (void)infos;
+    return no_processes(device, infoCount);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+                                                            nvmlProcessInfo_v1_t *infos)
+{
+    (void)infos;
+    return no_processes(device, infoCount);
+}
+
+/* ---- ECC defaults, row remapper, repair -------------------------------------------------- */
+
+EXPORT nvmlReturn_t nvmlDeviceGetDefaultEccMode(nvmlDevice_t device, int *defaultMode)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(defaultMode);
+    if (!device->has_ecc)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *defaultMode = 1;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int max, high, partial, low, none;
+} nvmlRowRemapperHistogramValues_t;
+
+/* Banks with all spare rows left (recorded: 2560 on H100 80GB, 3072 on H200): a healthy board. */
+EXPORT nvmlReturn_t nvmlDeviceGetRowRemapperHistogram(nvmlDevice_t device, nvmlRowRemapperHistogramValues_t *v)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(v);
+    if (!device->has_remap)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(v, 0, sizeof *v);
+    v->max = device->row_remap_banks;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version, bChannelRepairPending, bTpcRepairPending;
+} nvmlRepairStatus_t;
+
+/* pynvml passes version 0 here and a real driver answers anyway: no version check. */
+EXPORT nvmlReturn_t nvmlDeviceGetRepairStatus(nvmlDevice_t device, nvmlRepairStatus_t *status)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(status);
+    status->bChannelRepairPending = status->bTpcRepairPending = 0;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version, unrepairableMemory;
+} nvmlUnrepairableMemory_v1_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetUnrepairableMemoryFlag_v1(nvmlDevice_t device, nvmlUnrepairableMemory_v1_t *flag)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(flag);
+    flag->unrepairableMemory = device->remap[3];
+    return NVML_SUCCESS;
+}
+
+/* ---- identity extras ------------------------------------------------------------------------ */
+
+typedef struct {
+    unsigned int version;
+    unsigned long long value;
+} nvmlPdi_t;
+
+/* A per-GPU identifier: derived from the UUID (stable per profile and slot). */
+EXPORT nvmlReturn_t nvmlDeviceGetPdi(nvmlDevice_t device, nvmlPdi_t *pdi)
+{
+    unsigned long long h = 1469598103934665603ull;
+    CHECK_DEVICE(device);
+    CHECK_PTR(pdi);
+    for (const char *p = device->uuid; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    pdi->value = h;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version;
+    int marginTemperature;
+} nvmlMarginTemperature_v1_t;
+#define NVML_MARGIN_TEMPERATURE_V1 NVML_STRUCT_VERSION(nvmlMarginTemperature_v1_t, 1)
+
+/* Distance to the slowdown temperature (87 C on H100/H200: 34 C + 53 recorded). */
+EXPORT nvmlReturn_t nvmlDeviceGetMarginTemperature(nvmlDevice_t device, nvmlMarginTemperature_v1_t *margin)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(margin);
+    if (margin->version != NVML_MARGIN_TEMPERATURE_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    margin->marginTemperature = 87 - device->temperature;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int isC2cEnabled;
+} nvmlC2cModeInfo_v1_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, nvmlC2cModeInfo_v1_t *info)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(info);
+    info->isC2cEnabled = 0; /* no Grace C2C link on these boards */
+    return NVML_SUCCESS;
+}
+
+/* ---- NUMA and CPU affinity ------------------------------------------------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryAffinity(nvmlDevice_t device, unsigned int nodeSetSize,
+                                                unsigned long *nodeSet, int scope)
+{
+    CHECK_DEVICE(device);
+    if (nodeSetSize == 0 || nodeSet == NULL || scope < 0 || scope > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < nodeSetSize; i++)
+        nodeSet[i] = 0;
+    if (device->numa_node / 64 < nodeSetSize)
+        nodeSet[device->numa_node / 64] = 1ul << (device->numa_node % 64);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCpuAffinityWithinScope(nvmlDevice_t device, unsigned int cpuSetSize,
+                                                        unsigned long *cpuSet, int scope)
+{
+    if (scope < 0 || scope > 1)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return nvmlDeviceGetCpuAffinity(device, cpuSetSize, cpuSet);
+}
+
+/* ---- confidential computing (Hopper and newer; off) ---------------------------------------- */
+
+typedef struct {
+    unsigned long long protectedMemSizeKib, unprotectedMemSizeKib;
+} nvmlConfComputeMemSizeInfo_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetConfComputeMemSizeInfo(nvmlDevice_t device, nvmlConfComputeMemSizeInfo_t *info)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(info);
+    if (!device->conf_compute)
+        return NVML_ERROR_NOT_SUPPORTED;
+    info->protectedMemSizeKib = 0;
+    info->unprotectedMemSizeKib = (device->mem_total - device->mem_reserved) / 1024; /* = CUDA's total */
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetConfComputeProtectedMemoryUsage(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(memory);
+    if (!device->conf_compute)
+        return NVML_ERROR_NOT_SUPPORTED;
+    memset(memory, 0, sizeof *memory);
+    return NVML_SUCCESS;
+}
+
+/* With CC off a real H100/H200 answers NVML_ERROR_UNKNOWN. */
+EXPORT nvmlReturn_t nvmlDeviceGetConfComputeGpuCertificate(nvmlDevice_t device, void *cert)
+{
+    (void)cert;
+    CHECK_DEVICE(device);
+    return device->conf_compute ? NVML_ERROR_UNKNOWN : NVML_ERROR_NOT_SUPPORTED;
+}
+
+typedef struct {
+    unsigned int cpuCaps, gpusCaps;
+} nvmlConfComputeSystemCaps_t;
+
+EXPORT nvmlReturn_t nvmlSystemGetConfComputeCapabilities(nvmlConfComputeSystemCaps_t *caps)
+{
+    CHECK_INIT();
+    CHECK_PTR(caps);
+    caps->cpuCaps = 0; /* NVML_CC_SYSTEM_CPU_CAPS_NONE */
+    caps->gpusCaps = 0;
+    for (unsigned int i = 0; i < g_count; i++)
+        if (g_devs[i].conf_compute)
+            caps->gpusCaps = 1; /* NVML_CC_SYSTEM_GPUS_CC_CAPABLE */
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetConfComputeGpusReadyState(unsigned int *isAcceptingWork)
+{
+    CHECK_INIT();
+    CHECK_PTR(isAcceptingWork);
+    *isAcceptingWork = 0;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int environment, ccFeature, devToolsMode;
+} nvmlConfComputeSystemState_t;
+
+EXPORT nvmlReturn_t nvmlSystemGetConfComputeState(nvmlConfComputeSystemState_t *state)
+{
+    CHECK_INIT();
+    CHECK_PTR(state);
+    memset(state, 0, sizeof *state);
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version;
+    unsigned long long attackerAdvantage;
+} nvmlConfComputeGetKeyRotationThresholdInfo_t;
+#define NVML_KEY_ROTATION_V1 NVML_STRUCT_VERSION(nvmlConfComputeGetKeyRotationThresholdInfo_t, 1)
+
+EXPORT nvmlReturn_t nvmlSystemGetConfComputeKeyRotationThresholdInfo(nvmlConfComputeGetKeyRotationThresholdInfo_t *info)
+{
+    CHECK_INIT();
+    CHECK_PTR(info);
+    if (info->version != NVML_KEY_ROTATION_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    info->attackerAdvantage = 60; /* the driver default, as recorded */
+    return NVML_SUCCESS;
+}
+
+/* ---- system extras -------------------------------------------------------------------------- */
+
+typedef struct {
+    unsigned int version;
+    char branch[80];
+} nvmlSystemDriverBranchInfo_v1_t;
+_Static_assert(sizeof(nvmlSystemDriverBranchInfo_v1_t) == 84, "nvmlSystemDriverBranchInfo_v1_t layout");
+#define NVML_DRIVER_BRANCH_V1 NVML_STRUCT_VERSION(nvmlSystemDriverBranchInfo_v1_t, 1)
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverBranch(nvmlSystemDriverBranchInfo_v1_t *info, unsigned int length)
+{
+    CHECK_INIT();
+    CHECK_PTR(info);
+    if (info->version != NVML_DRIVER_BRANCH_V1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    return copy_string(info->branch, length < sizeof info->branch ? length : sizeof info->branch,
+                       g_driver_branch);
+}
+
+/* No HIC (the bridge chip of old multi-GPU boards). */
+EXPORT nvmlReturn_t nvmlSystemGetHicVersion(unsigned int *hwbcCount, void *entries)
+{
+    (void)entries;
+    CHECK_INIT();
+    CHECK_PTR(hwbcCount);
+    *hwbcCount = 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNvlinkBwMode(unsigned int *mode)
+{
+    CHECK_INIT();
+    CHECK_PTR(mode);
+    *mode = 0; /* NVML_NVLINK_POWER_STATE_... full bandwidth */
     return NVML_SUCCESS;
 }
