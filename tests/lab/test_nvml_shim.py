@@ -441,6 +441,38 @@ def test_mismatch_can_fail_init_like_a_real_driver(shim_dir: Path, state_dir: Pa
     assert out == {"init_error": "NVMLError_LibRmVersionMismatch"}
 
 
+def test_passthrough_vm_shows_no_nvlink_and_says_so(read: Any) -> None:
+    """One GPU passed through to a VM: NVLink invisible, virtualization mode PASSTHROUGH (1)."""
+    for name, part in (
+        ("h100-sxm-1-passthrough", "692-2G520-0200-000"),
+        ("h200-sxm-1-passthrough", "692-2G520-0282-000"),
+    ):
+        (gpu,) = read(name)["gpus"]
+        assert gpu["bus"] == "00000000:00:06.0" and gpu["board"] == part
+        assert gpu["virtualization"] == 1
+        assert gpu["links"] == [] and gpu["links_end"] == "NVMLError_NotSupported"
+        assert gpu["fields"] == [{"ret": 3}] * 4
+        assert gpu["topo_self"] == NOT_SUPPORTED and gpu["cap_past_end"] == {"error": "NVMLError_InvalidArgument"}
+    assert load_profile("h100-sxm-1-passthrough").host_gpus().islands == (frozenset({0}),)
+
+
+def test_handle_by_serial(shim_dir: Path, state_dir: Path, tmp_path: Path) -> None:
+    profile = load_profile("a100-sxm-8")
+    script = textwrap.dedent(
+        f"""
+        import json, pynvml as N
+        N.nvmlInit()
+        out = [N.nvmlDeviceGetIndex(N.nvmlDeviceGetHandleBySerial({profile.enumerated[3].serial!r}))]
+        try:
+            N.nvmlDeviceGetHandleBySerial("0000000000000")
+        except N.NVMLError as e:
+            out.append(type(e).__name__)
+        print(json.dumps(out))
+        """
+    )
+    assert run_python(shim_dir, write_profile(tmp_path, profile), state_dir, script) == [3, "NVMLError_NotFound"]
+
+
 # ---- errors -------------------------------------------------------------------------------------
 
 
@@ -506,6 +538,10 @@ def test_live_process_memory_shows_and_goes_away(
     assert busy[0]["procs"] == [[sleeper.pid, 3 * GiB]]
     assert busy[3]["procs"] == [[sleeper.pid, 6 * GiB]]
     assert busy[1]["procs"] == [] and busy[1]["mem_v1"][2] == reserved and busy[1]["mem_v2"][3] == 0
+    # a GPU in use leaves the idle clock floor and stops reporting "GPU idle" as its clock-event reason
+    sku = profile.sku
+    assert busy[0]["clocks"][0] == sku.clock_graphics_max_mhz and busy[0]["clock_events"] == 0
+    assert busy[1]["clocks"][0] == sku.clock_graphics_idle_mhz and busy[1]["clock_events"] == 1
 
     sleeper.kill()
     sleeper.wait()

@@ -8,7 +8,8 @@
  *
  * Why a C library and not a Python mock: the probe, nvidia-ml-py and ctypes are the real parts;
  * only the driver is simulated, so struct layouts, versioned symbols and error codes are exercised
- * exactly as on a real host (see shared/reference/nvml.md §4).
+ * exactly as on a real host (pynvml resolves each C symbol by name on first use:
+ * pynvml.py _nvmlGetFunctionPointer; nothing else is simulated).
  *
  * Environment:
  *   FLEET_NVML_PROFILE    profile path (default /etc/fleet-lab/nvml-profile). Missing at init
@@ -797,6 +798,20 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *de
     CHECK_PTR(device);
     for (unsigned int i = 0; i < g_count; i++) {
         if (strcmp(g_devs[i].uuid, uuid) == 0) {
+            *device = &g_devs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleBySerial(const char *serial, nvmlDevice_t *device)
+{
+    CHECK_INIT();
+    CHECK_PTR(serial);
+    CHECK_PTR(device);
+    for (unsigned int i = 0; i < g_count; i++) {
+        if (g_devs[i].has_serial && strcmp(g_devs[i].serial, serial) == 0) {
             *device = &g_devs[i];
             return NVML_SUCCESS;
         }
