@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -1773,13 +1774,17 @@ EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t de
     return NVML_SUCCESS;
 }
 
-/* mJ since the driver loaded: grows with the simulated draw over this process's lifetime. */
+/* mJ since the driver loaded (taken as boot): the simulated draw integrated over time. */
 EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned long long *energy)
 {
-    static unsigned long long calls;
+    struct timespec now;
     CHECK_DEVICE(device);
     CHECK_PTR(energy);
-    *energy = 1000000ull + (unsigned long long)device->power_usage * ++calls;
+    if (clock_gettime(CLOCK_BOOTTIME, &now) != 0)
+        return NVML_ERROR_UNKNOWN;
+    /* mW x ms / 1000 = mJ */
+    *energy = (unsigned long long)device->power_usage *
+              ((unsigned long long)now.tv_sec * 1000ull + (unsigned long long)now.tv_nsec / 1000000ull) / 1000ull;
     return NVML_SUCCESS;
 }
 
