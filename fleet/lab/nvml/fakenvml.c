@@ -19,6 +19,15 @@
  *                         (/proc/<pid> exists and is not a zombie). Re-read on every memory or
  *                         process query, so "GPU busy/free" is visible at once.
  *
+ * Fidelity: every query a real driver (580.159.04) answered on an H100 80GB HBM3 and an H200, each
+ * passed through to a VM, is answered alike (tests/fixtures/gpu-truth, tests/lab/test_nvml_truth.py):
+ * the same value, or the same error. Memory: v2 reserved = the driver's reserve, v2 used excludes
+ * it, v1 used includes it. NVLink: NOT_SUPPORTED past the last link (and on every link of a GPU
+ * passed through to a VM); only nvmlDeviceGetNvLinkCapability answers INVALID_ARGUMENT there.
+ * Anything not modelled answers NVML_ERROR_NOT_SUPPORTED, as the real driver does for features a
+ * board lacks; no symbol the real driver exports is left out (a missing one makes pynvml raise
+ * FunctionNotFound, or NVMLLibraryMismatchError for its unversioned process-list wrappers).
+ *
  * Type declarations are our own; their layouts match nvml.h (checked by _Static_assert below).
  */
 #define _GNU_SOURCE
