@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from fleet.lab.nvml import build_shim
-from fleet.lab.profiles import load_profile
+from fleet.lab.profiles import list_profiles, load_profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-truth"
 
@@ -302,6 +302,53 @@ def test_arrays_the_recorder_did_not_expand(machine: str, replays: dict[str, dic
     assert expanded["cpu_affinity"] == {"ok": [0xFFFF, 0, 0, 0]}
     assert expanded["mem_affinity"] == {"ok": [1, 0, 0, 0]}
     assert "CPU Affinity" in (FIXTURES / machine / "topo-nvlink-driver.txt").read_text()
+
+
+@pytest.mark.parametrize("profile", list_profiles())
+def test_every_profile_answers_every_recorded_query(
+    profile: str, shim_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Multi-GPU and faulty profiles get the same fidelity: a value or the driver's error, never a
+    missing symbol; against the H100 recording they differ only where the machine differs."""
+    real = queries(recorded("h100-80gb-hbm3"))
+    lab = run_probe(shim_dir, profile, "h100-80gb-hbm3", tmp_path_factory.mktemp(profile))
+    for name, answer in queries(lab).items():
+        assert answer.get("err") != "NVMLError_FunctionNotFound" or real[name].get("err") == answer["err"], name
+        assert "exc" not in answer or answer["exc"] == real[name].get("exc"), (name, answer)
+    if profile == "h100-sxm-8":
+        result = compare(recorded("h100-80gb-hbm3"), lab)
+        differ = {name for name, (v, _, _) in result.items() if v == "differ"}
+        # what an 8-GPU HGX board on bare metal answers unlike one GPU passed through to a VM
+        machine = {
+            "count",
+            "device.nvmlDeviceGetPciInfo",
+            "device.nvmlDeviceGetPciInfo_v3",
+            "device.nvmlDeviceGetBoardId",
+            "device.nvmlDeviceGetVirtualizationMode",
+            "system.nvmlSystemGetDriverVersion",
+            "system.nvmlSystemGetNVMLVersion",
+            "system.nvmlSystemGetDriverBranch",
+        }
+        nvlink = {name for name in differ if name.startswith("device.nvlink.")}
+        assert differ == machine | nvlink
+        # links 0-17 (5 queries each) answer values where the VM answered NotSupported; past the
+        # last link (18, 19) both answer alike
+        assert len(nvlink) == 18 * 5
+
+
+def test_the_diff_sees_a_difference() -> None:
+    ok, other = {"ok": 1}, {"ok": 2}
+    not_supported = {"err": "NVMLError_NotSupported", "code": 3}
+    invalid = {"err": "NVMLError_InvalidArgument", "code": 2}
+    assert verdict("device.nvmlDeviceGetBrand", ok, ok) == "agree"
+    assert verdict("device.nvmlDeviceGetBrand", ok, other) == "differ"
+    assert verdict("device.nvmlDeviceGetBrand", ok, not_supported) == "differ"
+    assert verdict("device.nvmlDeviceGetBrand", ok, None) == "differ"
+    assert verdict("device.nvlink.18.cap_p2p", invalid, not_supported) == "differ"
+    assert verdict("device.nvlink.18.cap_p2p", invalid, invalid) == "agree"
+    assert verdict("device.nvmlDeviceGetUUID", {"ok": "GPU-a"}, {"ok": "GPU-b"}) == "live"
+    assert verdict("device.nvmlDeviceGetUUID", {"ok": "GPU-a"}, not_supported) == "differ"
+    assert verdict("x", {"exc": "TypeError"}, {"exc": "TypeError"}) == "agree"
 
 
 def table(shim_dir: Path, work: Path, profiles: dict[str, str] = MACHINES) -> str:
