@@ -285,10 +285,11 @@ class LabProfile:
         return f"{self.cuda_driver_version // 1000}.{self.driver_version}"
 
     def links(self, slot: int) -> tuple[Link, ...]:
-        """The NVLinks of one slot, in link order (empty for GPUs without NVLink)."""
+        """The NVLinks NVML shows for one slot, in link order (empty for GPUs without NVLink, and
+        for GPUs passed through to a VM, where NVML shows none)."""
         count = self.sku.nvlink_links
         down = self.slots[slot].links_down
-        if count == 0:
+        if count == 0 or self.passthrough:
             return ()
         if self.fabric is Fabric.SWITCH:
             targets = [
