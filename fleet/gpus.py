@@ -2,9 +2,10 @@
 
 The catalogue is the one source of truth for what a GPU model looks like: the planner sizes
 memory from it when no probe is available, the lab's simulated GPUs are built from it, and the
-audit checks real hosts against it. Values are public facts (NVIDIA datasheets and the
-``nvidia-smi`` outputs cited in ``shared/reference/nvml.md``); memory totals are what NVML
-reports (``nvmlDeviceGetMemoryInfo().total``), which is a little less than the marketing size.
+audit checks real hosts against it. Values are public facts: NVIDIA datasheets, public
+``nvidia-smi`` outputs, and what a real driver answered on an H100 and an H200 (kept in
+``tests/fixtures/gpu-truth/``). Memory totals are what NVML reports
+(``nvmlDeviceGetMemoryInfo().total``), a little less than the marketing size.
 
 ``HostGpus`` is what the planner consumes. The NVML probe fills it from a live host; until
 then it is built from the catalogue (``HostGpus.from_catalogue``) or from inventory data.
@@ -154,7 +155,6 @@ CATALOGUE: dict[str, GpuSku] = {
             cuda_cores=14592,
             memory_bus_width=5120,
             power_min_mw=200_000,
-            board_part_numbers=("900-21010-0000-000",),
             nvml_name="NVIDIA H100 PCIe",
             memory_total=81559 * MiB,
             compute_capability=(9, 0),
@@ -223,7 +223,6 @@ CATALOGUE: dict[str, GpuSku] = {
             cuda_cores=6912,
             memory_bus_width=5120,
             power_min_mw=100_000,
-            board_part_numbers=("692-2G506-0210-002",),
             nvml_name="NVIDIA A100-SXM4-80GB",
             memory_total=81920 * MiB,
             compute_capability=(8, 0),
@@ -284,7 +283,6 @@ CATALOGUE: dict[str, GpuSku] = {
             cuda_cores=18176,
             memory_bus_width=384,
             power_min_mw=100_000,
-            board_part_numbers=("900-2G133-0080-000",),
             nvml_name="NVIDIA L40S",
             memory_total=46068 * MiB,
             compute_capability=(8, 9),
