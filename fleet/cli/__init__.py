@@ -31,10 +31,12 @@ def fail(message: str, as_json: bool, code: int = 2) -> NoReturn:
 def _register_commands() -> None:
     """Attach the commands, one module per verb (imported late: they import the library)."""
     from fleet.cli.lab import lab
+    from fleet.cli.monitor import monitor
     from fleet.cli.plan import plan
 
     main.add_command(plan)
     main.add_command(lab)
+    main.add_command(monitor)
 
 
 _register_commands()

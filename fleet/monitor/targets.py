@@ -1,0 +1,94 @@
+"""Scrape targets: every planned vLLM instance's ``/metrics`` with the labels alerts group by.
+
+Instance ``n`` of a host listens on the host's ``port + n`` (the planner's layout); the address
+Prometheus dials is the host's ``ssh_hostname`` (else its inventory name). Labels: ``host``,
+``group`` (the host's first inventory group), ``model`` (the served name, which vLLM also puts in
+``model_name``), ``instance`` (``host/vllm-n``: stable across address changes), ``unit``
+(``fleet-vllm-n.service``, the name node_exporter's systemd collector reports) and
+``vllm_version`` (the pinned release, which picks the metric names the rules use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleet.inventory.spec import HostSpec, LoadedInventory
+from fleet.monitor.thresholds import host_data
+from fleet.plan.outcomes import HostOutcome
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    group: str
+    model: str
+    index: int
+    address: str
+    port: int
+    vllm_version: str
+
+    @property
+    def instance(self) -> str:
+        return f"{self.host}/vllm-{self.index}"
+
+    @property
+    def unit(self) -> str:
+        return f"fleet-vllm-{self.index}.service"
+
+    @property
+    def hostport(self) -> str:
+        return f"[{self.address}]:{self.port}" if ":" in self.address else f"{self.address}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.hostport}"
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "host": self.host,
+            "group": self.group,
+            "model": self.model,
+            "instance": self.instance,
+            "unit": self.unit,
+            "vllm_version": self.vllm_version,
+        }
+
+
+def host_group(spec: HostSpec) -> str:
+    groups = [g for g in spec.groups if g != "all"]
+    return groups[0] if groups else "ungrouped"
+
+
+def host_address(inventory: LoadedInventory | None, spec: HostSpec) -> str:
+    if inventory is not None:
+        hostname = host_data(inventory, spec.name).get("ssh_hostname")
+        if isinstance(hostname, str) and hostname:
+            return hostname
+    return spec.name
+
+
+def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventory | None = None) -> list[Target]:
+    """One target per planned instance; hosts without a plan have nothing to scrape."""
+    out: list[Target] = []
+    for outcome in outcomes:
+        if outcome.plan is None:
+            continue
+        spec = outcome.spec
+        for inst in outcome.plan.instances:
+            out.append(
+                Target(
+                    host=spec.name,
+                    group=host_group(spec),
+                    model=spec.served_model_name or spec.model,
+                    index=inst.index,
+                    address=host_address(inventory, spec),
+                    port=inst.port,
+                    vllm_version=spec.vllm_version,
+                )
+            )
+    return out
+
+
+def file_sd(targets: list[Target]) -> list[dict[str, object]]:
+    """Prometheus ``file_sd_configs`` content: one entry per target (its own labels)."""
+    return [{"targets": [t.hostport], "labels": t.labels()} for t in targets]
