@@ -33,10 +33,12 @@ def _register_commands() -> None:
     from fleet.cli.lab import lab
     from fleet.cli.monitor import monitor
     from fleet.cli.plan import plan
+    from fleet.cli.status import status
 
     main.add_command(plan)
     main.add_command(lab)
     main.add_command(monitor)
+    main.add_command(status)
 
 
 _register_commands()

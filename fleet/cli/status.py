@@ -1,0 +1,120 @@
+"""``fleet status``: per instance, what it is doing now (health, KV cache, queue, latency)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from fleet.cli import console, fail
+from fleet.errors import FleetError
+from fleet.monitor.histograms import Quantile
+from fleet.monitor.status import Health, InstanceStatus
+
+
+def _q(q: Quantile | None) -> str:
+    if q is None or q.value is None:
+        return "-"
+    return f">{q.lower:g}" if math.isinf(q.upper) else f"{q.value:.2f}"
+
+
+def _num(v: float | None, fmt: str = "{:g}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _red_if(text: str, row: InstanceStatus, word: str) -> Text:
+    return Text(text, style="red" if any(word in p for p in row.problems) else "")
+
+
+def _notes(row: InstanceStatus) -> Text:
+    if row.health is not Health.READY:
+        return Text(row.detail, style="red")
+    return Text("; ".join(row.problems) or "ok", style="yellow" if row.problems else "green")
+
+
+def status_table(rows: list[InstanceStatus], interval: float) -> Table:
+    table = Table(title=f"fleet status (rates over the last {interval:g}s)", header_style="bold")
+    for col in ("host", "inst", "model", "health", "vLLM", "KV", "run/wait", "preempt", "req/s",
+                "TTFT p50/p99", "e2e p50/p99", "unit", "GPU mem"):  # fmt: skip
+        table.add_column(col, no_wrap=col not in ("host", "model"))
+    table.add_column("notes", overflow="fold")
+    for row in rows:
+        t, iv = row.target, row.interval
+        ratio = iv.preemptions_per_request if iv else None
+        unit = row.unit
+        gpu = unit.gpu_memory_used if unit else None
+        table.add_row(
+            t.host,
+            str(t.index),
+            t.model,
+            Text(row.health.value, style="green" if row.health is Health.READY else "red"),
+            row.version or "-",
+            _red_if(_num(row.kv_usage, "{:.0%}"), row, "KV"),
+            _red_if(f"{_num(row.running)}/{_num(row.waiting)}", row, "waiting"),
+            _red_if("-" if ratio is None else ("inf" if math.isinf(ratio) else f"{ratio:.1%}"), row, "preemptions"),
+            _num(iv.requests_per_second if iv else None, "{:.1f}"),
+            _red_if(f"{_q(iv.ttft_p50)}/{_q(iv.ttft_p99)}s" if iv else "-", row, "TTFT"),
+            _red_if(f"{_q(iv.e2e_p50)}/{_q(iv.e2e_p99)}s" if iv else "-", row, "e2e"),
+            unit.state if unit else Text("n/a", style="dim"),
+            Text("n/a", style="dim") if gpu is None else f"{gpu / 2**30:.1f} GiB",
+            _notes(row),
+        )
+    table.caption = "unit and GPU mem: n/a until SSH facts (systemd, NVML) are read"
+    return table
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
+@click.option("--interval", type=click.FloatRange(0.2, 600), default=2.0, show_default=True,
+              help="Seconds between the two scrapes that rates and percentiles come from.")  # fmt: skip
+@click.option("--timeout", type=click.FloatRange(0.1, 120), default=3.0, show_default=True, help="Per request.")
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def status(inventory: str, limit: tuple[str, ...], interval: float, timeout: float, watch: bool, as_json: bool) -> None:
+    """What every planned vLLM instance is doing now: /health, /version and two /metrics scrapes.
+
+    Unit state, uptime and GPU memory need SSH facts and show n/a for now. Exit status 1 when an
+    instance is not ready or breaks an alert threshold, 2 when the inventory is invalid.
+    """
+    from fleet.inventory.spec import load_inventory
+    from fleet.monitor.status import collect, status_data
+    from fleet.monitor.targets import targets_from_outcomes
+    from fleet.monitor.thresholds import load_thresholds
+    from fleet.plan.outcomes import plan_inventory
+
+    try:
+        loaded = load_inventory(inventory, list(limit) or None)
+        thresholds = load_thresholds(loaded)
+        targets = targets_from_outcomes(plan_inventory(loaded), loaded)
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    if not targets:
+        fail(f"{inventory}: no host has a serving plan, so there is nothing to observe (see `fleet plan`)", as_json)
+    if watch and as_json:
+        fail("--watch is for people; use --json without it (or call it in a loop)", as_json)
+    if watch:
+        out = console()
+        rows, latest = collect(targets, thresholds, interval, timeout)
+        try:
+            with Live(status_table(rows, interval), console=out, auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    rows, latest = collect(targets, thresholds, interval, timeout, previous=latest)
+                    stamp = Text(time.strftime("%H:%M:%S") + "  Ctrl-C to stop", style="dim")
+                    live.update(Group(status_table(rows, interval), stamp), refresh=True)
+        except KeyboardInterrupt:
+            return
+    rows, _ = collect(targets, thresholds, interval, timeout)
+    if as_json:
+        click.echo(json.dumps({"instances": [status_data(r) for r in rows]}, indent=2))
+    else:
+        console().print(status_table(rows, interval))
+    sys.exit(0 if all(r.ok for r in rows) else 1)

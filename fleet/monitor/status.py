@@ -1,0 +1,283 @@
+"""``fleet status`` as a library: one row per planned instance, built from observations.
+
+The HTTP side reads each instance directly: ``/health`` (200 ready, 503 engine dead, connection
+refused while loading or stopped: vLLM does not listen until loaded), ``/version``, and two scrapes of
+``/metrics`` ``interval`` seconds apart (gauges from the second, rates and percentiles from the
+difference: ``fleet.monitor.intervals``). All instances are read in parallel; an instance or host
+that cannot be reached is a row that says so, never an exception.
+
+The SSH side (unit state and uptime from systemd, the installed release's venv, GPU memory in use
+from NVML) fills the ``unit``/``gpu`` fields through a fact runner; until one is wired in those
+fields are ``None`` and shown as such.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from fleet.monitor.intervals import IntervalStats, interval_stats
+from fleet.monitor.metric_names import MetricNames, names_for
+from fleet.monitor.scrape import Scrape, ScrapeError, get_json, http_get, parse_metrics
+from fleet.monitor.targets import Target
+from fleet.monitor.thresholds import Thresholds
+
+
+class Health(StrEnum):
+    READY = "ready"  #: /health 200
+    ENGINE_DEAD = "engine dead"  #: /health 503
+    NOT_LISTENING = "not listening"  #: connection refused: loading, stopped or crashed
+    UNREACHABLE = "unreachable"  #: timeout, no route, unknown name
+    ERROR = "error"  #: answered, but not like vLLM
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    """What the host's systemd and NVML say about one instance (from the SSH fact runner)."""
+
+    state: str  #: systemd ActiveState/SubState, e.g. "active/running"
+    uptime_seconds: float | None
+    restarts: int | None  #: systemd NRestarts
+    venv: str | None
+    gpu_memory_used: int | None  #: bytes, summed over the instance's GPUs
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    target: Target
+    health: Health
+    detail: str = ""  #: why, when not ready
+    version: str | None = None  #: what /version answers
+    kv_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    interval: IntervalStats | None = None
+    unit: UnitFacts | None = None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.health is Health.READY and not self.problems
+
+
+# -- pure pieces ------------------------------------------------------------------------------------
+
+
+def classify_error(exc: BaseException) -> tuple[Health, str]:
+    """Connection refused → not listening; anything else network-level → unreachable."""
+    reason = getattr(exc, "reason", exc)
+    if isinstance(reason, ConnectionRefusedError):
+        return Health.NOT_LISTENING, "connection refused (loading, stopped or crashed)"
+    if isinstance(reason, socket.timeout | TimeoutError):
+        return Health.UNREACHABLE, "timed out"
+    if isinstance(reason, socket.gaierror):
+        return Health.UNREACHABLE, f"name does not resolve: {reason}"
+    return Health.UNREACHABLE, str(reason)
+
+
+def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
+    """The alert thresholds this row breaks right now (same numbers as the alert rules)."""
+    out = []
+    if status.version is not None and not status.version.startswith(status.target.vllm_version):
+        out.append(f"runs vLLM {status.version}, inventory pins {status.target.vllm_version}")
+    if status.kv_usage is not None and status.kv_usage > th.kv_cache_usage:
+        out.append(f"KV cache {status.kv_usage:.0%} > {th.kv_cache_usage:.0%}")
+    if status.waiting is not None and status.waiting > th.waiting_requests:
+        out.append(f"{status.waiting:g} waiting > {th.waiting_requests}")
+    iv = status.interval
+    if iv is not None:
+        ratio = iv.preemptions_per_request
+        if ratio is not None and ratio > th.preemption_ratio:
+            out.append(f"preemptions {ratio:.1%} of requests > {th.preemption_ratio:.0%}")
+        for label, q, limit in (
+            ("e2e p99", iv.e2e_p99, th.e2e_p99_seconds),
+            ("TTFT p99", iv.ttft_p99, th.ttft_p99_seconds),
+        ):
+            if q is not None and q.value is not None and q.value > limit:
+                out.append(f"{label} {q.value:.2f}s > {limit:g}s")
+    if status.unit is not None and status.unit.restarts is not None and status.unit.restarts > th.restarts:
+        out.append(f"unit restarted {status.unit.restarts} times")
+    return tuple(out)
+
+
+def from_scrapes(
+    target: Target,
+    health: Health,
+    detail: str,
+    version: str | None,
+    first: Scrape | None,
+    second: Scrape | None,
+    names: MetricNames,
+    th: Thresholds,
+    unit: UnitFacts | None = None,
+) -> InstanceStatus:
+    """One row from what was observed (pure)."""
+    latest = second or first
+    status = InstanceStatus(
+        target=target,
+        health=health,
+        detail=detail,
+        version=version,
+        kv_usage=latest.value(names.kv_cache_usage) if latest else None,
+        running=latest.value(names.running) if latest else None,
+        waiting=latest.value(names.waiting) if latest else None,
+        interval=interval_stats(first, second, names) if first and second else None,
+        unit=unit,
+    )
+    return _with_problems(status, th)
+
+
+def _with_problems(status: InstanceStatus, th: Thresholds) -> InstanceStatus:
+    return replace(status, problems=problems_of(status, th))
+
+
+# -- I/O ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Probe:
+    target: Target
+    health: Health = Health.READY
+    detail: str = ""
+    version: str | None = None
+    first: Scrape | None = None
+    second: Scrape | None = None
+
+
+def _first(probe: _Probe, timeout: float, clock: Callable[[], float]) -> None:
+    url = probe.target.url
+    try:
+        code, _ = http_get(url + "/health", timeout)
+    except OSError as exc:
+        probe.health, probe.detail = classify_error(exc)
+        return
+    if code == 503:
+        probe.health, probe.detail = Health.ENGINE_DEAD, "/health 503: the engine died"
+    elif code != 200:
+        probe.health, probe.detail = Health.ERROR, f"/health answered HTTP {code}"
+    try:
+        data = get_json(url + "/version", timeout)
+        probe.version = str(data.get("version")) if isinstance(data, dict) else None
+    except (OSError, ScrapeError):
+        probe.version = None
+    probe.first = _scrape(probe, timeout, clock)
+
+
+def _scrape(probe: _Probe, timeout: float, clock: Callable[[], float]) -> Scrape | None:
+    try:
+        code, body = http_get(probe.target.url + "/metrics", timeout)
+        if code != 200:
+            raise ScrapeError(f"/metrics answered HTTP {code}")
+        return parse_metrics(body.decode("utf-8", "replace"), clock())
+    except (OSError, ScrapeError) as exc:
+        if probe.health is Health.READY:
+            probe.health, probe.detail = Health.ERROR, f"/metrics: {exc}"
+        return None
+
+
+def collect(
+    targets: list[Target],
+    thresholds: Mapping[str, Thresholds] | None = None,
+    interval: float = 2.0,
+    timeout: float = 3.0,
+    units: Mapping[str, UnitFacts] | None = None,
+    previous: Mapping[str, Scrape] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    workers: int = 64,
+) -> tuple[list[InstanceStatus], dict[str, Scrape]]:
+    """Observe every target in parallel: rows in target order, and each instance's latest scrape.
+
+    ``previous`` (instance → its last scrape, e.g. from a ``--watch`` loop) replaces the first
+    scrape, so a watch loop reads each instance once per refresh.
+    """
+    thresholds = thresholds or {}
+    probes = [_Probe(t) for t in targets]
+    started = clock()
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(probes)))) as pool:
+        list(pool.map(lambda p: _first(p, timeout, clock), probes))
+        if previous is None:
+            time.sleep(max(0.0, interval - (clock() - started)))
+            list(pool.map(lambda p: _second(p, timeout, clock), [p for p in probes if p.first is not None]))
+    rows = []
+    latest: dict[str, Scrape] = {}
+    for p in probes:
+        first, second = p.first, p.second
+        if previous is not None:
+            first, second = previous.get(p.target.instance), p.first
+            if first is not None and second is not None and second.at <= first.at:
+                first = None
+        names = names_for(p.target.vllm_version, p.target.host)
+        th = thresholds.get(p.target.host, Thresholds())
+        unit = (units or {}).get(p.target.instance)
+        rows.append(from_scrapes(p.target, p.health, p.detail, p.version, first, second, names, th, unit))
+        if second or first:
+            latest[p.target.instance] = second or first  # type: ignore[assignment]
+    return rows, latest
+
+
+def _second(probe: _Probe, timeout: float, clock: Callable[[], float]) -> None:
+    probe.second = _scrape(probe, timeout, clock)
+
+
+# -- --json -------------------------------------------------------------------------------------------
+
+
+def _q(q: Any) -> dict[str, Any] | None:
+    if q is None or q.value is None:
+        return None
+    return {
+        "seconds": round(q.value, 4),
+        "bucket": [q.lower, None if math.isinf(q.upper) else q.upper],
+        "requests": q.count,
+    }
+
+
+def status_data(row: InstanceStatus) -> dict[str, Any]:
+    t = row.target
+    iv = row.interval
+    return {
+        "host": t.host,
+        "group": t.group,
+        "instance": t.instance,
+        "url": t.url,
+        "model": t.model,
+        "pinned_vllm_version": t.vllm_version,
+        "vllm_version": row.version,
+        "health": row.health.value,
+        "detail": row.detail,
+        "kv_cache_usage": row.kv_usage,
+        "requests_running": row.running,
+        "requests_waiting": row.waiting,
+        "interval": None
+        if iv is None
+        else {
+            "seconds": round(iv.seconds, 3),
+            "requests_finished": iv.finished,
+            "preemptions": iv.preemptions,
+            "preemptions_per_request": iv.preemptions_per_request
+            if iv.preemptions_per_request is None or not math.isinf(iv.preemptions_per_request)
+            else "inf",
+            "generation_tokens_per_second": round(iv.generation_tokens_per_second, 2),
+            "ttft_p50": _q(iv.ttft_p50),
+            "ttft_p99": _q(iv.ttft_p99),
+            "e2e_p50": _q(iv.e2e_p50),
+            "e2e_p99": _q(iv.e2e_p99),
+        },
+        "unit": None
+        if row.unit is None
+        else {
+            "state": row.unit.state,
+            "uptime_seconds": row.unit.uptime_seconds,
+            "restarts": row.unit.restarts,
+            "venv": row.unit.venv,
+            "gpu_memory_used_bytes": row.unit.gpu_memory_used,
+        },
+        "problems": list(row.problems),
+        "ok": row.ok,
+    }
