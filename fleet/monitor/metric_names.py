@@ -77,3 +77,17 @@ def names_for(version: str, host: str = "-", inventory: str = "-") -> MetricName
             f"known: {', '.join(sorted(TABLE))} (add one to fleet/monitor/metric_names.py from that "
             "release's vllm/v1/metrics/loggers.py)"
         ) from None
+
+
+def token_buckets(max_model_len: int) -> list[float]:
+    """Bucket bounds of the per-request token histograms: vLLM's ``build_1_2_5_buckets(max_model_len)``
+    (``vllm/v1/metrics/buckets.py``): 1, 2, 5, 10, 20, 50, ... up to ``max_model_len``."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_model_len:
+                return out
+            out.append(float(value))
+        exponent += 1
