@@ -22,11 +22,24 @@ from fleet.errors import FleetError
     type=click.Path(file_okay=False, path_type=Path),
     help="Write each host's systemd units and env files under DIR/<host>/.",
 )
-def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None) -> None:
+@click.option(
+    "--observed",
+    is_flag=False,
+    flag_value="instances",
+    default=None,
+    metavar="[PROMETHEUS_URL]",
+    help="Plan from observed traffic: read the serving instances (or this Prometheus) and show the change.",
+)
+def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None, observed: str | None) -> None:
     """The serving plan per host: flags, memory math and reasons. Touches no host.
 
     Exit status 1 when any host has no valid plan, 2 when the inventory itself is invalid.
     """
+    if observed is not None:  # fleet.monitor.observed; same as `fleet monitor observe`
+        from fleet.cli.monitor import print_observed
+
+        print_observed(inventory, limit, None if observed == "instances" else observed, "7d", 10.0, as_json)
+        return
     from fleet.cli.plan_view import print_plans
     from fleet.plan.outcomes import outcome_data, plan_file
     from fleet.render.units import render_host, write_tree

@@ -11,7 +11,8 @@ From each host's serving instances:
   requests it rests on.
 * prefix reuse: ``vllm:prefix_cache_hits`` / ``vllm:prefix_cache_queries`` (both in tokens).
 * concurrency: the peak of ``vllm:num_requests_running`` + ``vllm:num_requests_waiting`` summed over
-  the host's instances, from the samples taken while observing (HTTP) or ``max_over_time`` (Prometheus).
+  the host's instances: over the scrape rounds taken while observing (HTTP), or each instance's
+  ``max_over_time`` summed per host (Prometheus: an upper bound, the instances need not peak together).
 
 Read directly from the instances (cumulative since each process started; the peak from the scrapes
 taken during the observation window), or from a Prometheus server that scrapes them
@@ -314,7 +315,11 @@ def observe_prometheus(
     generation = by_host_le(n.request_generation_tokens)
     hits = by_host(f"sum by (host) (increase({n.prefix_cache_hits}{sel}[{window}]))")
     queries = by_host(f"sum by (host) (increase({n.prefix_cache_queries}{sel}[{window}]))")
-    peak = by_host(f"max_over_time((sum by (host) ({n.running}{sel}) + sum by (host) ({n.waiting}{sel}))[{window}:])")
+    # Each instance's own peak, summed per host: an upper bound of the host's simultaneous peak (the
+    # instances need not peak together), read from raw samples without a subquery.
+    peak = by_host(
+        f"sum by (host) (max_over_time({n.running}{sel}[{window}]) + max_over_time({n.waiting}{sel}[{window}]))"
+    )
     instances = by_host(f"count by (host) (up{sel})")
     out = {}
     for host in hosts:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -65,14 +66,36 @@ def write_inventory(path: Path, servers: dict[str, Server]) -> None:
 
 
 @contextlib.contextmanager
+def workdir() -> Iterator[Path]:
+    """A directory Prometheus can use whichever user it runs as; removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="fleet-prometheus-"))
+    try:
+        path.chmod(0o755)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def prometheus(config: Path, data: Path, log: Path) -> Iterator[str]:
+    """Prometheus on a loopback port with its own storage; as ``nobody`` when we are root.
+
+    inotify instances are counted per user (``fs.inotify.max_user_instances``, 128 by default) and
+    booted lab hosts are root's systemds; file-based discovery needs one, so a root Prometheus next
+    to a few labs cannot watch its target files. Its own user gets its own budget.
+    """
     assert PROMETHEUS, "prometheus not installed (scripts/install.sh installs it)"
     port = free_port()
+    data.mkdir()
+    user = {}
+    if os.geteuid() == 0:
+        os.chown(data, 65534, 65534)
+        user = {"user": 65534, "group": 65534, "extra_groups": []}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=data.parent, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, cwd=data, start_new_session=True, **user,  # type: ignore[call-overload]
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -156,6 +179,11 @@ def test_prometheus_fires_kv_and_preemption_alerts_for_the_loaded_instance_only(
     run: Callable[..., Server],  # noqa: F811
     tmp_path: Path,
 ) -> None:
+    with workdir() as work:
+        _prometheus_fires(run, tmp_path, work)
+
+
+def _prometheus_fires(run: Callable[..., Server], tmp_path: Path, work: Path) -> None:  # noqa: F811
     common = ("--served-model-name", LLAMA_8B, "--max-model-len", "1024")
     env = {"FLEET_LAB_TOKEN_SECONDS": "0.01"}
     servers = {
@@ -168,19 +196,20 @@ def test_prometheus_fires_kv_and_preemption_alerts_for_the_loaded_instance_only(
         server.wait_ready()
     inventory = tmp_path / "inventory.py"
     write_inventory(inventory, servers)
-    export_dir = tmp_path / "prom"
+    export_dir = work / "prom"
     exported = fleet("monitor", "export", str(inventory), str(export_dir), "--scrape-interval", "1s",
                      "--evaluation-interval", "1s", "--node-exporter-port", "0", "--json")  # fmt: skip
     assert exported.returncode == 0, exported.stderr
     assert {t["instance"] for t in json.loads(exported.stdout)["targets"]} == {f"{h}/vllm-0" for h in servers}
 
-    with prometheus(export_dir / "prometheus.yml", tmp_path / "tsdb", tmp_path / "prometheus.log") as url:
+    with prometheus(export_dir / "prometheus.yml", work / "tsdb", work / "prometheus.log") as url:
 
         def all_up() -> bool:
             active = api(url, "targets")["activeTargets"]
             return len(active) == 3 and all(t["health"] == "up" for t in active)
 
-        assert wait_for(all_up, timeout=20, step=0.5), api(url, "targets")
+        up = wait_for(all_up, timeout=20, step=0.5)
+        assert up, f"{api(url, 'targets')}\n{(work / 'prometheus.log').read_text(errors='replace')[-2000:]}"
         rules = api(url, "rules")["groups"]
         assert {r["name"] for g in rules for r in g["rules"]} >= {"VllmKvCacheHigh", "VllmPreemptionsHigh"}
 
@@ -211,6 +240,22 @@ def test_prometheus_fires_kv_and_preemption_alerts_for_the_loaded_instance_only(
         assert float(preempted[0]["value"][1]) > 0
         calm_preempted = api(url, "query", query='vllm:num_preemptions_total{host=~"calm-.*"}')["result"]
         assert [float(r["value"][1]) for r in calm_preempted] == [0.0, 0.0]
+
+        # The observed workload, read back from this Prometheus (fleet plan --observed URL's source)
+        observed = fleet("monitor", "observe", str(inventory), "--prometheus", url, "--window", "5m", "--json")
+        assert observed.returncode == 0, observed.stderr
+        reports = {h["host"]: h for h in json.loads(observed.stdout)["hosts"]}
+        assert reports["hot"]["observed"]["peak_concurrency"] >= 6  # 12 clients on a cache that holds a few
+        assert reports["calm-2"]["observed"]["peak_concurrency"] == 0  # nothing was sent to it
+        assert "Prometheus" in reports["hot"]["observed"]["source"]
+        hot_obs = reports["hot"]["observed"]
+        if hot_obs["p95_output_tokens"] is not None:  # stand-ins exporting vllm:request_generation_tokens
+            low, high = hot_obs["p95_output_tokens"]["bucket"]
+            assert low < 100 <= high  # every hot request asked for 100 tokens
+        else:
+            assert any("vllm:request_generation_tokens not exported" in n for n in hot_obs["notes"])
+        via_plan = fleet("plan", str(inventory), "--observed", url, "--json")
+        assert via_plan.returncode == 0 and {h["host"] for h in json.loads(via_plan.stdout)["hosts"]} == set(servers)
 
     # fleet status saw the same picture during the load (HTTP side)
     rows = {r["instance"]: r for r in json.loads(status.stdout)["instances"]}
