@@ -25,6 +25,12 @@ def _q(q: Quantile | None) -> str:
     return f">{q.lower:g}" if math.isinf(q.upper) else f"{q.value:.2f}"
 
 
+def _pair(a: Quantile | None, b: Quantile | None) -> str:
+    if (a is None or a.value is None) and (b is None or b.value is None):
+        return "-"
+    return f"{_q(a)}/{_q(b)}s"
+
+
 def _num(v: float | None, fmt: str = "{:g}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -60,8 +66,8 @@ def status_table(rows: list[InstanceStatus], interval: float) -> Table:
             _red_if(f"{_num(row.running)}/{_num(row.waiting)}", row, "waiting"),
             _red_if("-" if ratio is None else ("inf" if math.isinf(ratio) else f"{ratio:.1%}"), row, "preemptions"),
             _num(iv.requests_per_second if iv else None, "{:.1f}"),
-            _red_if(f"{_q(iv.ttft_p50)}/{_q(iv.ttft_p99)}s" if iv else "-", row, "TTFT"),
-            _red_if(f"{_q(iv.e2e_p50)}/{_q(iv.e2e_p99)}s" if iv else "-", row, "e2e"),
+            _red_if(_pair(iv.ttft_p50, iv.ttft_p99) if iv else "-", row, "TTFT"),
+            _red_if(_pair(iv.e2e_p50, iv.e2e_p99) if iv else "-", row, "e2e"),
             unit.state if unit else Text("n/a", style="dim"),
             Text("n/a", style="dim") if gpu is None else f"{gpu / 2**30:.1f} GiB",
             _notes(row),
