@@ -55,7 +55,7 @@ def export(
     from fleet.inventory.spec import load_inventory
     from fleet.monitor.export import ExportOptions, export_files
     from fleet.monitor.findings import load_findings
-    from fleet.monitor.targets import targets_from_outcomes
+    from fleet.monitor.targets import scrape_warnings, targets_from_outcomes
     from fleet.monitor.thresholds import load_thresholds
     from fleet.plan.outcomes import plan_inventory
     from fleet.render.units import write_tree
@@ -74,6 +74,7 @@ def export(
         fail(str(exc), as_json)
     written = write_tree(directory, files)
     unplanned = [o.spec.name for o in outcomes if o.plan is None]
+    warnings = scrape_warnings(outcomes)
     if as_json:
         click.echo(
             json.dumps(
@@ -82,6 +83,7 @@ def export(
                     "files": [str(p) for p in written],
                     "targets": [{"target": t.hostport, **t.labels()} for t in targets],
                     "hosts_without_plan": unplanned,
+                    "warnings": warnings,
                 },
                 indent=2,
             )
@@ -93,6 +95,8 @@ def export(
         out.print(f"  {path.relative_to(directory)}")
     if unplanned:
         out.print(f"[yellow]no plan (nothing to scrape):[/] {', '.join(unplanned)} — see `fleet plan {inventory}`")
+    for warning in warnings:
+        out.print(f"[yellow]warning:[/] {warning}")
     out.print(f"check: promtool check config {directory}/prometheus.yml")
 
 

@@ -92,3 +92,16 @@ def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventor
 def file_sd(targets: list[Target]) -> list[dict[str, object]]:
     """Prometheus ``file_sd_configs`` content: one entry per target (its own labels)."""
     return [{"targets": [t.hostport], "labels": t.labels()} for t in targets]
+
+
+LOOPBACK = ("127.", "localhost", "::1")
+
+
+def scrape_warnings(outcomes: list[HostOutcome]) -> list[str]:
+    """Instances a Prometheus on another machine cannot reach (bound to loopback); pure."""
+    return [
+        f"host {o.spec.name}: vLLM binds {o.spec.bind_address} (bind_address), so only a Prometheus on that "
+        "host can scrape it; bind a routable address or run the scraper there"
+        for o in outcomes
+        if o.plan is not None and o.spec.bind_address and o.spec.bind_address.startswith(LOOPBACK)
+    ]

@@ -38,7 +38,7 @@ def write_inventory(path: Path, b_alerts: dict[str, Any] | None = None, a_alerts
     common = {"model": MISTRAL, "workload": WL, "gpu": A10}
     a = {**common, "ssh_hostname": "10.0.0.1", **({"alerts": a_alerts} if a_alerts is not None else {})}
     b = {**common, "ssh_hostname": "10.0.0.2", "port": 9000, **({"alerts": b_alerts} if b_alerts else {})}
-    c = {**common, "served_model_name": "mistral"}
+    c = {**common, "served_model_name": "mistral", "bind_address": "127.0.0.1"}
     path.write_text(f"chat = [('a', {a!r}), ('b', {b!r})]\nedge = [('c', {c!r})]\n")
     return path
 
@@ -174,6 +174,8 @@ def test_export_cli_writes_a_config_promtool_accepts(tmp_path: Path) -> None:
     assert by_instance["b/vllm-0"]["target"] == "10.0.0.2:9000"
     assert by_instance["c/vllm-0"]["target"] == "c:8000"
     assert by_instance["c/vllm-0"]["model"] == "mistral" and by_instance["c/vllm-0"]["group"] == "edge"
+    (warning,) = report["warnings"]
+    assert warning.startswith("host c: vLLM binds 127.0.0.1 (bind_address)")
     sd = json.loads((out / "targets/vllm.json").read_text())
     assert sd[0]["labels"] == {"host": "a", "group": "chat", "model": MISTRAL, "instance": "a/vllm-0",
                                "unit": "fleet-vllm-0.service", "vllm_version": "0.33.0"}  # fmt: skip

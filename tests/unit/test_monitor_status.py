@@ -3,9 +3,14 @@ thresholds a row breaks; and rows for instances that cannot be reached."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import socket
+import subprocess
+import sys
 import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +145,23 @@ def test_unreachable_instances_are_rows() -> None:
 def test_not_prometheus_text() -> None:
     with pytest.raises(ScrapeError):
         parse_metrics("vllm:x{ 1 2 3\n", 0.0)
+
+
+def test_status_cli_rows_for_instances_that_do_not_answer(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        inv = tmp_path / "inv.py"
+        wl = {"p95_input_tokens": 1000, "p95_output_tokens": 100, "prefix_reuse": 0.0, "target_concurrency": 4}
+        data = {"ssh_hostname": "127.0.0.1", "port": port, "model": "mistralai/Mistral-7B-Instruct-v0.3",
+                "gpu": {"sku": "a10-24gb"}, "workload": wl}  # fmt: skip
+        inv.write_text(f"edge = [('e1', {data!r})]\n")
+        env = {**os.environ, "COLUMNS": "200"}
+        cmd = [sys.executable, "-m", "fleet.cli", "status", str(inv), "--interval", "0.2"]
+        result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, timeout=60)
+        human = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 1, result.stderr
+    (row,) = json.loads(result.stdout)["instances"]
+    assert (row["host"], row["health"], row["ok"]) == ("e1", "not listening", False)
+    assert row["unit"] is None and row["interval"] is None
+    assert human.returncode == 1 and "not listening" in human.stdout and "Traceback" not in human.stderr
