@@ -41,6 +41,20 @@ class MetricNames:
     def bucket(self, histogram: str) -> str:
         return histogram + "_bucket"
 
+    def families(self, *names: str) -> tuple[str, ...]:
+        """Family names (counters without ``_total``) for ``parse_metrics(families=...)``."""
+        return tuple(n.removesuffix("_total") for n in names)
+
+    @property
+    def status_families(self) -> tuple[str, ...]:
+        return self.families(self.running, self.waiting, self.kv_cache_usage, self.preemptions,
+                             self.request_success, self.generation_tokens, self.ttft, self.e2e_latency)  # fmt: skip
+
+    @property
+    def observed_families(self) -> tuple[str, ...]:
+        return self.families(self.running, self.waiting, self.prefix_cache_queries, self.prefix_cache_hits,
+                             self.request_prompt_tokens, self.request_generation_tokens)  # fmt: skip
+
 
 V0_33_0 = MetricNames(
     version="0.33.0",

@@ -254,6 +254,7 @@ def observe_http(
     from concurrent.futures import ThreadPoolExecutor
 
     series: dict[str, list[Scrape]] = {t.instance: [] for t in targets}
+    families = {t.instance: names_for(t.vllm_version, t.host).observed_families for t in targets}
     end = clock() + seconds
     with ThreadPoolExecutor(max_workers=max(1, min(64, len(targets)))) as pool:
         while True:
@@ -261,7 +262,7 @@ def observe_http(
 
             def one(t: Target) -> tuple[str, Scrape | None]:
                 try:
-                    return t.instance, scrape(t.url, clock(), timeout)
+                    return t.instance, scrape(t.url, clock(), timeout, families[t.instance])
                 except ScrapeError:
                     return t.instance, None
 

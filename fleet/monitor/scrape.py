@@ -10,7 +10,7 @@ import json
 import math
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,9 +54,22 @@ def _matches(labels: Labels, match: Mapping[str, str]) -> bool:
     return all(d.get(k) == v for k, v in match.items())
 
 
-def parse_metrics(text: str, at: float) -> Scrape:
-    """Parse Prometheus text format; ``ScrapeError`` when it is not."""
+def only_families(text: str, families: Collection[str]) -> str:
+    """The lines of ``text`` that belong to ``families`` (by name prefix), comments included.
+
+    Parsing is the cost of a scrape (prometheus_client's parser is pure Python); vLLM exposes
+    about twenty histograms, and status needs a handful.
+    """
+    prefixes = tuple(families)
+    comments = tuple(f"# {kind} {f}" for f in families for kind in ("HELP", "TYPE"))
+    return "\n".join(line for line in text.splitlines() if line.startswith(prefixes) or line.startswith(comments))
+
+
+def parse_metrics(text: str, at: float, families: Collection[str] | None = None) -> Scrape:
+    """Parse Prometheus text format (only ``families`` when given); ``ScrapeError`` when it is not."""
     samples: dict[str, list[tuple[Labels, float]]] = {}
+    if families is not None:
+        text = only_families(text, families)
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
@@ -76,7 +89,7 @@ def http_get(url: str, timeout: float) -> tuple[int, bytes]:
         return int(err.code), err.read()
 
 
-def scrape(base_url: str, at: float, timeout: float = 5.0) -> Scrape:
+def scrape(base_url: str, at: float, timeout: float = 5.0, families: Collection[str] | None = None) -> Scrape:
     """GET ``base_url/metrics`` and parse it; ``ScrapeError`` naming the URL otherwise."""
     url = base_url.rstrip("/") + "/metrics"
     try:
@@ -85,7 +98,7 @@ def scrape(base_url: str, at: float, timeout: float = 5.0) -> Scrape:
         raise ScrapeError(f"{url}: {exc}") from exc
     if status != 200:
         raise ScrapeError(f"{url}: HTTP {status}")
-    return parse_metrics(body.decode("utf-8", "replace"), at)
+    return parse_metrics(body.decode("utf-8", "replace"), at, families)
 
 
 def get_json(url: str, timeout: float = 5.0) -> object:

@@ -174,7 +174,8 @@ def _scrape(probe: _Probe, timeout: float, clock: Callable[[], float]) -> Scrape
         code, body = http_get(probe.target.url + "/metrics", timeout)
         if code != 200:
             raise ScrapeError(f"/metrics answered HTTP {code}")
-        return parse_metrics(body.decode("utf-8", "replace"), clock())
+        families = names_for(probe.target.vllm_version, probe.target.host).status_families
+        return parse_metrics(body.decode("utf-8", "replace"), clock(), families)
     except (OSError, ScrapeError) as exc:
         if probe.health is Health.READY:
             probe.health, probe.detail = Health.ERROR, f"/metrics: {exc}"

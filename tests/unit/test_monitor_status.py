@@ -165,3 +165,16 @@ def test_status_cli_rows_for_instances_that_do_not_answer(tmp_path: Path) -> Non
     assert (row["host"], row["health"], row["ok"]) == ("e1", "not listening", False)
     assert row["unit"] is None and row["interval"] is None
     assert human.returncode == 1 and "not listening" in human.stdout and "Traceback" not in human.stderr
+
+
+def test_parsing_only_the_families_status_needs_reads_the_same_values() -> None:
+    text = exposition(2, 100, [50, 90, 100, 100], [10, 80, 100, 100], 0.2, 4)
+    text += "# TYPE vllm:inter_token_latency_seconds histogram\n"
+    text += 'vllm:inter_token_latency_seconds_bucket{engine="0",model_name="m",le="+Inf"} 7.0\n'
+    full = parse_metrics(text, 1.0)
+    some = parse_metrics(text, 1.0, N.status_families)
+    itl = "vllm:inter_token_latency_seconds_bucket"
+    assert not some.has(itl) and full.has(itl)
+    for name in (N.kv_cache_usage, N.waiting, N.preemptions, N.request_success):
+        assert some.value(name) == full.value(name) is not None
+    assert some.buckets(N.ttft) == full.buckets(N.ttft) and some.buckets(N.e2e_latency) == full.buckets(N.e2e_latency)
