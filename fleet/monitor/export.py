@@ -23,7 +23,7 @@ import yaml
 
 from fleet.monitor.findings import Finding, textfile
 from fleet.monitor.rules import AUDIT_JOB, NODE_JOB, VLLM_JOB, group_hosts, rules_file
-from fleet.monitor.targets import Target
+from fleet.monitor.targets import Target, file_sd
 from fleet.monitor.thresholds import Thresholds, is_duration
 from fleet.render.units import RenderedFile
 
@@ -97,8 +97,6 @@ def export_files(
     inventory: str = "-",
 ) -> list[RenderedFile]:
     """Every file of the export directory (pure: no I/O)."""
-    from fleet.monitor.targets import file_sd
-
     files = [
         RenderedFile("prometheus.yml", _dump(prometheus_config(options)), 0o644),
         RenderedFile("targets/vllm.json", json.dumps(file_sd(targets), indent=2) + "\n", 0o644),

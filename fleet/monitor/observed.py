@@ -135,13 +135,12 @@ def plan_diff(before: HostOutcome, after: HostOutcome) -> list[str]:
     if len(b_inst) != len(a_inst):
         lines.append(f"instances: {len(b_inst)} → {len(a_inst)}")
     for b, a in zip(b_inst, a_inst, strict=False):
-        b_flags = {f.option: f.value for f in b.flags}
-        a_flags = {f.option: f.value for f in a.flags}
+        b_flags = {f.option: f.value or "(on)" for f in b.flags}
+        a_flags = {f.option: f.value or "(on)" for f in a.flags}
         for option in sorted(set(b_flags) | set(a_flags)):
-            if b_flags.get(option) != a_flags.get(option):
-                lines.append(
-                    f"vllm-{a.index}: {option} {b_flags.get(option, '(absent)')} → {a_flags.get(option, '(absent)')}"
-                )
+            old, new = b_flags.get(option, "(absent)"), a_flags.get(option, "(absent)")
+            if old != new:
+                lines.append(f"vllm-{a.index}: {option} {old} → {new}")
         if b.tensor_parallel_size != a.tensor_parallel_size:
             lines.append(f"vllm-{a.index}: tensor parallel {b.tensor_parallel_size} → {a.tensor_parallel_size}")
         if round(b.memory.max_concurrency, 1) != round(a.memory.max_concurrency, 1):
