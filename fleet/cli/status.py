@@ -99,9 +99,11 @@ def status(inventory: str, limit: tuple[str, ...], interval: float, timeout: flo
     try:
         loaded = load_inventory(inventory, list(limit) or None)
         thresholds = load_thresholds(loaded)
-        targets = targets_from_outcomes(plan_inventory(loaded), loaded)
+        outcomes = plan_inventory(loaded)
+        targets = targets_from_outcomes(outcomes, loaded)
     except FleetError as exc:
         fail(str(exc), as_json)
+    unplanned = [o.spec.name for o in outcomes if o.plan is None]
     if not targets:
         fail(f"{inventory}: no host has a serving plan, so there is nothing to observe (see `fleet plan`)", as_json)
     if watch and as_json:
@@ -120,7 +122,10 @@ def status(inventory: str, limit: tuple[str, ...], interval: float, timeout: flo
             return
     rows, _ = collect(targets, thresholds, interval, timeout)
     if as_json:
-        click.echo(json.dumps({"instances": [status_data(r) for r in rows]}, indent=2))
+        data = {"instances": [status_data(r) for r in rows], "hosts_without_plan": unplanned}
+        click.echo(json.dumps(data, indent=2))
     else:
         console().print(status_table(rows, interval))
-    sys.exit(0 if all(r.ok for r in rows) else 1)
+        if unplanned:
+            console().print(f"[yellow]not observed (no valid plan, so no instances):[/] {', '.join(unplanned)}")
+    sys.exit(0 if all(r.ok for r in rows) and not unplanned else 1)
