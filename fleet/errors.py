@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fleet.secrets import Redacted, looks_like_secret, redact, shown
+
 
 class FleetError(Exception):
     """Base class: an error with a message fit for a person at 3 a.m."""
@@ -15,16 +17,49 @@ class FleetError(Exception):
 
 @dataclass
 class FieldProblem:
-    """One invalid value in an inventory."""
+    """One invalid value in an inventory.
+
+    ``inventory`` is the file where the value is written (a ``group_data`` file when it came
+    from there), ``line`` its line when known. A value that is, or looks like, a secret is
+    replaced by a ``Redacted`` marker on construction, so no copy of it is kept in the error.
+    """
 
     inventory: str
     host: str
     field: str
     value: object
     allowed: str
+    secret: bool = False
+    line: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.secret or looks_like_secret(self.value):
+            self.value = Redacted()
+            self.secret = True
+
+    @property
+    def where(self) -> str:
+        return f"{self.inventory}:{self.line}" if self.line else self.inventory
 
     def __str__(self) -> str:
-        return f"{self.inventory}: host {self.host}: {self.field}={self.value!r}: {self.allowed}"
+        parts = [self.where]
+        if self.host != "-":
+            parts.append(f"host {self.host}")
+        if self.field:
+            parts.append(f"{self.field}={shown(self.value)}")
+        parts.append(self.allowed)
+        return redact(": ".join(parts))
+
+    def data(self) -> dict[str, object]:
+        """For ``--json``: every part as text, redacted."""
+        return {
+            "file": self.inventory,
+            "line": self.line,
+            "host": redact(self.host),
+            "field": redact(self.field),
+            "value": shown(self.value),
+            "allowed": redact(self.allowed),
+        }
 
 
 class InventoryError(FleetError):
@@ -61,3 +96,11 @@ class PlanError(FleetError):
 
 class ModelConfigError(FleetError):
     """A model's config.json is missing or unreadable."""
+
+
+class RenderError(FleetError):
+    """A value cannot be written safely where it lands (a unit file, an env file, a path).
+
+    Validation at the input boundary makes this unreachable from an inventory; reaching it
+    means a bug, so the CLI reports it as an internal error.
+    """

@@ -1,30 +1,131 @@
-"""The ``fleet`` command line: thin commands over the library, one module per verb."""
+"""The ``fleet`` command line: thin commands over the library, one module per verb.
+
+Exit codes, the same for every command:
+
+* 0: everything asked for was done (every host planned);
+* 1: some host could not be served (it has no plan, or a check failed on it); the rest was done;
+* 2: invalid input (an inventory, a group_data file, a model config, a command-line option):
+  nothing was done, the message names the file, host, field and value;
+* 3: an internal error, a bug in fleet: one line saying so and where to report it; the
+  traceback only with ``--debug`` (or ``FLEET_DEBUG=1``), with secrets redacted.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import NoReturn
+import traceback
+from importlib import metadata
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
+from rich.markup import escape
+
+from fleet.secrets import redact
+
+EXIT_OK = 0
+EXIT_SOME_HOSTS = 1
+EXIT_INVALID = 2
+EXIT_INTERNAL = 3
 
 
-def console() -> Console:
-    return Console(stderr=False, highlight=False)
+class RedactingWriter:
+    """A text stream that runs everything written to it through ``redact``: every report goes here."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return bool(self._stream.isatty())
+
+    def fileno(self) -> int:
+        return int(self._stream.fileno())
 
 
-@click.group()
+def console(stderr: bool = False) -> Console:
+    """A rich console for people, on stdout (or stderr), redacted."""
+    return Console(file=RedactingWriter(sys.stderr if stderr else sys.stdout), highlight=False)  # type: ignore[arg-type]
+
+
+def issues_url() -> str:
+    """Where to report a bug: the package's ``Issues`` project URL."""
+    try:
+        for entry in metadata.metadata("fleet").get_all("Project-URL") or []:
+            label, _, url = entry.partition(",")
+            if label.strip().lower() in ("issues", "bug tracker", "tracker"):
+                return str(url).strip()
+    except metadata.PackageNotFoundError:
+        pass
+    return "the fleet issue tracker"
+
+
+def _debug(ctx: click.Context | None) -> bool:
+    if os.environ.get("FLEET_DEBUG") == "1":
+        return True
+    root = ctx.find_root() if ctx is not None else None
+    return bool(root is not None and root.params.get("debug"))
+
+
+def internal_error(exc: BaseException, debug: bool) -> NoReturn:
+    """A bug: one line (the traceback with ``--debug``), secrets redacted, exit 3."""
+    err = console(stderr=True)
+    if debug:
+        err.print(escape("".join(traceback.format_exception(exc))), end="", soft_wrap=True)
+    where = issues_url()
+    hint = "" if debug else " (run again with --debug for the traceback)"
+    err.print(
+        escape(
+            f"fleet: internal error ({type(exc).__name__}): this is a bug in fleet, not in your input; "
+            f"please report it at {where}{hint}"
+        ),
+        soft_wrap=True,
+    )
+    sys.exit(EXIT_INTERNAL)
+
+
+class FleetGroup(click.Group):
+    """Turns any exception a command did not handle into exit 3 (a bug), never a bare traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            internal_error(exc, _debug(ctx))
+
+
+@click.group(cls=FleetGroup)
 @click.version_option(package_name="fleet")
-def main() -> None:
-    """Provision and roll out vLLM serving fleets on NVIDIA GPU hosts."""
+@click.option("--debug", is_flag=True, help="On an internal error, print the traceback (secrets redacted).")
+def main(debug: bool) -> None:
+    """Provision and roll out vLLM serving fleets on NVIDIA GPU hosts.
+
+    Exit codes: 0 done; 1 some host could not be served; 2 invalid input; 3 internal error (a bug).
+    """
 
 
-def fail(message: str, as_json: bool, code: int = 2) -> NoReturn:
+def fail(
+    message: str, as_json: bool, code: int = EXIT_INVALID, details: list[dict[str, Any]] | None = None
+) -> NoReturn:
+    """Report an error for people (stderr) or machines (``--json`` on stdout), redacted, and exit."""
+    message = redact(message)
     if as_json:
-        click.echo(json.dumps({"error": message}, indent=2))
+        body: dict[str, Any] = {"error": message, "exit_code": code}
+        if details is not None:
+            body["problems"] = details
+        click.echo(json.dumps(body, indent=2))
     else:
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {message}")
+        console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import click
 
-from fleet.cli import console, fail
-from fleet.errors import FleetError
+from fleet.cli import EXIT_INVALID, EXIT_OK, EXIT_SOME_HOSTS, console, fail
+from fleet.errors import FleetError, InventoryError, ModelConfigError
+from fleet.secrets import redact
 
 
 @click.command()
@@ -33,7 +34,8 @@ from fleet.errors import FleetError
 def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None, observed: str | None) -> None:
     """The serving plan per host: flags, memory math and reasons. Touches no host.
 
-    Exit status 1 when any host has no valid plan, 2 when the inventory itself is invalid.
+    Exit 0: every host has a plan; 1: some host has none; 2: invalid input (nothing is planned
+    or written); 3: a bug in fleet.
     """
     if observed is not None:  # fleet.monitor.observed; same as `fleet monitor observe`
         from fleet.cli.monitor import print_observed
@@ -41,22 +43,31 @@ def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path
         print_observed(inventory, limit, None if observed == "instances" else observed, "7d", 10.0, as_json)
         return
     from fleet.cli.plan_view import print_plans
+    from fleet.inventory.ports import plan_port_problems
     from fleet.plan.outcomes import outcome_data, plan_file
-    from fleet.render.units import render_host, write_tree
+    from fleet.render.units import host_render_dir, render_host, write_tree
 
     try:
         outcomes = plan_file(inventory, list(limit) or None)
+    except InventoryError as exc:
+        fail(str(exc), as_json, EXIT_INVALID, [p.data() for p in exc.problems])
+    except ModelConfigError as exc:
+        fail(str(exc), as_json, EXIT_INVALID)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, EXIT_INVALID)
+    # Now that instances have ports, check them across hosts (a host's range is only known here).
+    clashes = plan_port_problems((o.spec, [i.port for i in o.plan.instances]) for o in outcomes if o.plan is not None)
+    if clashes:
+        fail(str(InventoryError(clashes)), as_json, EXIT_INVALID, [p.data() for p in clashes])
     if render_dir is not None:
         for outcome in outcomes:
             if outcome.plan is not None:
                 ref = str(outcome.spec.api_key_ref) if outcome.spec.api_key_ref else None
-                write_tree(render_dir / outcome.spec.name, render_host(outcome.plan, None, ref))
+                write_tree(host_render_dir(render_dir, outcome.spec.name), render_host(outcome.plan, None, ref))
     if as_json:
-        click.echo(json.dumps({"hosts": [outcome_data(o) for o in outcomes]}, indent=2))
+        click.echo(redact(json.dumps({"hosts": [outcome_data(o) for o in outcomes]}, indent=2)))
     else:
         print_plans(console(), outcomes)
         if render_dir is not None:
-            console().print(f"units and env files written under {render_dir}/<host>/")
-    sys.exit(0 if all(o.ok for o in outcomes) else 1)
+            console().print(f"units and env files written under {render_dir}/<host>/", markup=False)
+    sys.exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_SOME_HOSTS)

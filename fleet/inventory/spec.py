@@ -1,53 +1,52 @@
-"""Inventory host data validated into typed ``HostSpec`` objects (loading is in ``load.py``).
+"""Inventory host data validated into typed ``HostSpec`` objects: the one input boundary.
 
-The keys ``fleet`` reads are validated. Every invalid value, on every host, is reported at
-once, naming the file, the host, the field, the value and what is allowed.
+Loading is in ``load.py``, the grammar of every field in ``schema.py`` (pydantic, strict), the
+rules across hosts (ports) in ``ports.py``. Here, per host and before anything else runs:
+
+1. secrets: a value that looks like a key, under any field and in any type, is refused and
+   never echoed; ``api_key`` (the key itself) is refused loudly instead of being ignored;
+2. near-misses of fleet's keys (``Port``, ``api_key_rf``) are flagged with "did you mean";
+3. every fleet key is parsed by ``schema.HostData``.
+
+Every problem on every host is reported at once, naming the file where the value is written,
+the host, the field, the value (redacted when secret) and what is allowed.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
+from pydantic import ValidationError
 from pyinfra.api.inventory import Inventory
 
 from fleet.errors import FieldProblem, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
-from fleet.inventory.load import load_pyinfra_inventory
+from fleet.inventory.load import read_inventory
+from fleet.inventory.ports import spec_port_problems
+from fleet.inventory.schema import FIELD_HELP, FLEET_KEYS, GPU_KEYS, WORKLOAD_KEYS, GpuData, HostData
+from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
+
+__all__ = [
+    "FLEET_KEYS",
+    "WORKLOAD_KEYS",
+    "GpuSpec",
+    "HostSpec",
+    "LoadedInventory",
+    "SecretRef",
+    "Workload",
+    "host_spec",
+    "load_inventory",
+]
 
 WeightPrecision = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"]
 KvCacheDtype = Literal["auto", "fp8"]
 WEIGHT_PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp8", "int8", "int4")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
 FABRICS: tuple[str, ...] = tuple(f.value for f in Fabric)
-
-#: The host-data keys fleet reads. Others (ssh_*, pyinfra's _sudo, your own) are left alone,
-#: except near-misses of these, which are almost always typos.
-FLEET_KEYS = (
-    "model",
-    "model_config",
-    "served_model_name",
-    "weights",
-    "kv_cache_dtype",
-    "workload",
-    "port",
-    "bind_address",
-    "vllm_version",
-    "api_key_ref",
-    "gpu",
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "prefix_caching",
-    "allow_pcie_tensor_parallel",
-    "shutdown_timeout",
-    "lab_profile",
-    "pip_index_url",
-)
-WORKLOAD_KEYS = ("p95_input_tokens", "p95_output_tokens", "prefix_reuse", "target_concurrency")
 
 
 @dataclass(frozen=True)
@@ -67,17 +66,6 @@ class Workload:
     def kv_tokens_per_request(self) -> int:
         """KV tokens one request holds that no other request shares (cached prefixes are shared)."""
         return round(self.p95_input_tokens * (1 - self.prefix_reuse)) + self.p95_output_tokens
-
-
-@dataclass(frozen=True)
-class SecretRef:
-    """Where a secret lives on the control machine; the value itself never enters an inventory."""
-
-    scheme: Literal["env", "file"]
-    target: str
-
-    def __str__(self) -> str:
-        return f"{self.scheme}:{self.target}"
 
 
 @dataclass(frozen=True)
@@ -121,6 +109,13 @@ class HostSpec:
     shutdown_timeout: int = 30
     lab_profile: str | None = None
     pip_index_url: str | None = None
+    ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
+    ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
+
+    @property
+    def machine(self) -> str:
+        """Which machine the host is: two hosts with the same one share its ports."""
+        return (self.ssh_hostname or self.name).lower()
 
 
 @dataclass(frozen=True)
@@ -140,192 +135,241 @@ class LoadedInventory:
 
 # -- validation ---------------------------------------------------------------------------------
 
+#: pyinfra's own host-data keys that fleet reads or leaves alone (beyond ``ssh_*`` and ``_*``).
+_NOT_OURS_PREFIXES = ("ssh_", "_", "docker_", "winrm_", "chroot_", "local_")
+_SECRET_HELP = (
+    "looks like a secret; fleet never takes one in an inventory (it would be echoed, logged and "
+    "committed): put it in an environment variable or a file on the control machine and set "
+    "api_key_ref: 'env:NAME' or 'file:/path'"
+)
+_API_KEY_HELP = (
+    "fleet never reads the key itself (a misspelt or literal key must not leave the API open): put it "
+    "in an environment variable or a file on the control machine and set api_key_ref: 'env:NAME' or "
+    "'file:/path'"
+)
 
-class _Checker:
-    """Collects every problem of one host instead of stopping at the first."""
 
-    def __init__(self, inventory: str, host: str, data: dict[str, Any]):
-        self.inventory, self.host, self.data = inventory, host, data
+class _Host:
+    """The problems of one host, each attributed to the file its field was written in."""
+
+    def __init__(self, inventory: str, name: str, sources: dict[str, str] | None):
+        self.inventory, self.name, self.sources = inventory, name, sources or {}
         self.problems: list[FieldProblem] = []
 
-    def problem(self, field: str, value: object, allowed: str) -> None:
-        self.problems.append(FieldProblem(self.inventory, self.host, field, value, allowed))
-
-    def integer(self, field: str, value: Any, low: int, high: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.problem(field, value, f"an integer from {low} to {high}")
-            return low
-        return value
-
-    def number(self, field: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if ok and (value < low or value > high or (low_open and value == low)):
-            ok = False
-        if not ok:
-            bracket = "(" if low_open else "["
-            self.problem(field, value, f"a number in {bracket}{low}, {high}]")
-            return high
-        return float(value)
-
-    def choice(self, field: str, value: Any, choices: tuple[str, ...]) -> str:
-        if value not in choices:
-            self.problem(field, value, "one of " + ", ".join(choices))
-            return choices[0]
-        return str(value)
-
-    def text(self, field: str, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            self.problem(field, value, "a non-empty string")
-            return ""
-        return value
-
-    def boolean(self, field: str, value: Any) -> bool:
-        if not isinstance(value, bool):
-            self.problem(field, value, "true or false")
-            return False
-        return value
-
-
-def _workload(c: _Checker, raw: Any) -> Workload:
-    if not isinstance(raw, dict):
-        c.problem("workload", raw, "a dict with " + ", ".join(WORKLOAD_KEYS))
-        return Workload(1, 1, 0.0, 1)
-    for key in raw:
-        if key not in WORKLOAD_KEYS:
-            c.problem(f"workload.{key}", raw[key], "unknown key; allowed: " + ", ".join(WORKLOAD_KEYS))
-    for key in WORKLOAD_KEYS:
-        if key not in raw:
-            c.problem(f"workload.{key}", None, "required")
-    return Workload(
-        p95_input_tokens=c.integer("workload.p95_input_tokens", raw.get("p95_input_tokens", 1), 1, 10_000_000),
-        p95_output_tokens=c.integer("workload.p95_output_tokens", raw.get("p95_output_tokens", 1), 1, 10_000_000),
-        prefix_reuse=c.number("workload.prefix_reuse", raw.get("prefix_reuse", 0.0), 0.0, 1.0),
-        target_concurrency=c.integer("workload.target_concurrency", raw.get("target_concurrency", 1), 1, 1_000_000),
-    )
-
-
-_SECRET_RE = re.compile(r"^(env):([A-Za-z_][A-Za-z0-9_]*)$|^(file):(/.+)$")
-
-
-def _secret(c: _Checker, raw: Any) -> SecretRef | None:
-    if raw is None:
-        return None
-    match = _SECRET_RE.match(raw) if isinstance(raw, str) else None
-    if match is None:
-        shown = "<hidden>" if isinstance(raw, str) and ":" not in raw else raw
-        c.problem(
-            "api_key_ref",
-            shown,
-            "a reference to the key, not the key: env:VARIABLE (read on the control machine) "
-            "or file:/absolute/path (readable only by you)",
+    def problem(self, fld: str, value: object, allowed: str, secret: bool = False) -> None:
+        top = fld.split(".", 1)[0]
+        self.problems.append(
+            FieldProblem(self.sources.get(top, self.inventory), self.name, fld, value, allowed, secret=secret)
         )
+
+
+def _secret_paths(value: Any, path: str) -> list[str]:
+    """Field paths under ``value`` that hold something secret-shaped (keys or values)."""
+    if isinstance(value, dict):
+        found = []
+        for k, v in value.items():
+            sub = f"{path}.{k}" if isinstance(k, str) and not looks_like_secret(k) else f"{path}.<key>"
+            if looks_like_secret(k):
+                found.append(sub)
+            else:
+                found += _secret_paths(v, sub)
+        return found
+    if isinstance(value, list | tuple | set | frozenset):
+        return [p for i, v in enumerate(value) for p in _secret_paths(v, f"{path}[{i}]")]
+    return [path] if looks_like_secret(value) else []
+
+
+def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
+    """Refuse secrets wherever they are; return the top-level keys that were refused."""
+    refused: set[str] = set()
+    for key, value in data.items():
+        if key.lower() in ("api_key", "apikey", "api-key", "vllm_api_key"):
+            h.problem(key, value, _API_KEY_HELP, secret=True)
+            refused.add(key)
+        elif secret_field(key) and value not in (None, "", b""):
+            near = _close(key, FLEET_KEYS)
+            hint = f" (did you mean {near!r}?)" if near else ""
+            h.problem(key, value, "a secret under a field of its own" + hint + "; " + _SECRET_HELP, secret=True)
+            refused.add(key)
+        elif key == "api_key_ref":
+            continue  # parsed below; its value is never shown either way
+        else:
+            for path in _secret_paths(value, key):
+                h.problem(path, value, _SECRET_HELP, secret=True)
+                refused.add(key)
+    return refused
+
+
+def _close(key: str, known: tuple[str, ...]) -> str | None:
+    lowered = {k.lower(): k for k in known}
+    if key.lower() in lowered:
+        return lowered[key.lower()]
+    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.8)
+    return lowered[close[0]] if close else None
+
+
+def _typos(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
+    for key, value in data.items():
+        if key in FLEET_KEYS or key in refused or key.startswith(_NOT_OURS_PREFIXES):
+            continue
+        near = _close(key, FLEET_KEYS)
+        if near is not None:
+            secret = near == "api_key_ref" or secret_field(key)
+            h.problem(key, value, f"unknown field; did you mean {near!r}?", secret=secret)
+
+
+def _allowed(err: Any, fld: str) -> str:
+    kind, msg = err["type"], str(err["msg"])
+    if kind == "missing":
+        return "required: " + FIELD_HELP.get(fld, "a value")
+    if kind == "extra_forbidden":
+        parent, _, key = fld.rpartition(".")
+        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS}.get(parent, ())
+        near = _close(key, keys)
+        hint = f"; did you mean {near!r}?" if near else ""
+        return "unknown key; allowed: " + ", ".join(keys) + hint
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "must be a dict: " + FIELD_HELP.get(fld, "")
+    if msg.startswith("Value error, "):
+        return msg.removeprefix("Value error, ")
+    text = "must be " + msg.removeprefix("Input should be ")
+    if fld in FIELD_HELP and "valid" in msg:
+        text += ": " + FIELD_HELP[fld]
+    return text
+
+
+def _at(data: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        else:
+            return None
+    return data
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
+    # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
+    names = [p for p in parts if p in FLEET_KEYS or p in WORKLOAD_KEYS or p in GPU_KEYS or p.startswith("ssh_")]
+    return ".".join(names) or ".".join(parts)
+
+
+def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | None:
+    fields = {k: v for k, v in data.items() if (k in FLEET_KEYS or k in ("ssh_port", "ssh_hostname"))}
+    for key in refused:
+        fields.pop(key, None)
+    fields.pop("api_key_ref", None)
+    try:
+        return HostData.model_validate(fields)
+    except ValidationError as exc:
+        seen: set[str] = set()
+        for err in exc.errors(include_url=False):
+            loc = tuple(err["loc"])
+            fld = _field_name(loc)
+            if fld in seen or fld.split(".", 1)[0] in refused:
+                continue  # a union reports each of its members; one line per field is enough
+            seen.add(fld)
+            h.problem(fld, _at(fields, tuple(p for p in loc if p in fld.split("."))), _allowed(err, fld))
         return None
-    scheme: Literal["env", "file"] = "env" if match.group(1) else "file"
-    return SecretRef(scheme, match.group(2) or match.group(4))
 
 
-def _gpu(c: _Checker, raw: Any) -> GpuSpec | None:
+def _api_key_ref(h: _Host, data: dict[str, Any], refused: set[str]) -> SecretRef | None:
+    raw = data.get("api_key_ref")
+    if raw is None or "api_key_ref" in refused:
+        return None
+    ref = parse_secret_ref(raw) if isinstance(raw, str) else None
+    if ref is None:
+        h.problem("api_key_ref", raw, SECRET_REF_HELP, secret=True)
+    return ref
+
+
+def _gpu_spec(raw: GpuData | None) -> GpuSpec | None:
     if raw is None:
         return None
-    if not isinstance(raw, dict):
-        c.problem("gpu", raw, "a dict: {sku, count, nvlink} or {memory_gib, count, nvlink}")
-        return None
-    count = c.integer("gpu.count", raw.get("count", 1), 1, 64)
-    nvlink_raw = raw.get("nvlink", None)
-    if isinstance(nvlink_raw, bool):
-        nvlink_raw = Fabric.SWITCH if nvlink_raw else Fabric.NONE
-    sku = raw.get("sku")
-    if sku is not None:
-        if sku not in CATALOGUE:
-            c.problem("gpu.sku", sku, "one of " + ", ".join(CATALOGUE))
-            return None
-        fabric = CATALOGUE[sku].typical_fabric if nvlink_raw is None else nvlink_raw
-        return GpuSpec(count, sku=sku, nvlink=Fabric(c.choice("gpu.nvlink", fabric, FABRICS)))
-    memory = c.number("gpu.memory_gib", raw.get("memory_gib"), 1, 4096) if "memory_gib" in raw else None
-    if memory is None:
-        c.problem("gpu", raw, "needs sku (one of " + ", ".join(CATALOGUE) + ") or memory_gib")
-        return None
-    fabric = c.choice("gpu.nvlink", Fabric.NONE if nvlink_raw is None else nvlink_raw, FABRICS)
-    return GpuSpec(count, memory_gib=memory, nvlink=Fabric(fabric))
+    if raw.sku is not None:
+        fabric = raw.fabric if raw.fabric is not None else CATALOGUE[raw.sku].typical_fabric
+        return GpuSpec(raw.count, sku=raw.sku, nvlink=fabric)
+    return GpuSpec(raw.count, memory_gib=raw.memory_gib, nvlink=raw.fabric or Fabric.NONE)
 
 
-def _typos(c: _Checker) -> None:
-    for key in c.data:
-        if key in FLEET_KEYS or key.startswith(("ssh_", "_")):
-            continue
-        close = difflib.get_close_matches(key, FLEET_KEYS, n=1, cutoff=0.8)
-        if close:
-            c.problem(key, c.data[key], f"unknown field; did you mean {close[0]!r}?")
+def host_spec(
+    inventory: str,
+    name: str,
+    groups: tuple[str, ...],
+    data: dict[str, Any],
+    sources: dict[str, str] | None = None,
+) -> HostSpec:
+    """Validate one host's data; ``InventoryError`` lists every problem found.
 
-
-def host_spec(inventory: str, name: str, groups: tuple[str, ...], data: dict[str, Any]) -> HostSpec:
-    """Validate one host's data; ``InventoryError`` lists every problem found."""
-    c = _Checker(inventory, name, data)
-    _typos(c)
-    if "model" not in data:
-        c.problem("model", None, "required: a Hugging Face model id (org/name) or a path to the model directory")
-    if "workload" not in data:
-        c.problem("workload", None, "required: {" + ", ".join(f"{k}: ..." for k in WORKLOAD_KEYS) + "}")
-    tp = data.get("tensor_parallel_size")
-    util = data.get("gpu_memory_utilization")
-    version = c.text("vllm_version", data.get("vllm_version", "0.33.0"))
-    if version and not re.fullmatch(r"\d+\.\d+\.\d+", version):
-        c.problem("vllm_version", version, "a release version like 0.33.0")
-    spec = HostSpec(
+    ``sources`` maps a top-level key to the file it was written in (default: ``inventory``).
+    """
+    h = _Host(inventory, name, sources)
+    if not isinstance(data, dict):
+        h.problem("host data", data, "a dict of field: value")
+        raise InventoryError(h.problems)
+    strings: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(key, str):
+            strings[key] = value
+        else:
+            h.problem("host data key", key, "field names are strings")
+    refused = _secrets(h, strings)
+    _typos(h, strings, refused)
+    valid = _validate(h, strings, refused)
+    ref = _api_key_ref(h, strings, refused)
+    if h.problems or valid is None:
+        raise InventoryError(h.problems)
+    w = valid.workload
+    return HostSpec(
         name=name,
         inventory=inventory,
         groups=groups,
-        model=c.text("model", data.get("model", "?")),
-        workload=_workload(c, data.get("workload", {})),
-        model_config=c.text("model_config", data["model_config"]) if "model_config" in data else None,
-        served_model_name=c.text("served_model_name", data["served_model_name"])
-        if "served_model_name" in data
-        else None,
-        weights=cast(WeightPrecision, c.choice("weights", data.get("weights", "auto"), WEIGHT_PRECISIONS)),
-        kv_cache_dtype=cast(
-            KvCacheDtype, c.choice("kv_cache_dtype", data.get("kv_cache_dtype", "auto"), KV_CACHE_DTYPES)
-        ),
-        port=c.integer("port", data.get("port", 8000), 1024, 65535 - 64),
-        bind_address=c.text("bind_address", data["bind_address"]) if "bind_address" in data else None,
-        vllm_version=version,
-        api_key_ref=_secret(c, data.get("api_key_ref")),
-        gpu=_gpu(c, data.get("gpu")),
-        tensor_parallel_size=c.integer("tensor_parallel_size", tp, 1, 64) if tp is not None else None,
-        gpu_memory_utilization=c.number("gpu_memory_utilization", util, 0.0, 0.95, low_open=True)
-        if util is not None
-        else None,
-        prefix_caching=c.boolean("prefix_caching", data.get("prefix_caching", True)),
-        allow_pcie_tensor_parallel=c.boolean(
-            "allow_pcie_tensor_parallel", data.get("allow_pcie_tensor_parallel", False)
-        ),
-        shutdown_timeout=c.integer("shutdown_timeout", data.get("shutdown_timeout", 30), 0, 3600),
-        lab_profile=c.text("lab_profile", data["lab_profile"]) if "lab_profile" in data else None,
-        pip_index_url=c.text("pip_index_url", data["pip_index_url"]) if "pip_index_url" in data else None,
+        model=valid.model,
+        workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
+        model_config=valid.model_config_,
+        served_model_name=valid.served_model_name,
+        weights=valid.weights,
+        kv_cache_dtype=valid.kv_cache_dtype,
+        port=valid.port,
+        bind_address=valid.bind_address,
+        vllm_version=valid.vllm_version,
+        api_key_ref=ref,
+        gpu=_gpu_spec(valid.gpu),
+        tensor_parallel_size=valid.tensor_parallel_size,
+        gpu_memory_utilization=valid.gpu_memory_utilization,
+        prefix_caching=valid.prefix_caching,
+        allow_pcie_tensor_parallel=valid.allow_pcie_tensor_parallel,
+        shutdown_timeout=valid.shutdown_timeout,
+        lab_profile=valid.lab_profile,
+        pip_index_url=valid.pip_index_url,
+        ssh_port=valid.ssh_port,
+        ssh_hostname=valid.ssh_hostname,
     )
-    if c.problems:
-        raise InventoryError(c.problems)
-    return spec
 
 
 def load_inventory(path: str | Path, limit: list[str] | None = None) -> LoadedInventory:
-    """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's."""
-    inventory = load_pyinfra_inventory(path)
-    problems: list[FieldProblem] = []
+    """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's.
+
+    Every host is validated, problems are reported for the selected ones; the cross-host rules
+    (``ports.py``) see every valid host, since a host left out by ``--limit`` still holds its ports.
+    """
+    files = read_inventory(path)
+    problems: list[FieldProblem] = list(files.problems)
+    selected = _limit(files.pyinfra, limit, str(path))
     specs: list[HostSpec] = []
-    selected = _limit(inventory, limit, str(path))
-    for host in inventory:
-        if selected is not None and host.name not in selected:
-            continue
+    for entry in files.hosts:
         try:
-            data = host.data.dict()  # type: ignore[no-untyped-call]
-            specs.append(host_spec(str(path), host.name, tuple(host.groups), data))
+            specs.append(host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources))
         except InventoryError as exc:
-            problems.extend(exc.problems)
+            if selected is None or entry.name in selected:
+                problems.extend(exc.problems)
+    problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     if problems:
         raise InventoryError(problems)
-    if not specs:
+    chosen = tuple(s for s in specs if selected is None or s.name in selected)
+    if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
-    return LoadedInventory(str(path), inventory, tuple(specs))
+    return LoadedInventory(str(path), files.pyinfra, chosen)
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

@@ -16,7 +16,31 @@ from pathlib import Path
 
 import jinja2
 
+from fleet.errors import RenderError
 from fleet.plan.planner import HostPlan, Instance
+from fleet.render.escape import (
+    check_host_path,
+    env_comment,
+    env_file_value,
+    systemd_arg,
+    systemd_assignment,
+    systemd_path,
+    systemd_text,
+    systemd_word,
+)
+
+__all__ = [
+    "HostPaths",
+    "RenderedFile",
+    "env_file",
+    "exec_lines",
+    "render_host",
+    "systemd_arg",
+    "unit_file",
+    "write_tree",
+]
+
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 
 #: Extra seconds systemd waits after vLLM's own drain before it SIGKILLs what is left.
 STOP_GRACE_SECONDS = 30
@@ -34,6 +58,12 @@ class HostPaths:
     state_dir: str = "/var/lib/vllm"
     user: str = "vllm"
 
+    def __post_init__(self) -> None:
+        for path in (self.venv, self.env_dir, self.unit_dir, self.state_dir):
+            check_host_path(path)
+        if not _USER.fullmatch(self.user):
+            raise RenderError(f"not a system user name: {self.user!r}")
+
 
 @dataclass(frozen=True)
 class RenderedFile:
@@ -42,17 +72,6 @@ class RenderedFile:
     path: str
     content: str
     mode: int
-
-
-_SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./\-]+$")
-
-
-def systemd_arg(value: str) -> str:
-    """Quote one argument for ``ExecStart=``: systemd expands ``%`` specifiers and ``$`` variables."""
-    escaped = value.replace("%", "%%").replace("$", "$$")
-    if _SAFE_ARG.match(escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def exec_lines(instance: Instance) -> list[str]:
@@ -70,6 +89,12 @@ def _environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["systemd_arg"] = systemd_arg
+    env.filters["systemd_word"] = systemd_word
+    env.filters["systemd_text"] = systemd_text
+    env.filters["systemd_path"] = systemd_path
+    env.filters["env_value"] = env_file_value
+    env.filters["env_comment"] = env_comment
+    env.globals["systemd_env"] = systemd_assignment
     return env
 
 
@@ -109,8 +134,8 @@ def env_file(
     paths: HostPaths = HostPaths(),
 ) -> RenderedFile:
     """The instance's environment file; ``api_key=None`` renders a placeholder comment instead."""
-    if api_key is not None and (not api_key or any(c in api_key for c in "\n\r\0")):
-        raise ValueError("the API key must be one non-empty line")
+    if api_key is not None and (not api_key or any(not c.isprintable() for c in api_key)):
+        raise ValueError("the API key must be one non-empty line of printable characters")
     content = (
         _environment()
         .get_template("vllm.env.j2")
@@ -130,19 +155,41 @@ def render_host(
     return files
 
 
+def host_render_dir(root: Path, host: str) -> Path:
+    """``root/<host>``, refusing a host name that is not one plain path component."""
+    if not host or host in (".", "..") or "/" in host or "\\" in host or "\0" in host or host.strip() != host:
+        raise RenderError(f"host name {host!r} cannot be a directory name")
+    return root / host
+
+
+def _confined(root: Path, path: str) -> Path:
+    """``root/path``, creating its directories; refuses ``..``, and symlinks on the way."""
+    check_host_path(path)
+    parts = path.strip("/").split("/")
+    folder = root
+    for part in parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink():
+            raise RenderError(f"{folder} is a symlink: {path} would be written outside {root}")
+        folder.mkdir(exist_ok=True)
+    return folder / parts[-1]
+
+
 def write_tree(root: Path, files: list[RenderedFile]) -> list[Path]:
     """Write rendered files under ``root`` (their host paths made relative), with their modes.
 
-    Files are created with their final mode from the start (no window where a secret is
-    world-readable).
+    Every file lands inside ``root``: paths are absolute and normalized, no directory on the way
+    may lead out of ``root`` (a symlink), and the file itself is never followed if it is a
+    symlink. Files are created with their final mode from the start (no window where a secret
+    is world-readable).
     """
     written = []
+    root.mkdir(parents=True, exist_ok=True)
     for f in files:
-        target = root / f.path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, f.mode)
+        target = _confined(root, f.path)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, f.mode)
         with os.fdopen(fd, "w") as out:
             out.write(f.content)
-        os.chmod(target, f.mode)
+        os.chmod(target, f.mode, follow_symlinks=False)
         written.append(target)
     return written

@@ -1,0 +1,252 @@
+"""The grammar of the host data fleet reads: one pydantic v2 model in strict mode.
+
+Strict mode takes values as written: no ``"8000"`` for a port, no ``1`` for ``True``, no
+``True`` for an integer, no NaN or infinity for a number. Every error carries its location
+(``workload.prefix_reuse``), so ``spec.py`` reports all of them at once, on every host. The
+rules for text values that land in unit files, command lines and paths are here too:
+
+* host names: letters, digits, ``.``, ``_``, ``-``, starting with a letter or digit (so never
+  ``..``, ``/x``, ``-x``, empty or multi-line); at most 253 characters;
+* model: a Hugging Face id (``org/name``: letters, digits, ``.``, ``_``, ``-``, each part starting
+  and ending with a letter or digit, no ``--`` or ``..``, at most 96 characters a part, as the Hub
+  enforces) or an absolute path; neither can start with ``-``, so a model is never an option;
+* served model name: printable characters (no line breaks, tabs, NUL or other control or format
+  characters), not starting with ``-`` or a space, at most 256 characters;
+* paths (``model_config``, a model directory): absolute or relative, printable, no NUL;
+* ``bind_address``: an IPv4 or IPv6 address (``ipaddress``); ``pip_index_url``: ``http``/``https``
+  with a host and no credentials.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import unicodedata
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+
+from fleet.gpus import CATALOGUE, Fabric
+
+#: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
+MAX_GPUS = 64
+MAX_PORT = 65535
+
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+_HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
+_VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
+_PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _printable(text: str) -> bool:
+    """No control, format, line- or paragraph-separator characters, no lone surrogates."""
+    return all(unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp") for c in text)
+
+
+HOST_NAME_RULE = "letters, digits, '.', '_', '-', starting with a letter or digit, at most 253 characters"
+
+
+def host_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a host name (it becomes a directory under ``--render``), or None."""
+    if not isinstance(name, str):
+        return f"a host name is a string: {HOST_NAME_RULE}"
+    if not _HOST.fullmatch(name):
+        return f"not a host name: {HOST_NAME_RULE}"
+    return None
+
+
+def _model(value: str) -> str:
+    if value.startswith("/"):
+        _path(value)
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError("an absolute path without '.' or '..' parts")
+        return value
+    if not _HF_ID.fullmatch(value) or "--" in value or ".." in value:
+        raise ValueError(
+            "a Hugging Face model id (org/name: letters, digits, '.', '_', '-'; each part starts and "
+            "ends with a letter or digit, no '--' or '..', at most 96 characters) or an absolute path "
+            "to the model directory"
+        )
+    return value
+
+
+def _served_name(value: str) -> str:
+    if not value or len(value) > 256 or not _printable(value) or value[0] in "- " or value[-1] == " ":
+        raise ValueError(
+            "1 to 256 printable characters (no line breaks, tabs or control characters), "
+            "not starting with '-' or a space, not ending with a space"
+        )
+    return value
+
+
+def _path(value: str) -> str:
+    if not value or len(value) > 4096 or not _printable(value):
+        raise ValueError("a path: 1 to 4096 printable characters, no line breaks or control characters")
+    return value
+
+
+def _ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError("an IPv4 or IPv6 address, e.g. 0.0.0.0, 10.0.0.5 or ::") from None
+
+
+def _url(value: str) -> str:
+    rule = "an http:// or https:// URL with a host and no user or password, e.g. https://pypi.internal/simple"
+    if not _printable(value) or any(c.isspace() for c in value):
+        raise ValueError(rule)
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError:
+        raise ValueError(rule) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise ValueError(rule)
+    return value
+
+
+def _version(value: str) -> str:
+    if not _VERSION.fullmatch(value):
+        raise ValueError("a release version like 0.33.0")
+    return value
+
+
+def _address(value: str) -> str:
+    if _HOST.fullmatch(value):
+        return value
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"a host name ({HOST_NAME_RULE}) or an IP address") from None
+
+
+def _profile(value: str) -> str:
+    if not _PROFILE.fullmatch(value):
+        raise ValueError("a lab profile name (letters, digits, '.', '_', '-')")
+    return value
+
+
+ModelId = Annotated[str, AfterValidator(_model)]
+ServedName = Annotated[str, AfterValidator(_served_name)]
+PathText = Annotated[str, AfterValidator(_path)]
+IpAddress = Annotated[str, AfterValidator(_ip)]
+IndexUrl = Annotated[str, AfterValidator(_url)]
+Version = Annotated[str, AfterValidator(_version)]
+ProfileName = Annotated[str, AfterValidator(_profile)]
+Address = Annotated[str, AfterValidator(_address)]
+
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+class WorkloadData(BaseModel):
+    """``workload``: the traffic a host should serve."""
+
+    model_config = _STRICT
+
+    p95_input_tokens: Annotated[int, Field(ge=1, le=10_000_000)]
+    p95_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)]
+    prefix_reuse: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+    target_concurrency: Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+def _sku(value: str) -> str:
+    if value not in CATALOGUE:
+        raise ValueError("one of " + ", ".join(CATALOGUE))
+    return value
+
+
+SkuKey = Annotated[str, AfterValidator(_sku)]
+
+
+class GpuData(BaseModel):
+    """``gpu``: the GPUs of a host not probed yet; ``sku`` and ``memory_gib`` exclude each other."""
+
+    model_config = _STRICT
+
+    count: Annotated[int, Field(ge=1, le=MAX_GPUS)] = 1
+    sku: SkuKey | None = None
+    memory_gib: Annotated[float, Field(gt=0.0, le=4096.0, allow_inf_nan=False)] | None = None
+    nvlink: Annotated[Fabric, Strict(False)] | bool | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GpuData:
+        if self.sku is not None and self.memory_gib is not None:
+            raise ValueError(
+                f"sku {self.sku!r} already fixes the memory ({CATALOGUE[self.sku].memory_gib:.1f} GiB): "
+                "give sku or memory_gib, not both"
+            )
+        if self.sku is None and self.memory_gib is None:
+            raise ValueError("needs sku (one of " + ", ".join(CATALOGUE) + ") or memory_gib")
+        if self.sku is not None and CATALOGUE[self.sku].nvlink_links == 0 and self.fabric not in (None, Fabric.NONE):
+            raise ValueError(
+                f"nvlink {self.fabric.value!r}: {self.sku} has no NVLink; use nvlink: none or leave it out"
+            )
+        return self
+
+    @property
+    def fabric(self) -> Fabric | None:
+        if isinstance(self.nvlink, bool):
+            return Fabric.SWITCH if self.nvlink else Fabric.NONE
+        return self.nvlink
+
+
+class HostData(BaseModel):
+    """The host-data keys fleet reads. Other keys are left to pyinfra and to you (``spec.py``)."""
+
+    model_config = ConfigDict(
+        strict=True, extra="ignore", frozen=True, hide_input_in_errors=True, protected_namespaces=()
+    )
+
+    model: ModelId
+    workload: WorkloadData
+    model_config_: PathText | None = Field(default=None, alias="model_config")
+    served_model_name: ServedName | None = None
+    weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    port: Annotated[int, Field(ge=1024, le=MAX_PORT)] = 8000
+    bind_address: IpAddress | None = None
+    vllm_version: Version = "0.33.0"
+    api_key_ref: str | None = None  # parsed in spec.py: its value is never echoed
+    gpu: GpuData | None = None
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=MAX_GPUS)] | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=0.95, allow_inf_nan=False)] | None = None
+    prefix_caching: bool = True
+    allow_pcie_tensor_parallel: bool = False
+    shutdown_timeout: Annotated[int, Field(ge=0, le=3600)] = 30
+    lab_profile: ProfileName | None = None
+    pip_index_url: IndexUrl | None = None
+    ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
+    ssh_hostname: Address | None = None
+
+    @model_validator(mode="after")
+    def _port_range(self) -> HostData:
+        count = self.gpu.count if self.gpu is not None else 1
+        if self.port + count - 1 > MAX_PORT:
+            raise ValueError(
+                f"port {self.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
+            )
+        return self
+
+
+#: The keys fleet reads (``model_config`` is spelt with its alias).
+FLEET_KEYS: tuple[str, ...] = tuple(
+    (f.alias or name) for name, f in HostData.model_fields.items() if not name.startswith("ssh_")
+)
+WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
+GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
+
+#: What each field allows, in words, for "required" and type errors.
+FIELD_HELP: dict[str, str] = {
+    "model": "a Hugging Face model id (org/name) or an absolute path to the model directory",
+    "workload": "{" + ", ".join(f"{k}: ..." for k in WORKLOAD_KEYS) + "}",
+    "gpu": "{sku, count, nvlink} or {memory_gib, count, nvlink}; skus: " + ", ".join(CATALOGUE),
+    "gpu.nvlink": "one of " + ", ".join(f.value for f in Fabric),
+    "ssh_hostname": "a host name or IP address",
+    "workload.p95_input_tokens": "an integer from 1 to 10000000 (tokens)",
+    "workload.p95_output_tokens": "an integer from 1 to 10000000 (tokens)",
+    "workload.prefix_reuse": "a number from 0 to 1 (the fraction of input tokens served from a cached prefix)",
+    "workload.target_concurrency": "an integer from 1 to 1000000 (requests in flight)",
+}

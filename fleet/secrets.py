@@ -1,0 +1,157 @@
+"""Secrets: references to them, telling them apart from ordinary values, and keeping them out of output.
+
+An inventory never holds a secret, only a reference to one (``SecretRef``: ``env:NAME`` or
+``file:/path`` on the control machine). Anything that looks like a secret anyway, under any
+field and in any type (a string, bytes, a dict or list holding one), is refused at the input
+boundary and never echoed. ``redact`` is the one function every output path runs text through
+(errors, hints, ``--json``, logs, the ``--debug`` traceback), so a secret that slips past the
+boundary is still not printed.
+
+"Looks like a secret" is a heuristic, stated here so it can be reviewed:
+
+* a known credential prefix followed by token characters: ``sk-``/``sk_`` + 16 (OpenAI-style
+  keys), and + 8: ``hf_`` (Hugging Face), ``ghp_``/``gho_``/``ghs_``/``github_pat_`` (GitHub),
+  ``glpat-`` (GitLab), ``xox?-`` (Slack), ``AKIA`` + 16 (AWS access key ids), ``eyJ`` (a JWT);
+* ``Bearer <token>`` and ``user:password@`` inside a URL;
+* a run of 20+ letters and digits (no separators) that mixes upper case, lower case and digits,
+  the shape of random tokens; all-lower-case hex (git commit ids in cache paths) is not flagged;
+* any non-empty value under a field whose name says it is secret (``password``, ``secret``,
+  ``token``, ``api_key``, ``apikey``, ``credential``), except reference fields (``*_ref``,
+  ``*_file``, ``*_path``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+REDACTED = "<redacted>"
+
+_TOKEN = r"[A-Za-z0-9_\-+/=.]"
+_SECRET_PATTERNS = [
+    re.compile(rf"(?<![A-Za-z0-9])sk[-_]{_TOKEN}{{16,}}"),
+    re.compile(rf"(?<![A-Za-z0-9])(?:hf|ghp|gho|ghu|ghs|ghr|github_pat|glpat|npm|pypi)[-_]{_TOKEN}{{8,}}"),
+    re.compile(rf"(?<![A-Za-z0-9])xox[abposr]-{_TOKEN}{{8,}}"),
+    re.compile(r"(?<![A-Za-z0-9])AKIA[0-9A-Z]{16}"),
+    re.compile(rf"(?<![A-Za-z0-9])eyJ{_TOKEN}{{10,}}"),
+    re.compile(rf"(?i)\bbearer\s+{_TOKEN}{{8,}}"),
+    re.compile(r"(?<=://)[^/@\s:]*:[^/@\s]+(?=@)"),  # user:password@ in a URL
+]
+_RUN = re.compile(r"[A-Za-z0-9]{20,}")
+_SECRET_NAME = re.compile(r"(?i)(pass(word|wd|phrase)?|secret|token|api[_-]?key|credential|private[_-]?key)")
+_REFERENCE_NAME = re.compile(r"(?i)(_ref|_file|_path)$")
+
+
+def _random_run(run: str) -> bool:
+    return any(c.isupper() for c in run) and any(c.islower() for c in run) and any(c.isdigit() for c in run)
+
+
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """Where in ``text`` something looks like a secret (start, end), merged and sorted."""
+    spans = [m.span() for p in _SECRET_PATTERNS for m in p.finditer(text)]
+    spans += [m.span() for m in _RUN.finditer(text) if _random_run(m.group())]
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def looks_like_secret(value: object) -> bool:
+    """Whether ``value`` is, or holds anywhere inside it, something shaped like a secret."""
+    if isinstance(value, str):
+        return bool(secret_spans(value))
+    if isinstance(value, bytes | bytearray):
+        return looks_like_secret(bytes(value).decode("utf-8", "replace"))
+    if isinstance(value, dict):
+        return any(looks_like_secret(k) or looks_like_secret(v) for k, v in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(looks_like_secret(v) for v in value)
+    return False
+
+
+def secret_field(name: str) -> bool:
+    """Whether a field of this name holds a secret itself (not a reference to one)."""
+    return bool(_SECRET_NAME.search(name)) and not _REFERENCE_NAME.search(name)
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret-shaped part replaced by ``<redacted>``: run all output through this."""
+    spans = secret_spans(text)
+    if not spans:
+        return text
+    out, last = [], 0
+    for start, end in spans:
+        out += [text[last:start], REDACTED]
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+class Redacted:
+    """Stands in for a secret value wherever a value is kept for display."""
+
+    def __repr__(self) -> str:
+        return REDACTED
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Redacted)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+MAX_SHOWN = 120
+
+
+def shown(value: object, secret: bool = False) -> str:
+    """How a value is shown to people: its ``repr``, shortened, with secrets redacted.
+
+    Never raises (a value from an inventory may be any object, with any ``__repr__``).
+    """
+    if secret or isinstance(value, Redacted) or looks_like_secret(value):
+        return REDACTED
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__} object>"
+    if len(text) > MAX_SHOWN:
+        text = text[: MAX_SHOWN - 15] + f"... ({len(text)} chars)"
+    return redact(text)
+
+
+# -- references -----------------------------------------------------------------------------------
+
+_REF = re.compile(r"(env):([A-Za-z_][A-Za-z0-9_]{0,127})|(file):(/[^\x00-\x1f\x7f]{1,4095})")
+
+
+@dataclass(frozen=True)
+class SecretRef:
+    """Where a secret lives on the control machine; the value itself never enters an inventory."""
+
+    scheme: Literal["env", "file"]
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.scheme}:{self.target}"
+
+
+def parse_secret_ref(text: str) -> SecretRef | None:
+    """``env:NAME`` or ``file:/absolute/path``, or None when ``text`` is not a reference."""
+    match = _REF.fullmatch(text)
+    if match is None or looks_like_secret(text):
+        return None
+    if match.group(1):
+        return SecretRef("env", match.group(2))
+    return SecretRef("file", match.group(4))
+
+
+SECRET_REF_HELP = (
+    "a reference to the key, not the key: env:VARIABLE (read on the control machine) "
+    "or file:/absolute/path (readable only by you)"
+)
