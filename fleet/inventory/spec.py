@@ -247,6 +247,11 @@ def _at(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
+def _value_loc(loc: tuple[Any, ...], fld: str) -> tuple[Any, ...]:
+    names = fld.split(".")
+    return tuple(p for p in loc if p in names)
+
+
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
     # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
@@ -266,10 +271,13 @@ def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | N
         for err in exc.errors(include_url=False):
             loc = tuple(err["loc"])
             fld = _field_name(loc)
+            if err["type"] == "extra_forbidden":
+                fld = f"{_field_name(loc[:-1])}.{loc[-1]}"
             if fld in seen or fld.split(".", 1)[0] in refused:
                 continue  # a union reports each of its members; one line per field is enough
             seen.add(fld)
-            h.problem(fld, _at(fields, tuple(p for p in loc if p in fld.split("."))), _allowed(err, fld))
+            value = _at(fields, loc) if err["type"] == "extra_forbidden" else _at(fields, _value_loc(loc, fld))
+            h.problem(fld, value, _allowed(err, fld))
         return None
 
 
@@ -355,6 +363,9 @@ def load_inventory(path: str | Path, limit: list[str] | None = None) -> LoadedIn
     """
     files = read_inventory(path)
     problems: list[FieldProblem] = list(files.problems)
+    if any(not p.field for p in problems):
+        # a group_data file did not run: its hosts would only show the values it failed to give
+        raise InventoryError(problems)
     selected = _limit(files.pyinfra, limit, str(path))
     specs: list[HostSpec] = []
     for entry in files.hosts:

@@ -12,8 +12,9 @@ systemd and reads the values back.
   in double quotes with C escapes (``\\\\``, ``\\"``, ``\\xNN`` for control characters); a lone
   ``;`` separates commands, so ``\\;``.
 * ``Environment=`` and list directives (``ReadWritePaths=``): the same quoting, ``$`` is literal.
-* ``Description=`` and comments are free text: no quoting, so control characters become visible
-  ``\\xNN`` text and backslashes are doubled (a trailing backslash would continue the line).
+* ``Description=`` is free text: no quoting, so control characters become visible ``\\xNN``
+  text; comments too, with backslashes doubled (in an environment file a backslash in a
+  comment escapes the next character, even the line break).
 * single-path directives (``WorkingDirectory=``, ``EnvironmentFile=``) are not unquoted:
   absolute, normalized, printable paths only, ``%`` doubled.
 * environment files: ``NAME="value"`` with ``\\``, ``"``, `````` and ``$`` backslash-escaped
@@ -88,13 +89,15 @@ def systemd_assignment(name: str, value: str) -> str:
 
 
 def systemd_text(value: object) -> str:
-    """Free text in ``Description=`` or a comment: one line, specifiers escaped, shown as written."""
+    """Free text in ``Description=``: one line, specifiers escaped, otherwise shown as written.
+
+    The directive is not unquoted, so a backslash is literal, except at the very end of a line
+    (it continues the line): templates put text here only mid-line (``Description=vLLM X (...)``).
+    """
     text = str(value)
     out = []
     for c in text:
-        if c == "\\":
-            out.append("\\\\")
-        elif _unprintable(c):
+        if _unprintable(c):
             out.append("".join(f"\\x{b:02x}" for b in c.encode("utf-8", "surrogatepass")))
         else:
             out.append(c)
@@ -127,9 +130,13 @@ def env_file_value(value: str) -> str:
     return '"' + re.sub(r'([\\"`$])', r"\\\1", value) + '"'
 
 
-def env_comment(value: object) -> str:
-    """Text in an environment-file comment: a backslash there escapes the next character (even a newline)."""
-    return systemd_text(value)
+def comment_text(value: object) -> str:
+    """Text in a comment of a unit or an environment file: one line, backslashes doubled.
+
+    In an environment file a backslash in a comment escapes the next character, even a line
+    break, so the comment would swallow the next line; doubled, each escapes its twin.
+    """
+    return systemd_text(str(value).replace("\\", "\\\\"))
 
 
 def ssh_command(argv: Sequence[str]) -> str:

@@ -20,7 +20,7 @@ from fleet.errors import RenderError
 from fleet.plan.planner import HostPlan, Instance
 from fleet.render.escape import (
     check_host_path,
-    env_comment,
+    comment_text,
     env_file_value,
     systemd_arg,
     systemd_assignment,
@@ -93,7 +93,7 @@ def _environment() -> jinja2.Environment:
     env.filters["systemd_text"] = systemd_text
     env.filters["systemd_path"] = systemd_path
     env.filters["env_value"] = env_file_value
-    env.filters["env_comment"] = env_comment
+    env.filters["comment"] = comment_text
     env.globals["systemd_env"] = systemd_assignment
     return env
 

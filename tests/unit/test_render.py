@@ -47,7 +47,7 @@ def test_secrets_only_in_the_root_only_env_file(plan: HostPlan) -> None:
     envs = [f for f in files if f.path.endswith(".env")]
     assert len(units) == len(envs) == len(plan.instances)
     assert all("s3cr3t-key" not in u.content for u in units)
-    assert all("VLLM_API_KEY=\"s3cr3t-key\"" in e.content and e.mode == 0o600 for e in envs)
+    assert all('VLLM_API_KEY="s3cr3t-key"' in e.content and e.mode == 0o600 for e in envs)
     placeholder = env_file(plan, plan.instances[0], None, "env:KEY").content
     assert "VLLM_API_KEY=" not in placeholder and "env:KEY" in placeholder
     with pytest.raises(ValueError):
