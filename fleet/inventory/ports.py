@@ -68,8 +68,8 @@ def collisions(listeners: Sequence[Listener]) -> list[FieldProblem]:
     problems = []
     for i, a in enumerate(listeners):
         for b in listeners[i + 1 :]:
-            if a.host == b.host and a.what == b.what:
-                continue
+            if (a.host == b.host and a.what == b.what) or a.what == b.what == "ssh":
+                continue  # a host's own instances; one sshd serves every host on a machine
             if a.first <= b.last and b.first <= a.last and _shared(a, b):
                 other = "its own" if a.host == b.host else f"host {b.host}'s ({b.file})"
                 problems.append(

@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 
 from fleet.errors import RenderError
+from fleet.inventory.schema import host_name_problem
 from fleet.plan.planner import HostPlan, Instance
 from fleet.render.escape import (
     check_host_path,
@@ -157,8 +158,9 @@ def render_host(
 
 def host_render_dir(root: Path, host: str) -> Path:
     """``root/<host>``, refusing a host name that is not one plain path component."""
-    if not host or host in (".", "..") or "/" in host or "\\" in host or "\0" in host or host.strip() != host:
-        raise RenderError(f"host name {host!r} cannot be a directory name")
+    why = host_name_problem(host)
+    if why is not None:
+        raise RenderError(f"host name {host!r} cannot be a directory name: {why}")
     return root / host
 
 

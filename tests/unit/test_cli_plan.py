@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from fleet.cli import main
+
 REPO = Path(__file__).resolve().parents[2]
 FLEET = [sys.executable, "-m", "fleet.cli"]
 
@@ -71,3 +76,53 @@ def test_render_writes_units_and_private_env_files(tmp_path: Path) -> None:
     assert len(units) == len(envs) == 4
     assert all(stat.S_IMODE(e.stat().st_mode) == 0o600 for e in envs)
     assert "VLLM_API_KEY=" not in "".join(u.read_text() for u in units)
+
+
+def test_invalid_input_json_lists_every_problem_redacted(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.py"
+    inv.write_text("h = [('h1', {'model': 'm/x', 'workload': {}, 'api_key': 'hf_abcdefghijklmnopqrst'})]\n")
+    result = run("plan", str(inv), "--json")
+    assert result.returncode == 2 and result.stderr == ""
+    body = json.loads(result.stdout)
+    assert body["exit_code"] == 2
+    fields = {p["field"]: p for p in body["problems"]}
+    assert fields["api_key"]["value"] == "<redacted>" and "workload.prefix_reuse" in fields
+    assert "hf_abcdefghijklmnopqrst" not in result.stdout
+
+
+def test_usage_errors_exit_2() -> None:
+    assert run("plan").returncode == 2
+    assert run("plan", "inventory/prod.py", "--no-such-option").returncode == 2
+
+
+def _explode(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("planner blew up holding hf_abcdefghijklmnopqrst")
+
+
+def test_internal_error_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fleet.plan.outcomes.plan_file", _explode)
+    result = CliRunner().invoke(main, ["plan", "inventory/prod.py"])
+    assert result.exit_code == 3
+    (line,) = result.stderr.strip().splitlines()
+    assert "internal error (RuntimeError)" in line and "this is a bug" in line and "--debug" in line
+    assert "Traceback" not in result.output and "hf_abc" not in result.output
+
+
+def test_debug_prints_the_traceback_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fleet.plan.outcomes.plan_file", _explode)
+    result = CliRunner().invoke(main, ["--debug", "plan", "inventory/prod.py"])
+    assert result.exit_code == 3
+    assert "Traceback" in result.stderr and "_explode" in result.stderr
+    assert "hf_abcdefghijklmnopqrst" not in result.stderr and "<redacted>" in result.stderr
+
+
+def test_render_never_writes_outside_dir(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.py"
+    wl = {"p95_input_tokens": 1000, "p95_output_tokens": 100, "prefix_reuse": 0, "target_concurrency": 4}
+    data = {"model": "meta-llama/Llama-3.1-8B-Instruct", "workload": wl, "gpu": {"sku": "a10-24gb"}}
+    inv.write_text(f"g = [('../escape', {data}), ('/tmp/fleet-escape-test', {data}), ('ok', {data})]\n")
+    out = tmp_path / "render"
+    result = run("plan", str(inv), "--render", str(out))
+    assert result.returncode == 2 and "'../escape'" in result.stderr
+    assert not (tmp_path / "escape").exists() and not Path("/tmp/fleet-escape-test").exists()
+    assert not out.exists() or not any(out.rglob("*"))

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.errors import InventoryError
+from fleet.errors import FieldProblem, InventoryError
+from fleet.inventory.ports import Listener, collisions, plan_port_problems
 from fleet.inventory.spec import load_inventory
+from fleet.secrets import looks_like_secret, redact
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,3 +106,129 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
         load_inventory(tmp_path / "nope.py")
     with pytest.raises(InventoryError, match="does not run"):
         load_inventory(write(tmp_path, "hosts = [\n"))
+
+
+def test_group_data_values_name_their_own_file(tmp_path: Path) -> None:
+    (tmp_path / "group_data").mkdir()
+    gd = tmp_path / "group_data" / "gpus.py"
+    gd.write_text(f'model = "a/b"\nworkload = {WL}\nport = 80\n')
+    path = write(tmp_path, 'gpus = [("a", {"weights": "int3"})]\n')
+    with pytest.raises(InventoryError) as err:
+        load_inventory(path)
+    where = {p.field: p.inventory for p in err.value.problems}
+    assert where == {"port": str(gd), "weights": str(path)}
+
+
+def test_inventory_exceptions_and_exit_are_invalid_input_with_the_line(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r"fleet\.py:3: the file calls sys\.exit\(0\)"):
+        load_inventory(write(tmp_path, "import sys\nh = ['a']\nsys.exit(0)\n"))
+    with pytest.raises(InventoryError, match=r"fleet\.py:2: the file does not run: FileNotFoundError"):
+        load_inventory(write(tmp_path, "h = ['a']\nopen('/nonexistent/x')\n"))
+
+
+def test_a_host_defined_twice_must_agree(tmp_path: Path) -> None:
+    same = f"a = [('h1', {{'model': 'm/x', 'workload': {WL}}})]\nb = [('h1', {{'model': 'm/x'}}), 'h1']\n"
+    inv = load_inventory(write(tmp_path, same))
+    assert [h.name for h in inv.hosts] == ["h1"] and set(inv.host("h1").groups) >= {"a", "b"}
+    differ = f"a = [('h1', {{'model': 'm/x', 'workload': {WL}}})]\nb = [('h1', {{'model': 'm/y'}})]\n"
+    with pytest.raises(InventoryError, match="defined twice with different model: group a says 'm/x', group b says"):
+        load_inventory(write(tmp_path, differ))
+
+
+def test_lab_profile_and_ssh_fields_still_load(tmp_path: Path) -> None:
+    ssh = "'ssh_port': 2222, 'ssh_hostname': '127.0.0.5'"
+    data = f"{{'model': 'm/x', 'workload': {WL}, 'lab_profile': 'h100-sxm-8', {ssh}}}"
+    spec = load_inventory(write(tmp_path, f"lab = [('h1', {data})]\n")).host("h1")
+    assert (spec.lab_profile, spec.ssh_port, spec.ssh_hostname, spec.machine) == (
+        "h100-sxm-8",
+        2222,
+        "127.0.0.5",
+        "127.0.0.5",
+    )
+
+
+def test_problems_on_every_host_are_reported_together(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, f"g = [('h1', {{'workload': {WL}}}), ('h2', {{'model': 'm/x', 'workload': {WL}, 'port': 5}})]\n"
+    )
+    with pytest.raises(InventoryError) as err:
+        load_inventory(path)
+    assert {(p.host, p.field) for p in err.value.problems} == {("h1", "model"), ("h2", "port")}
+
+
+def test_limit_still_sees_other_hosts_ports(tmp_path: Path) -> None:
+    data = f"'model': 'm/x', 'workload': {WL}, 'ssh_hostname': 'box'"
+    path = write(tmp_path, f"g = [('h1', {{{data}}}), ('h2', {{{data}}})]\n")
+    with pytest.raises(InventoryError, match="collides with host h2"):
+        load_inventory(path, ["h1"])
+
+
+# -- secrets (fleet/secrets.py) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, secret",
+    [
+        ("sk-proj-Zx81Qw7Lm2Pv9Rt4Yu6Io3", True),
+        ("hf_abcdefghijklmnopqrst", True),
+        ("ghp_abcdefghijklmnop1234", True),
+        ("AKIAABCDEFGHIJKLMNOP", True),
+        ("Bearer abcdefghijkl", True),
+        ("https://bob:pw@idx/simple", True),
+        ("Zx81Qw7Lm2Pv9Rt4Yu6Io3Pa", True),  # random-looking token
+        (b"hf_abcdefghijklmnopqrst", True),
+        ({"nested": ["hf_abcdefghijklmnopqrst"]}, True),
+        ("meta-llama/Llama-3.1-70B-Instruct", False),
+        ("/root/.cache/huggingface/hub/models--x/snapshots/0123456789abcdef0123456789abcdef01234567", False),
+        ("env:FLEET_PROD_API_KEY", False),
+        ("gpu-h100-01.prod.internal", False),
+        ("desk-01", False),
+        (8000, False),
+    ],
+)
+def test_what_looks_like_a_secret(value: object, secret: bool) -> None:
+    assert looks_like_secret(value) is secret
+
+
+def test_redact_keeps_the_rest_of_the_text() -> None:
+    assert redact("key hf_abcdefghijklmnopqrst here") == "key <redacted> here"
+    assert redact("nothing secret: port 8000") == "nothing secret: port 8000"
+
+
+def test_a_problem_never_keeps_a_secret_value() -> None:
+    p = FieldProblem("inv.py", "h1", "rack", "hf_abcdefghijklmnopqrst", "x")
+    assert "hf_" not in repr(p) and "hf_" not in str(p) and "hf_" not in str(p.data())
+    assert "letmein" not in repr(FieldProblem("inv.py", "h1", "api_key", "letmein", "x", secret=True))
+
+
+# -- ports across hosts (fleet/inventory/ports.py) ------------------------------------------------
+
+
+def _listener(host: str, machine: str, address: str | None, first: int, last: int, what: str = "vLLM") -> Listener:
+    return Listener(host, "inv.py", machine, address, first, last, what, "port")
+
+
+@pytest.mark.parametrize(
+    "a, b, clash",
+    [
+        (_listener("a", "m1", None, 8000, 8003), _listener("b", "m1", None, 8003, 8003), True),
+        (_listener("a", "m1", None, 8000, 8003), _listener("b", "m1", None, 8004, 8007), False),
+        (_listener("a", "m1", "10.0.0.1", 8000, 8000), _listener("b", "m1", "10.0.0.2", 8000, 8000), False),
+        (_listener("a", "m1", "10.0.0.1", 8000, 8000), _listener("b", "m1", "0.0.0.0", 8000, 8000), True),
+        (_listener("a", "m1", "10.0.0.1", 8000, 8000), _listener("b", "m2", "10.0.0.1", 8000, 8000), True),
+        (_listener("a", "m1", "127.0.0.1", 8000, 8000), _listener("b", "m2", "127.0.0.1", 8000, 8000), False),
+        (_listener("a", "m1", None, 8000, 8000), _listener("b", "m2", None, 8000, 8000), False),
+        (_listener("a", "m1", None, 22, 22, "ssh"), _listener("a", "m1", "10.0.0.1", 20, 23), True),
+    ],
+)
+def test_port_collisions(a: Listener, b: Listener, clash: bool) -> None:
+    assert bool(collisions([a, b])) is clash
+
+
+def test_planned_ports_are_checked_too() -> None:
+    from tests.unit.conftest import spec
+
+    one, two = spec("h1", ssh_hostname="box"), spec("h2", ssh_hostname="box", port=8002)
+    assert plan_port_problems([(one, [8000, 8001]), (two, [8002])]) == []
+    (problem,) = plan_port_problems([(one, [8000, 8001, 8002]), (two, [8002])])
+    assert problem.host == "h1" and "host h2" in problem.allowed

@@ -11,13 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from fleet.errors import RenderError
 from fleet.gpus import HostGpus
 from fleet.model.arch import load_model
 from fleet.plan.planner import HostPlan, plan_host
-from fleet.render.units import HostPaths, env_file, render_host, systemd_arg, unit_file, write_tree
+from fleet.render.escape import (
+    comment_text,
+    env_file_value,
+    ssh_command,
+    systemd_arg,
+    systemd_assignment,
+    systemd_text,
+)
+from fleet.render.units import HostPaths, RenderedFile, env_file, host_render_dir, render_host, unit_file, write_tree
 from tests.unit.conftest import spec
 
 L70 = "meta-llama/Llama-3.1-70B-Instruct"
+CONFIG_8B = Path(__file__).resolve().parents[2] / "fleet/data/models/meta-llama/Llama-3.1-8B-Instruct/config.json"
 
 
 @pytest.fixture
@@ -112,3 +122,112 @@ def test_systemd_analyze_security_rates_the_unit_ok(plan: HostPlan, tmp_path: Pa
     assert result.returncode == 0, result.stdout[-2000:]
     exposure = float(result.stdout.split("Overall exposure level for")[1].split(":")[1].split()[0])
     assert exposure <= 4.0, result.stdout[-1500:]
+
+
+# -- escaping where values land (fleet/render/escape.py) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, quoted",
+    [
+        (";", "\\;"),  # a lone ";" separates commands
+        ("", '""'),
+        ("a\\b", '"a\\\\b"'),
+        ("line\nbreak", '"line\\x0abreak"'),
+        ("tab\there", '"tab\\x09here"'),
+        ("ünï", '"ünï"'),
+        ("${X}", '"$${X}"'),
+        ("%n", "%%n"),
+    ],
+)
+def test_exec_start_words(raw: str, quoted: str) -> None:
+    assert systemd_arg(raw) == quoted
+
+
+def test_nul_cannot_be_rendered() -> None:
+    with pytest.raises(RenderError):
+        systemd_arg("a\0b")
+
+
+def test_environment_assignment_is_one_quoted_word() -> None:
+    assert systemd_assignment("CUDA_VISIBLE_DEVICES", "0,1") == "CUDA_VISIBLE_DEVICES=0,1"
+    assert systemd_assignment("X", 'a b"%$') == '"X=a b\\"%%$"'  # $ is not expanded in Environment=
+    with pytest.raises(RenderError):
+        systemd_assignment("BAD NAME", "x")
+
+
+def test_env_file_values_are_quoted_for_systemds_parser() -> None:
+    assert env_file_value('k"e y $HOME `id` \\ #x') == '"k\\"e y \\$HOME \\`id\\` \\\\ #x"'
+    with pytest.raises(RenderError):
+        env_file_value("two\nlines")
+
+
+def test_free_text_and_comments_stay_on_their_line() -> None:
+    assert systemd_text("a\nb 100%") == "a\\x0ab 100%%"
+    assert systemd_text("a\\b") == "a\\b"  # Description= is not unquoted: a backslash is literal
+    assert comment_text("ends with \\") == "ends with \\\\"  # would continue an env-file comment
+
+
+def test_ssh_commands_are_argv_joined() -> None:
+    assert ssh_command(["systemctl", "restart", "fleet-vllm-0.service"]) == "systemctl restart fleet-vllm-0.service"
+    assert ssh_command(["echo", "a b; rm -rf /", "$(id)"]) == "echo 'a b; rm -rf /' '$(id)'"
+    with pytest.raises(ValueError):
+        ssh_command([])
+
+
+def test_host_paths_must_be_plain_absolute_paths() -> None:
+    for bad in ("relative/venv", "/opt/../etc", "/opt/with space", "/opt/a\nb", "/opt/$x"):
+        with pytest.raises(RenderError):
+            HostPaths(venv=bad)
+    with pytest.raises(RenderError):
+        HostPaths(user="root\nExecStartPre=/bin/sh")
+
+
+def test_hostile_values_do_not_add_directives(tmp_path: Path) -> None:
+    s = spec(
+        model='/models/x\\ %n $y "q" ;',
+        model_config=str(CONFIG_8B),
+        served_model_name="a ; b \\ %% $$ 'c' ü",
+    )
+    plan = plan_host(s, HostGpus.from_catalogue("a10-24gb", 1), load_model(s.model, s.model_config))
+    plain = plan_host(spec(), HostGpus.from_catalogue("a10-24gb", 1), load_model(spec().model))
+    hostile_unit, plain_unit = unit_file(plan, plan.instances[0]).content, unit_file(plain, plain.instances[0]).content
+    assert directives(hostile_unit) == directives(plain_unit)
+    assert 'Description=vLLM /models/x\\ %%n $y "q" ; (instance 0' in hostile_unit
+
+
+def directives(unit: str) -> list[str]:
+    keys, joined = [], ""
+    for line in unit.splitlines():
+        if not joined and line.startswith("#"):
+            continue
+        joined += line
+        if line.endswith("\\"):
+            continue
+        if joined.strip():
+            keys.append(joined.split("=", 1)[0])
+        joined = ""
+    return keys
+
+
+# -- writing under --render DIR --------------------------------------------------------------------
+
+
+def test_write_tree_stays_inside_root(plan: HostPlan, tmp_path: Path) -> None:
+    root = tmp_path / "render"
+    with pytest.raises(RenderError):
+        write_tree(root, [RenderedFile("/etc/../../escape", "x", 0o644)])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "fleet").symlink_to(outside)
+    with pytest.raises(RenderError, match="symlink"):
+        write_tree(root, render_host(plan))
+    assert not any(outside.iterdir())
+
+
+def test_host_render_dir_is_one_component(tmp_path: Path) -> None:
+    assert host_render_dir(tmp_path, "gpu-01") == tmp_path / "gpu-01"
+    for bad in ("../x", "/tmp/x", "/", "", ".", "..", "a/b", "a\nb"):
+        with pytest.raises(RenderError):
+            host_render_dir(tmp_path, bad)
