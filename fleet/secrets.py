@@ -60,17 +60,27 @@ def secret_spans(text: str) -> list[tuple[int, int]]:
     return merged
 
 
-def looks_like_secret(value: object) -> bool:
-    """Whether ``value`` is, or holds anywhere inside it, something shaped like a secret."""
+#: How deep ``looks_like_secret`` looks into nested containers (and it never follows a cycle).
+MAX_DEPTH = 16
+
+
+def looks_like_secret(value: object, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> bool:
+    """Whether ``value`` is, or holds anywhere inside it, something shaped like a secret.
+
+    Containers nested deeper than ``MAX_DEPTH``, or holding themselves, count as secret: what
+    cannot be looked through is not shown.
+    """
     if isinstance(value, str):
         return bool(secret_spans(value))
     if isinstance(value, bytes | bytearray):
         return looks_like_secret(bytes(value).decode("utf-8", "replace"))
-    if isinstance(value, dict):
-        return any(looks_like_secret(k) or looks_like_secret(v) for k, v in value.items())
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(looks_like_secret(v) for v in value)
-    return False
+    if not isinstance(value, dict | list | tuple | set | frozenset):
+        return False
+    if _depth >= MAX_DEPTH or id(value) in _seen:
+        return True
+    seen = _seen | {id(value)}
+    items = [x for kv in value.items() for x in kv] if isinstance(value, dict) else list(value)
+    return any(looks_like_secret(v, _depth + 1, seen) for v in items)
 
 
 def secret_field(name: str) -> bool:

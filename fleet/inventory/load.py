@@ -30,7 +30,7 @@ from pyinfra.api.inventory import Inventory
 
 from fleet.errors import FieldProblem, InventoryError
 from fleet.inventory.schema import host_name_problem
-from fleet.secrets import shown
+from fleet.secrets import looks_like_secret, shown
 
 HOST_ITEM = 'a host is "name" or ("name", {data})'
 
@@ -178,6 +178,8 @@ class _Reader:
                 self.problem("-", f"group {group}", item, HOST_ITEM)
                 continue
             why = host_name_problem(name)
+            if why is None and looks_like_secret(name):
+                why = "a host name that looks like a secret (an API key or token)"
             if why is not None:
                 self.problem("-", f"group {group}: host name", name, why)
                 continue

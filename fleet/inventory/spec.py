@@ -163,8 +163,21 @@ class _Host:
         )
 
 
-def _secret_paths(value: Any, path: str) -> list[str]:
+def _too_deep(value: Any, depth: int = 0, seen: frozenset[int] = frozenset()) -> bool:
+    """Nested deeper than 8 levels, or holding itself: no fleet field looks like that."""
+    if not isinstance(value, dict | list | tuple | set | frozenset):
+        return False
+    if depth >= 8 or id(value) in seen:
+        return True
+    inner = seen | {id(value)}
+    items = list(value.values()) if isinstance(value, dict) else list(value)
+    return any(_too_deep(v, depth + 1, inner) for v in items)
+
+
+def _secret_paths(value: Any, path: str, depth: int = 0) -> list[str]:
     """Field paths under ``value`` that hold something secret-shaped (keys or values)."""
+    if depth >= 8 and looks_like_secret(value):
+        return [path]  # deep, or a cycle: no finer path than this
     if isinstance(value, dict):
         found = []
         for k, v in value.items():
@@ -172,10 +185,10 @@ def _secret_paths(value: Any, path: str) -> list[str]:
             if looks_like_secret(k):
                 found.append(sub)
             else:
-                found += _secret_paths(v, sub)
+                found += _secret_paths(v, sub, depth + 1)
         return found
     if isinstance(value, list | tuple | set | frozenset):
-        return [p for i, v in enumerate(value) for p in _secret_paths(v, f"{path}[{i}]")]
+        return [p for i, v in enumerate(value) for p in _secret_paths(v, f"{path}[{i}]", depth + 1)]
     return [path] if looks_like_secret(value) else []
 
 
@@ -183,7 +196,10 @@ def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
     """Refuse secrets wherever they are; return the top-level keys that were refused."""
     refused: set[str] = set()
     for key, value in data.items():
-        if key.lower() in ("api_key", "apikey", "api-key", "vllm_api_key"):
+        if looks_like_secret(key):
+            h.problem("<a field name>", key, "a field name that looks like a secret; " + _SECRET_HELP, secret=True)
+            refused.add(key)
+        elif key.lower() in ("api_key", "apikey", "api-key", "vllm_api_key"):
             h.problem(key, value, _API_KEY_HELP, secret=True)
             refused.add(key)
         elif secret_field(key) and value not in (None, "", b""):
@@ -193,6 +209,9 @@ def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
             refused.add(key)
         elif key == "api_key_ref":
             continue  # parsed below; its value is never shown either way
+        elif _too_deep(value):
+            h.problem(key, None, "nested more than 8 levels deep, or contains itself: not a value fleet reads")
+            refused.add(key)
         else:
             for path in _secret_paths(value, key):
                 h.problem(path, value, _SECRET_HELP, secret=True)

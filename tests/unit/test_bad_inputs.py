@@ -93,6 +93,8 @@ CASES = [
          secrets=("hunter2hunter2",)),
     Case("credentials in the index url", "secrets", host('"pip_index_url": "https://bob:s3cretpw@pypi.internal/simple"'),
          ["pip_index_url=<redacted>"], secrets=("s3cretpw",)),
+    Case("key as a host name", "secrets", f'g = [("{HF}", {{' + OK + "})]\n", ["host name=<redacted>"], secrets=(HF,)),
+    Case("key as a field name", "secrets", host(f'"{HF}": 1'), ["<a field name>=<redacted>"], secrets=(HF,)),
     Case("key in an exception message", "secrets", f'raise ValueError("bad {KEY}")\n', ["does not run: ValueError"],
          secrets=(KEY,)),
     # -- would-be tracebacks ----------------------------------------------------------------------
@@ -111,6 +113,14 @@ CASES = [
          ["served_model_name=['a', 'b']", "valid string"]),
     Case("workload a string", "traceback", 'g = [("h1", {"model": "a/b", "workload": "chat"})]\n',
          ["workload='chat'", "must be a dict"]),
+    Case("a list that contains itself", "traceback", "_l = []\n_l.append(_l)\n" + host('"served_model_name": _l'),
+         ["served_model_name=None: nested more than 8 levels deep, or contains itself"]),
+    Case("a value whose repr and == raise", "traceback",
+         "class _E:\n    def __repr__(self):\n        raise RuntimeError\n    def __eq__(self, o):\n        raise RuntimeError\n"
+         "    __hash__ = object.__hash__\n" + 'a = [("h1", {' + OK + ', "rack": _E(), "port": _E()})]\nb = [("h1", {"port": _E()})]\n',
+         ["port=<_E object>: must be a valid integer", "defined twice with different port"]),
+    Case("an integer too long to print", "traceback", host('"port": 10**5000'), ["port=<int object>: must be less than or equal to 65535"]),
+    Case("a generator as a value", "traceback", host('"workload": (x for x in [])'), ["workload=<generator object", "must be a dict"]),
     Case("syntax error", "traceback", "g = [\n", ["does not run: SyntaxError"]),
     Case("exception in the inventory", "traceback", "g = []\nraise KeyError('x')\n", [":2: the file does not run: KeyError"]),
     Case("syntax error in group_data", "traceback", 'g = [("h1", {' + OK + "})]\n", ["group_data/g.py:1:", "SyntaxError"],

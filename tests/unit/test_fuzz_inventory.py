@@ -14,7 +14,7 @@ planted key. Values are handed to the inventory through a pickle so that any Pyt
 * render units that ``systemd-analyze verify`` accepts, with exactly the template's directives
   (the same sequence as a unit rendered from plain values) and nothing more.
 
-Example count: ``FLEET_FUZZ_EXAMPLES`` (default 100; CI has 2 cores and ``verify`` is slow, so
+Example count: ``FLEET_FUZZ_EXAMPLES`` (default 150; CI has 2 cores and ``verify`` is slow, so
 the units of each planned example are verified in one call).
 """
 
@@ -67,12 +67,15 @@ FIELDS = [
     "allow_pcie_tensor_parallel",
     "shutdown_timeout",
     "pip_index_url",
+    "lab_profile",
     "ssh_port",
     "ssh_hostname",
     "Port",
     "api_key_rf",
     "rack",
 ]
+
+NESTED = [f"workload.{k}" for k in BASE["workload"]] + ["gpu.count", "gpu.sku", "gpu.memory_gib", "gpu.nvlink"]
 
 hostile_text = st.text(
     alphabet=st.sampled_from(list("ab-_./:;%$\\\"' \n\r\t\x00#=[]{}~éΩ✓")) | st.characters(),
@@ -117,8 +120,12 @@ def hosts(draw: st.DrawFn) -> list[tuple[Any, Any]]:
     out = []
     for i in range(draw(st.integers(min_value=1, max_value=2))):
         data: Any = {**BASE, "port": 8000 + 10 * i, **draw(landing)}
-        for key in draw(st.lists(st.sampled_from(FIELDS), max_size=2, unique=True)):
-            data[key] = draw(values)
+        for key in draw(st.lists(st.sampled_from(FIELDS + NESTED), max_size=2, unique=True)):
+            if "." in key:
+                top, sub = key.split(".")
+                data[top] = {**data[top], sub: draw(values)}
+            else:
+                data[key] = draw(values)
         if draw(st.integers(0, 9)) == 0:
             data = draw(values)  # host data that is not a dict at all
         name = draw(host_names) if draw(st.integers(0, 3)) == 0 else f"h{i}"
@@ -180,7 +187,7 @@ def _verify(units: list[Path], tmp: Path) -> None:
     assert "Unknown key" not in result.stderr and "Ignoring" not in result.stderr, result.stderr
 
 
-EXAMPLES = int(os.environ.get("FLEET_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("FLEET_FUZZ_EXAMPLES", "150"))
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
