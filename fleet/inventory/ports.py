@@ -86,11 +86,13 @@ def collisions(listeners: Sequence[Listener]) -> list[FieldProblem]:
 
 
 def _vllm(spec: HostSpec, first: int, last: int) -> Listener:
-    return Listener(spec.name, spec.inventory, spec.machine, spec.bind_address, first, last, "vLLM", "port")
+    return Listener(spec.name, spec.source_of("port"), spec.machine, spec.bind_address, first, last, "vLLM", "port")
 
 
 def _ssh(spec: HostSpec) -> Listener:
-    return Listener(spec.name, spec.inventory, spec.machine, None, spec.ssh_port, spec.ssh_port, "ssh", "ssh_port")
+    return Listener(
+        spec.name, spec.source_of("ssh_port"), spec.machine, None, spec.ssh_port, spec.ssh_port, "ssh", "ssh_port"
+    )
 
 
 def spec_port_problems(specs: Iterable[HostSpec]) -> list[FieldProblem]:

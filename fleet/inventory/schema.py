@@ -221,15 +221,6 @@ class HostData(BaseModel):
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
 
-    @model_validator(mode="after")
-    def _port_range(self) -> HostData:
-        count = self.gpu.count if self.gpu is not None else 1
-        if self.port + count - 1 > MAX_PORT:
-            raise ValueError(
-                f"port {self.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
-            )
-        return self
-
 
 #: The keys fleet reads (``model_config`` is spelt with its alias).
 FLEET_KEYS: tuple[str, ...] = tuple(
@@ -250,3 +241,11 @@ FIELD_HELP: dict[str, str] = {
     "workload.prefix_reuse": "a number from 0 to 1 (the fraction of input tokens served from a cached prefix)",
     "workload.target_concurrency": "an integer from 1 to 1000000 (requests in flight)",
 }
+
+
+def port_range_problem(data: HostData) -> str | None:
+    """Instance n listens on ``port + n``: the last declared instance must still have a port."""
+    count = data.gpu.count if data.gpu is not None else 1
+    if data.port + count - 1 > MAX_PORT:
+        return f"port {data.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
+    return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +27,15 @@ from fleet.errors import FieldProblem, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.load import read_inventory
 from fleet.inventory.ports import spec_port_problems
-from fleet.inventory.schema import FIELD_HELP, FLEET_KEYS, GPU_KEYS, WORKLOAD_KEYS, GpuData, HostData
+from fleet.inventory.schema import (
+    FIELD_HELP,
+    FLEET_KEYS,
+    GPU_KEYS,
+    WORKLOAD_KEYS,
+    GpuData,
+    HostData,
+    port_range_problem,
+)
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
 __all__ = [
@@ -111,6 +119,12 @@ class HostSpec:
     pip_index_url: str | None = None
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
+    #: (field, file) for fields written outside the inventory file (``group_data``), for errors
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+
+    def source_of(self, fld: str) -> str:
+        """The file the field's value is written in."""
+        return dict(self.sources).get(fld, self.inventory)
 
     @property
     def machine(self) -> str:
@@ -344,6 +358,8 @@ def host_spec(
     _typos(h, strings, refused)
     valid = _validate(h, strings, refused)
     ref = _api_key_ref(h, strings, refused)
+    if valid is not None and (why := port_range_problem(valid)) is not None:
+        h.problem("port", valid.port, why)
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
@@ -371,6 +387,7 @@ def host_spec(
         pip_index_url=valid.pip_index_url,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
+        sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
 
 

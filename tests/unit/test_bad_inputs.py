@@ -174,7 +174,7 @@ CASES = [
          'g = [("h1", {' + OK + ', "bind_address": "10.1.1.1"}), ("h2", {' + OK + ', "bind_address": "10.1.1.1"})]\n',
          ["on 10.1.1.1", "collides with host h2"]),
     Case("port range past 65535", "cross-host",
-         host('"port": 65534').replace('{"sku": "a10-24gb"}', '{"sku": "l40s-48gb", "count": 4}'), ["past 65535"]),
+         host('"port": 65534').replace('{"sku": "a10-24gb"}', '{"sku": "l40s-48gb", "count": 4}'), ["port=65534: port 65534 + 4 GPU(s)", "past 65535"]),
 ]  # fmt: skip
 
 

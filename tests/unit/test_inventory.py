@@ -232,3 +232,13 @@ def test_planned_ports_are_checked_too() -> None:
     assert plan_port_problems([(one, [8000, 8001]), (two, [8002])]) == []
     (problem,) = plan_port_problems([(one, [8000, 8001, 8002]), (two, [8002])])
     assert problem.host == "h1" and "host h2" in problem.allowed
+
+
+def test_port_collisions_name_the_file_the_port_is_written_in(tmp_path: Path) -> None:
+    (tmp_path / "group_data").mkdir()
+    gd = tmp_path / "group_data" / "g.py"
+    gd.write_text(f"model = 'm/x'\nworkload = {WL}\nport = 9000\nssh_hostname = 'box'\n")
+    with pytest.raises(InventoryError) as err:
+        load_inventory(write(tmp_path, "g = ['h1', 'h2']\n"))
+    (problem,) = err.value.problems
+    assert problem.inventory == str(gd) and problem.field == "port" and "collides with host h2" in problem.allowed
