@@ -46,7 +46,8 @@ class FieldProblem:
         if self.host != "-":
             parts.append(f"host {self.host}")
         if self.field:
-            parts.append(f"{self.field}={shown(self.value)}")
+            fld = self.field if self.field.isprintable() else repr(self.field)
+            parts.append(f"{fld}={shown(self.value)}")
         parts.append(self.allowed)
         return redact(": ".join(parts))
 
@@ -56,7 +57,7 @@ class FieldProblem:
             "file": self.inventory,
             "line": self.line,
             "host": redact(self.host),
-            "field": redact(self.field),
+            "field": redact(self.field if self.field.isprintable() else repr(self.field)),
             "value": shown(self.value),
             "allowed": redact(self.allowed),
         }

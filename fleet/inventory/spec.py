@@ -216,7 +216,7 @@ def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
         elif key.lower() in ("api_key", "apikey", "api-key", "vllm_api_key"):
             h.problem(key, value, _API_KEY_HELP, secret=True)
             refused.add(key)
-        elif secret_field(key) and value not in (None, "", b""):
+        elif secret_field(key) and not (value is None or (isinstance(value, str | bytes) and not value)):
             near = _close(key, FLEET_KEYS)
             hint = f" (did you mean {near!r}?)" if near else ""
             h.problem(key, value, "a secret under a field of its own" + hint + "; " + _SECRET_HELP, secret=True)

@@ -123,7 +123,8 @@ def hosts(draw: st.DrawFn) -> list[tuple[Any, Any]]:
         for key in draw(st.lists(st.sampled_from(FIELDS + NESTED), max_size=2, unique=True)):
             if "." in key:
                 top, sub = key.split(".")
-                data[top] = {**data[top], sub: draw(values)}
+                inner = data[top] if isinstance(data[top], dict) else {}
+                data[top] = {**inner, sub: draw(values)}
             else:
                 data[key] = draw(values)
         if draw(st.integers(0, 9)) == 0:
