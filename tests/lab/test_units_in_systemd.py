@@ -37,17 +37,30 @@ pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_8B_CONFIG = REPO / "fleet" / "data" / "models" / "meta-llama" / "Llama-3.1-8B-Instruct" / "config.json"
-PATHS = HostPaths(venv="/opt/fleet-esc/venv", env_dir="/etc/fleet-esc", state_dir="/var/lib/fleet-esc", user="fleetesc")
-UNIT = "fleet-esc-test-0.service"
 SERVED = "llama 8b \"prod\" 'q' $HOME ${X} 100%n %% \\back\\ ; ünïcødé ✓"
 MODEL_DIR = '/srv/models/My Model "v2" 50% $PATH \\x41 ; Ω'
 API_KEY = "k\"e y $HOME `id` \\n 'q' #x %h ünï"
+#: variant -> (model directory, served model name): a lone ";" is a command separator in ExecStart=
+VARIANTS = {"quotes": (MODEL_DIR, SERVED), "semicolon": ("/srv/models/-rf ;", ";")}
 
 RECORDER = """#!/usr/bin/python3
 import json, os, sys
-with open("/var/lib/fleet-esc/seen.json", "w") as f:
+with open(os.path.join(os.environ["HOME"], "seen.json"), "w") as f:
     json.dump({"argv": sys.argv, "env": dict(os.environ)}, f)
 """
+
+
+def paths(variant: str) -> HostPaths:
+    return HostPaths(
+        venv=f"/opt/fleet-esc-{variant}/venv",
+        env_dir=f"/etc/fleet-esc-{variant}",
+        state_dir=f"/var/lib/fleet-esc-{variant}",
+        user="fleetesc",
+    )
+
+
+def unit_name(variant: str) -> str:
+    return f"fleet-esc-test-{variant}.service"
 
 
 def bus_path(unit: str) -> str:
@@ -77,79 +90,88 @@ class Host:
         self.run(f"sudo -n install -D -m {mode} {shlex.quote(tmp)} {shlex.quote(path)} && rm -f {shlex.quote(tmp)}")
 
 
-@pytest.fixture(scope="module")
-def plan() -> HostPlan:
-    s = spec(model=MODEL_DIR, model_config=str(LLAMA_8B_CONFIG), served_model_name=SERVED, shutdown_timeout=5)
-    return plan_host(s, HostGpus.from_catalogue("h100-sxm-80gb", 1), load_model(MODEL_DIR, str(LLAMA_8B_CONFIG)))
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def installed(lab_fleet: LabFleet, plan: HostPlan) -> Iterator[Host]:
+def plan(variant: str) -> HostPlan:
+    model, served = VARIANTS[variant]
+    s = spec(model=model, model_config=str(LLAMA_8B_CONFIG), served_model_name=served, shutdown_timeout=5)
+    return plan_host(s, HostGpus.from_catalogue("h100-sxm-80gb", 1), load_model(model, str(LLAMA_8B_CONFIG)))
+
+
+@pytest.fixture(scope="module")
+def installed(lab_fleet: LabFleet, plan: HostPlan, variant: str) -> Iterator[Host]:
     host = Host(lab_fleet)
-    (unit, env) = render_host(plan, api_key=API_KEY, paths=PATHS)
+    p, unit_file = paths(variant), unit_name(variant)
+    (unit, env) = render_host(plan, api_key=API_KEY, paths=p)
     try:
         host.run("id fleetesc >/dev/null 2>&1 || sudo -n useradd --system --no-create-home fleetesc")
-        host.run("sudo -n install -d -o fleetesc -g fleetesc /var/lib/fleet-esc")
-        host.put(f"{PATHS.venv}/bin/vllm", RECORDER, "0755")
+        host.run(f"sudo -n install -d -o fleetesc -g fleetesc {p.state_dir}")
+        host.put(f"{p.venv}/bin/vllm", RECORDER, "0755")
         host.put(env.path, env.content, "0600")
-        host.put(f"/etc/systemd/system/{UNIT}", unit.content, "0644")
+        host.put(f"/etc/systemd/system/{unit_file}", unit.content, "0644")
         host.run("sudo -n systemctl daemon-reload")
         yield host
     finally:
-        host.run(f"sudo -n systemctl stop {UNIT}", check=False)
+        host.run(f"sudo -n systemctl stop {unit_file}", check=False)
         host.run(
-            f"sudo -n rm -rf /etc/systemd/system/{UNIT} /etc/fleet-esc /opt/fleet-esc /var/lib/fleet-esc"
+            f"sudo -n rm -rf /etc/systemd/system/{unit_file} {p.env_dir} {p.venv.rsplit('/', 1)[0]} {p.state_dir}"
             " && sudo -n systemctl daemon-reload && sudo -n systemctl reset-failed",
             check=False,
         )
         host.client.close()
 
 
-def expected_argv(plan: HostPlan) -> list[str]:
-    return [f"{PATHS.venv}/bin/vllm", "serve", *plan.instances[0].argv]
+def expected_argv(plan: HostPlan, variant: str) -> list[str]:
+    return [f"{paths(variant).venv}/bin/vllm", "serve", *plan.instances[0].argv]
 
 
-def test_plan_really_holds_the_hostile_values(plan: HostPlan) -> None:
-    argv = expected_argv(plan)
-    assert argv[2] == MODEL_DIR and SERVED in argv and ";" in "".join(argv)
+def test_plan_really_holds_the_hostile_values(plan: HostPlan, variant: str) -> None:
+    model, served = VARIANTS[variant]
+    argv = expected_argv(plan, variant)
+    assert argv[2] == model and served in argv
 
 
-def test_systemd_reads_back_exactly_the_plans_argv(installed: Host, plan: HostPlan) -> None:
-    argv = expected_argv(plan)
+def test_systemd_reads_back_exactly_the_plans_argv(installed: Host, plan: HostPlan, variant: str) -> None:
+    argv, unit, model = expected_argv(plan, variant), unit_name(variant), VARIANTS[variant][0]
     verify = installed.run(
-        f"sudo -n systemd-analyze verify /etc/systemd/system/{UNIT} 2>&1 | grep -v nvidia || true", check=False
+        f"sudo -n systemd-analyze verify /etc/systemd/system/{unit} 2>&1 | grep -v nvidia || true", check=False
     )
     assert "Unknown" not in verify and "Ignoring" not in verify, verify
     # systemd keeps "$$" (a literal "$") until it executes the command: the stored argv has it doubled.
     stored = [a.replace("$", "$$") for a in argv]
-    shown = installed.run(f"systemctl show -p ExecStart {UNIT}")
+    shown = installed.run(f"systemctl show -p ExecStart {unit}")
     assert f"argv[]={' '.join(stored)} ;" in shown, shown
     bus = json.loads(
         installed.run(
-            f"busctl get-property --json=short org.freedesktop.systemd1 {bus_path(UNIT)} "
+            f"busctl get-property --json=short org.freedesktop.systemd1 {bus_path(unit)} "
             "org.freedesktop.systemd1.Service ExecStart"
         )
     )
     ((path, bus_argv, *_rest),) = bus["data"]
     assert path == argv[0]
     assert bus_argv == stored
-    description = installed.run(f"systemctl show -p Description --value {UNIT}").strip()
-    assert description.startswith(f"vLLM {MODEL_DIR} (instance 0")
-    environment = installed.run(f"systemctl show -p Environment --value {UNIT}")
-    assert "CUDA_VISIBLE_DEVICES=0" in environment and "HOME=/var/lib/fleet-esc" in environment
+    description = installed.run(f"systemctl show -p Description --value {unit}").strip()
+    assert description.startswith(f"vLLM {model} (instance 0")
+    environment = installed.run(f"systemctl show -p Environment --value {unit}")
+    assert "CUDA_VISIBLE_DEVICES=0" in environment and f"HOME={paths(variant).state_dir}" in environment
 
 
-def test_the_process_gets_the_argv_and_the_env_file_values(installed: Host, plan: HostPlan) -> None:
-    installed.run("sudo -n rm -f /var/lib/fleet-esc/seen.json")
-    installed.run(f"sudo -n systemctl start {UNIT}", timeout=60, check=False)
+def test_the_process_gets_the_argv_and_the_env_file_values(installed: Host, plan: HostPlan, variant: str) -> None:
+    unit, seen_file = unit_name(variant), f"{paths(variant).state_dir}/seen.json"
+    installed.run(f"sudo -n rm -f {seen_file}")
+    installed.run(f"sudo -n systemctl start {unit}", timeout=60, check=False)
 
     def seen() -> bool:
-        return installed.run("sudo -n cat /var/lib/fleet-esc/seen.json 2>/dev/null", check=False).rstrip().endswith("}")
+        return installed.run(f"sudo -n cat {seen_file} 2>/dev/null", check=False).rstrip().endswith("}")
 
-    journal = f"sudo -n journalctl -u {UNIT} --no-pager -n 50"
+    journal = f"sudo -n journalctl -u {unit} --no-pager -n 50"
     assert wait_for(seen, timeout=30), installed.run(journal, check=False)
-    record = json.loads(installed.run("sudo -n cat /var/lib/fleet-esc/seen.json"))
-    assert record["argv"] == expected_argv(plan)
+    record = json.loads(installed.run(f"sudo -n cat {seen_file}"))
+    assert record["argv"] == expected_argv(plan, variant)
     assert record["env"]["VLLM_API_KEY"] == API_KEY
     assert record["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     assert record["env"]["HF_HUB_OFFLINE"] == "1"
