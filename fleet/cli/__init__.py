@@ -71,8 +71,23 @@ def issues_url() -> str:
 def _debug(ctx: click.Context | None) -> bool:
     if os.environ.get("FLEET_DEBUG") == "1":
         return True
-    root = ctx.find_root() if ctx is not None else None
-    return bool(root is not None and root.params.get("debug"))
+    return bool(ctx is not None and ctx.find_root().meta.get("fleet.debug"))
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_root().meta["fleet.debug"] = True
+
+
+#: ``--debug``, accepted before the command (``fleet --debug plan``) and after it (``fleet plan --debug``).
+debug_option = click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_debug,
+    help="On an internal error, print the traceback (secrets redacted).",
+)
 
 
 def internal_error(exc: BaseException, debug: bool) -> NoReturn:
@@ -106,8 +121,8 @@ class FleetGroup(click.Group):
 
 @click.group(cls=FleetGroup)
 @click.version_option(package_name="fleet")
-@click.option("--debug", is_flag=True, help="On an internal error, print the traceback (secrets redacted).")
-def main(debug: bool) -> None:
+@debug_option
+def main() -> None:
     """Provision and roll out vLLM serving fleets on NVIDIA GPU hosts.
 
     Exit codes: 0 done; 1 some host could not be served; 2 invalid input; 3 internal error (a bug).

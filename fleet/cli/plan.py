@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from fleet.cli import EXIT_INVALID, EXIT_OK, EXIT_SOME_HOSTS, console, fail
-from fleet.errors import FleetError, InventoryError, ModelConfigError
+from fleet.cli import EXIT_INVALID, EXIT_OK, EXIT_SOME_HOSTS, console, debug_option, fail
+from fleet.errors import FleetError, InventoryError
 from fleet.secrets import redact
 
 
@@ -31,6 +31,7 @@ from fleet.secrets import redact
     metavar="[PROMETHEUS_URL]",
     help="Plan from observed traffic: read the serving instances (or this Prometheus) and show the change.",
 )
+@debug_option
 def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None, observed: str | None) -> None:
     """The serving plan per host: flags, memory math and reasons. Touches no host.
 
@@ -51,10 +52,11 @@ def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path
         outcomes = plan_file(inventory, list(limit) or None)
     except InventoryError as exc:
         fail(str(exc), as_json, EXIT_INVALID, [p.data() for p in exc.problems])
-    except ModelConfigError as exc:
-        fail(str(exc), as_json, EXIT_INVALID)
     except FleetError as exc:
         fail(str(exc), as_json, EXIT_INVALID)
+    invalid = [o for o in outcomes if o.invalid_input and o.problem is not None]
+    if invalid:  # a model config.json that cannot be read: input, like the inventory
+        fail("\n".join(str(o.problem) for o in invalid), as_json, EXIT_INVALID)
     # Now that instances have ports, check them across hosts (a host's range is only known here).
     clashes = plan_port_problems((o.spec, [i.port for i in o.plan.instances]) for o in outcomes if o.plan is not None)
     if clashes:

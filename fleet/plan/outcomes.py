@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet.errors import FleetError, PlanError, PlanProblem
+from fleet.errors import FleetError, ModelConfigError, PlanError, PlanProblem
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
@@ -26,6 +26,8 @@ class HostOutcome:
     spec: HostSpec
     plan: HostPlan | None
     problem: PlanProblem | None
+    #: the problem is in the input (a model config.json), not in what the host can serve: exit 2
+    invalid_input: bool = False
 
     @property
     def ok(self) -> bool:
@@ -75,6 +77,8 @@ def plan_inventory(
             outcomes.append(HostOutcome(spec, plan, None))
         except PlanError as exc:
             outcomes.append(HostOutcome(spec, None, exc.problem))
+        except ModelConfigError as exc:
+            outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc)), invalid_input=True))
         except FleetError as exc:
             outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc))))
     return outcomes

@@ -112,6 +112,7 @@ def test_debug_prints_the_traceback_redacted(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("fleet.plan.outcomes.plan_file", _explode)
     result = CliRunner().invoke(main, ["--debug", "plan", "inventory/prod.py"])
     assert result.exit_code == 3
+    assert CliRunner().invoke(main, ["plan", "inventory/prod.py", "--debug"]).stderr == result.stderr
     assert "Traceback" in result.stderr and "_explode" in result.stderr
     assert "hf_abcdefghijklmnopqrst" not in result.stderr and "<redacted>" in result.stderr
 
@@ -126,3 +127,15 @@ def test_render_never_writes_outside_dir(tmp_path: Path) -> None:
     assert result.returncode == 2 and "'../escape'" in result.stderr
     assert not (tmp_path / "escape").exists() and not Path("/tmp/fleet-escape-test").exists()
     assert not out.exists() or not any(out.rglob("*"))
+
+
+def test_an_unreadable_model_config_is_invalid_input(tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    inv = tmp_path / "inv.py"
+    wl = {"p95_input_tokens": 1000, "p95_output_tokens": 100, "prefix_reuse": 0, "target_concurrency": 4}
+    data = {"model": "x/y", "model_config": str(bad), "workload": wl, "gpu": {"sku": "a10-24gb"}}
+    inv.write_text(f"g = [('h1', {data})]\n")
+    result = run("plan", str(inv), "--render", str(tmp_path / "out"))
+    assert result.returncode == 2 and str(bad) in result.stderr
+    assert not (tmp_path / "out").exists()
