@@ -101,6 +101,17 @@ def redact(text: str) -> str:
     return "".join(out)
 
 
+def redact_data(data: object) -> object:
+    """``redact`` applied to every string (keys too) of JSON-like data, so the JSON stays valid."""
+    if isinstance(data, str):
+        return redact(data)
+    if isinstance(data, dict):
+        return {redact_data(k): redact_data(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [redact_data(v) for v in data]
+    return data
+
+
 class Redacted:
     """Stands in for a secret value wherever a value is kept for display."""
 

@@ -23,7 +23,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from fleet.secrets import redact
+from fleet.secrets import redact, redact_data
 
 EXIT_OK = 0
 EXIT_SOME_HOSTS = 1
@@ -138,7 +138,7 @@ def fail(
         body: dict[str, Any] = {"error": message, "exit_code": code}
         if details is not None:
             body["problems"] = details
-        click.echo(json.dumps(body, indent=2))
+        click.echo(json.dumps(redact_data(body), indent=2))
     else:
         console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)

@@ -10,7 +10,7 @@ import click
 
 from fleet.cli import EXIT_INVALID, EXIT_OK, EXIT_SOME_HOSTS, console, debug_option, fail
 from fleet.errors import FleetError, InventoryError
-from fleet.secrets import redact
+from fleet.secrets import redact_data
 
 
 @click.command()
@@ -67,7 +67,7 @@ def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path
                 ref = str(outcome.spec.api_key_ref) if outcome.spec.api_key_ref else None
                 write_tree(host_render_dir(render_dir, outcome.spec.name), render_host(outcome.plan, None, ref))
     if as_json:
-        click.echo(redact(json.dumps({"hosts": [outcome_data(o) for o in outcomes]}, indent=2)))
+        click.echo(json.dumps(redact_data({"hosts": [outcome_data(o) for o in outcomes]}), indent=2))
     else:
         print_plans(console(), outcomes)
         if render_dir is not None:
