@@ -63,25 +63,36 @@ def _shared(a: Listener, b: Listener) -> bool:
     return a.address is not None and a.address == b.address and not _wildcard(a.address) and not _loopback(a.address)
 
 
+def _candidate_pairs(listeners: Sequence[Listener]) -> list[tuple[int, int]]:
+    """Pairs that can share an address at all: same machine, or same address (linear in hosts)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, listener in enumerate(listeners):
+        groups.setdefault(("machine", listener.machine), []).append(i)
+        if listener.address is not None and not _wildcard(listener.address) and not _loopback(listener.address):
+            groups.setdefault(("address", listener.address), []).append(i)  # one machine's, wherever named
+    pairs = {(i, j) for members in groups.values() for n, i in enumerate(members) for j in members[n + 1 :]}
+    return sorted(pairs)
+
+
 def collisions(listeners: Sequence[Listener]) -> list[FieldProblem]:
     """One problem per pair of listeners that cannot both bind, on the first of the pair."""
     problems = []
-    for i, a in enumerate(listeners):
-        for b in listeners[i + 1 :]:
-            if (a.host == b.host and a.what == b.what) or a.what == b.what == "ssh":
-                continue  # a host's own instances; one sshd serves every host on a machine
-            if a.first <= b.last and b.first <= a.last and _shared(a, b):
-                other = "its own" if a.host == b.host else f"host {b.host}'s ({b.file})"
-                problems.append(
-                    FieldProblem(
-                        a.file,
-                        a.host,
-                        a.field,
-                        a.first,
-                        f"{a.describe()} collides with {other} {b.describe()}; give each listener its own ports "
-                        "(instance n of a host listens on port + n)",
-                    )
+    for i, j in _candidate_pairs(listeners):
+        a, b = listeners[i], listeners[j]
+        if (a.host == b.host and a.what == b.what) or a.what == b.what == "ssh":
+            continue  # a host's own instances; one sshd serves every host on a machine
+        if a.first <= b.last and b.first <= a.last and _shared(a, b):
+            other = "its own" if a.host == b.host else f"host {b.host}'s ({b.file})"
+            problems.append(
+                FieldProblem(
+                    a.file,
+                    a.host,
+                    a.field,
+                    a.first,
+                    f"{a.describe()} collides with {other} {b.describe()}; give each listener its own ports "
+                    "(instance n of a host listens on port + n)",
                 )
+            )
     return problems
 
 
