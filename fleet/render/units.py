@@ -190,7 +190,7 @@ def write_tree(root: Path, files: list[RenderedFile]) -> list[Path]:
     for f in files:
         target = _confined(root, f.path)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, f.mode)
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(f.content)
         os.chmod(target, f.mode, follow_symlinks=False)
         written.append(target)
