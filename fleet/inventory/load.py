@@ -206,6 +206,8 @@ def read_inventory(path: str | Path) -> InventoryFiles:
             continue
         parsed = _group_value(value)
         if parsed is None:
+            if isinstance(value, tuple) and any(isinstance(item, str | tuple | list) for item in value):
+                r.problem("-", f"group {name}", value, "a group is a list of hosts, or a tuple ([hosts], {data})")
             continue
         items, group_data = parsed
         clean = r.clean_data("-", group_data, f"group {name} data")

@@ -103,6 +103,7 @@ CASES = [
     Case("non-string key", "traceback", host('5: "x"'), ["field names are strings"]),
     Case("non-string host name", "traceback", 'g = [(5, {' + OK + "})]\n", ["a host name is a string"]),
     Case("a 3-tuple host", "traceback", 'g = [("h1", {}, 3)]\n', ["is \"name\" or"]),
+    Case("group as a tuple of names", "silent", 'web = ("h1", "h2")\n', ["group web=('h1', 'h2')", "a tuple ([hosts], {data})"]),
     Case("group data not a dict", "traceback", 'g = (["h1"], "data")\n', ["group g data"]),
     Case("NaN prefix reuse", "traceback",
          'g = [("h1", {"model": "a/b", "workload": {"p95_input_tokens": 1, "p95_output_tokens": 1, '
