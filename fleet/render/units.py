@@ -165,9 +165,13 @@ def host_render_dir(root: Path, host: str) -> Path:
 
 
 def _confined(root: Path, path: str) -> Path:
-    """``root/path``, creating its directories; refuses ``..``, and symlinks on the way."""
-    check_host_path(path)
-    parts = path.strip("/").split("/")
+    """``root/path`` (``path`` absolute on the host, or relative), creating its directories.
+
+    Refuses empty, ``.`` and ``..`` parts, control characters, and symlinks on the way.
+    """
+    parts = path.removeprefix("/").split("/")
+    if any(p in ("", ".", "..") for p in parts) or not path.isprintable():
+        raise RenderError(f"{path!r} is not a plain path: it could be written outside {root}")
     folder = root
     for part in parts[:-1]:
         folder = folder / part
@@ -180,7 +184,7 @@ def _confined(root: Path, path: str) -> Path:
 def write_tree(root: Path, files: list[RenderedFile]) -> list[Path]:
     """Write rendered files under ``root`` (their host paths made relative), with their modes.
 
-    Every file lands inside ``root``: paths are absolute and normalized, no directory on the way
+    Every file lands inside ``root``: paths are normalized (no ``..``), no directory on the way
     may lead out of ``root`` (a symlink), and the file itself is never followed if it is a
     symlink. Files are created with their final mode from the start (no window where a secret
     is world-readable).
