@@ -1,26 +1,27 @@
 """Model architecture from a Hugging Face ``config.json``, read the way vLLM 0.33 reads it.
 
 ``ModelArch`` holds what the serving plan needs: layers, heads, KV heads, head_dim, sizes,
-dtype, maximum length, MoE and MLA shape, sliding window, quantization. ``kv_bytes_per_token``
-follows vLLM's own per-GPU formula (``shared/reference/vllm.md`` §2.2), including KV-head
-replication when TP exceeds the KV-head count and MLA's unsplit latent cache.
+dtype, derived maximum length (``fleet.model.max_len``), MoE and MLA shape, the attention kind
+of every layer and vLLM's KV-cache groups (``fleet.model.kv``), quantization, and the weight
+size (``model.safetensors.index.json`` when present, else counted from the architecture).
+Field names and fallbacks follow ``vllm/transformers_utils/model_arch_config_convertor.py``
+and ``vllm/transformers_utils/config.py`` (``CONFIG_FIELD_ALIASES``).
 
-Configs are found without network: an explicit path, the local Hugging Face cache layout
-(``$HF_HUB_CACHE`` or ``$HF_HOME/hub``: ``models--org--name/snapshots/<rev>/config.json``), then
-the reference configs bundled with fleet (``fleet/data/models``).
+Configs are found and read by ``fleet.model.config``: every problem is a ``ModelConfigError``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.errors import ModelConfigError
+from fleet.model.config import BOUNDS, BUNDLED_MODELS, ConfigReader, find_config, hf_cache_dirs, read_checkpoint
+from fleet.model.kv import KvLayout, LayerKind, kv_layout, layer_kinds
+from fleet.model.max_len import MaxLen, derive_max_len
+from fleet.model.params import tie_word_embeddings, tower_parameters
 
-BUNDLED_MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
+__all__ = ["BUNDLED_MODELS", "ModelArch", "Quantization", "find_config", "hf_cache_dirs", "load_model", "parse_config"]
 
 #: Where vLLM reads the KV-head count, first match wins (transformers_utils/config.py).
 _KV_HEAD_KEYS = (
@@ -30,19 +31,6 @@ _KV_HEAD_KEYS = (
     "multi_query_group_num",
     "num_attention_groups",
 )
-#: Where vLLM reads the maximum length; the smallest wins (model_arch_config_convertor).
-_MAX_LEN_KEYS = (
-    "max_position_embeddings",
-    "n_positions",
-    "max_seq_len",
-    "seq_length",
-    "max_target_positions",
-    "max_sequence_length",
-    "max_seq_length",
-    "seq_len",
-)
-#: RoPE types whose ``factor`` vLLM does not multiply into the derived max length.
-_ROPE_NOT_SCALED = {"llama3", "yarn", "longrope", "su", "mrope", "default"}
 _EXPERT_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
 _TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "num_selected_experts")
 
@@ -91,8 +79,17 @@ class ModelArch:
     v_head_dim: int = 0
     q_lora_rank: int = 0
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None
     quantization: Quantization | None = None
     declared_parameters: int | None = None
+    #: attention kind of every layer (empty: all full attention)
+    layer_kinds: tuple[LayerKind, ...] = ()
+    #: how vLLM derived ``max_model_len`` (None: given directly, e.g. in tests)
+    max_len: MaxLen | None = field(default=None, compare=False)
+    #: estimated parameters of vision/audio towers and projectors
+    tower_parameters: int = 0
+    #: ``model.safetensors.index.json`` ``metadata.total_size``: the checkpoint's weight bytes
+    checkpoint_bytes: int | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -133,11 +130,29 @@ class ModelArch:
             params += n * hd + 2 * kv * hd
         return params
 
+    @property
+    def expert_intermediate_size(self) -> int:
+        """Width of one expert's MLP: ``moe_intermediate_size``, else ``intermediate_size`` (Mixtral)."""
+        return self.moe_intermediate_size or self.intermediate_size
+
+    @property
+    def default_max_model_len(self) -> int:
+        """What vLLM uses without ``--max-model-len`` (LongRoPE: the original length)."""
+        return self.max_len.default if self.max_len is not None else self.max_model_len
+
+    @property
+    def kinds(self) -> tuple[LayerKind, ...]:
+        return self.layer_kinds or (LayerKind.FULL,) * self.num_layers
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(set(self.kinds)) > 1
+
     def _mlp_params(self, layer: int) -> int:
         h = self.hidden_size
         if not self.is_moe or layer < self.dense_layers:
             return 3 * h * self.intermediate_size
-        expert = self.moe_intermediate_size or self.intermediate_size
+        expert = self.expert_intermediate_size
         params = self.num_experts * 3 * h * expert + h * self.num_experts  # experts + router
         params += self.shared_experts * 3 * h * expert
         if self.shared_expert_intermediate_size:
@@ -149,8 +164,12 @@ class ModelArch:
         """Parameter count from the architecture (``vllm.md`` §5.1 formula, extended to MoE/MLA)."""
         h = self.hidden_size
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        layers = sum(self._attention_params() + self._mlp_params(i) + 2 * h for i in range(self.num_layers))
-        return embeddings + layers + h
+        dense = min(self.dense_layers, self.num_layers) if self.is_moe else self.num_layers
+        per_layer = self._attention_params() + 2 * h
+        layers = self.num_layers * per_layer + dense * self._mlp_params(0)
+        if dense < self.num_layers:
+            layers += (self.num_layers - dense) * self._mlp_params(self.num_layers - 1)
+        return embeddings + layers + h + self.tower_parameters
 
     @property
     def parameters(self) -> int:
@@ -168,6 +187,19 @@ class ModelArch:
         if self.is_mla:
             return 1
         return max(1, self.num_kv_heads // tp)
+
+    def page_bytes(self, tp: int = 1, kv_dtype_bytes: int | None = None, block_size: int = 16) -> int:
+        """One layer's KV page (``block_size`` tokens) on one GPU: vLLM's ``page_size_bytes``."""
+        nbytes = kv_dtype_bytes if kv_dtype_bytes is not None else self.dtype_bytes
+        if self.is_mla:
+            return block_size * (self.kv_lora_rank + self.qk_rope_head_dim) * nbytes
+        return block_size * self.kv_heads_per_gpu(tp) * 2 * self.head_dim * nbytes
+
+    def kv_layout(self, tp: int = 1, kv_dtype_bytes: int | None = None) -> KvLayout:
+        """vLLM 0.33's KV-cache groups of this model on one GPU of a TP group."""
+        return kv_layout(
+            self.kinds, self.page_bytes(tp, kv_dtype_bytes), self.sliding_window, self.attention_chunk_size
+        )
 
     def kv_bytes_per_token(self, tp: int = 1, kv_dtype_bytes: int | None = None, pp: int = 1) -> int:
         """KV-cache bytes one token takes on one GPU, exactly as vLLM 0.33 sizes its pages.
@@ -200,7 +232,7 @@ class ModelArch:
                 return f"{tp} is not divisible by {kv} (TP exceeds the {kv} KV heads but is not a multiple)"
             if tp < kv and kv % tp:
                 return f"{kv} is not divisible by {tp} (KV heads must split evenly over TP)"
-        mlp = self.moe_intermediate_size if self.is_moe else self.intermediate_size
+        mlp = self.expert_intermediate_size if self.is_moe else self.intermediate_size
         if mlp % tp:
             return f"intermediate size {mlp} is not divisible by tensor parallel size {tp}"
         return None
@@ -209,142 +241,131 @@ class ModelArch:
 # -- reading config.json ----------------------------------------------------------------------
 
 
-def _first(cfg: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    return default
-
-
-def _derived_max_len(cfg: dict[str, Any]) -> int:
-    lengths = [int(cfg[k]) for k in _MAX_LEN_KEYS if isinstance(cfg.get(k), int)]
-    if isinstance(cfg.get("model_max_length"), int):
-        lengths = [int(cfg["model_max_length"])]
-    length = min(lengths) if lengths else 2048
-    rope = cfg.get("rope_scaling") or {}
-    rope_type = str(rope.get("rope_type", rope.get("type", "default")))
-    factor = rope.get("factor")
-    if isinstance(factor, int | float) and rope_type not in _ROPE_NOT_SCALED:
-        length = int(length * factor)
-    return length
-
-
-def _quantization(cfg: dict[str, Any]) -> Quantization | None:
-    q = cfg.get("quantization_config") or cfg.get("compression_config")
-    if not isinstance(q, dict):
+def _quantization(top: ConfigReader) -> Quantization | None:
+    key = "quantization_config" if top.has("quantization_config") else "compression_config"
+    q = top.sub(key)
+    if q is None:
         return None
-    method = str(q.get("quant_method") or q.get("quant_algo") or "unknown").lower()
+    method = (q.string("quant_method") or q.string("quant_algo") or "unknown").lower()
     bits: float
-    if "bits" in q:
-        bits = float(q["bits"])
-    elif "w_bit" in q:
-        bits = float(q["w_bit"])
+    if q.has("bits"):
+        bits = float(q.integer("bits", bounds=(1, 32)))
+    elif q.has("w_bit"):
+        bits = float(q.integer("w_bit", bounds=(1, 32)))
     elif "fp8" in method or method in ("fbgemm_fp8", "modelopt"):
         bits = 8
     elif "fp4" in method or "mxfp4" in method:
         bits = 4
     else:
-        groups = q.get("config_groups") or {}
-        weights = [g.get("weights", {}) for g in groups.values() if isinstance(g, dict)]
-        bits = float(weights[0].get("num_bits", 8)) if weights else 8
+        groups = q.mapping("config_groups") or {}
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)]
+        first = weights[0] if weights and isinstance(weights[0], dict) else {}
+        bits = float(ConfigReader(first, q.source, f"{q.prefix}config_groups.weights.").integer("num_bits", 8, (1, 32)))
     return Quantization(method=method, bits=bits)
 
 
-def parse_config(cfg: dict[str, Any], name: str, source: str = "") -> ModelArch:
-    """Build a ``ModelArch`` from the dict of a ``config.json`` (multimodal: its text config)."""
-    text = cfg.get("text_config") or cfg.get("llm_config") or cfg
-    try:
-        heads = int(text["num_attention_heads"])
-        hidden = int(text["hidden_size"])
-        layers = int(text["num_hidden_layers"])
-    except KeyError as missing:
-        raise ModelConfigError(f"{source or name}: config.json has no {missing.args[0]!r}") from None
-    kv_lora = int(text.get("kv_lora_rank") or 0)
-    rope_dim = int(text.get("qk_rope_head_dim") or 0)
+def _text_config(top: ConfigReader) -> ConfigReader:
+    """The language model's config: ``text_config`` (multimodal) or the config itself."""
+    for key in ("text_config", "llm_config", "language_config"):
+        if key in top.cfg and top.cfg[key] is not None:
+            sub = top.sub(key)
+            assert sub is not None
+            return sub
+    return top
+
+
+def parse_config(
+    cfg: dict[str, Any],
+    name: str,
+    source: str = "",
+    tokenizer_config: dict[str, Any] | None = None,
+    checkpoint_bytes: int | None = None,
+) -> ModelArch:
+    """Build a ``ModelArch`` from the dict of a ``config.json``; ``ModelConfigError`` names any bad field."""
+    where = source or name
+    if not isinstance(cfg, dict):
+        raise ModelConfigError(f"{where}: a config.json must be a JSON object, not a {type(cfg).__name__}")
+    top = ConfigReader(cfg, where)
+    text = _text_config(top)
+    model_type = text.string("model_type") or top.string("model_type") or "unknown"
+    heads = text.integer("num_attention_heads")
+    hidden = text.integer("hidden_size")
+    layers = text.integer("num_hidden_layers")
+    kv_lora = text.integer("kv_lora_rank", 0, (0, BOUNDS["kv_lora_rank"][1]))
+    rope_dim = text.integer("qk_rope_head_dim", 0, (0, BOUNDS["qk_rope_head_dim"][1]))
+    kv_heads = text.first_int(_KV_HEAD_KEYS, heads, BOUNDS["num_key_value_heads"])
     if kv_lora:
         head_dim = kv_lora + rope_dim
-    elif int(text.get("head_dim") or 0) > 0:
-        head_dim = int(text["head_dim"])
+    elif text.has("head_dim") and text.integer("head_dim", bounds=(0, BOUNDS["head_dim"][1])) > 0:
+        head_dim = text.integer("head_dim")
+    elif text.has("hidden_size_per_head"):
+        head_dim = text.integer("hidden_size_per_head", bounds=BOUNDS["head_dim"])
     else:
         head_dim = hidden // heads
-    sliding = text.get("sliding_window")
-    if text.get("use_sliding_window") is False:
+        if head_dim == 0:
+            raise text.fail("num_attention_heads", heads, f"must not exceed hidden_size ({hidden}) without a head_dim")
+    if not kv_lora and heads % kv_heads:
+        raise text.fail(
+            "num_key_value_heads",
+            kv_heads,
+            f"must divide num_attention_heads ({heads}): each KV head serves a whole group of query heads",
+        )
+    sliding = text.optional_int("sliding_window")
+    if not text.boolean("use_sliding_window", True):
         sliding = None
-    dtype = str(text.get("dtype") or text.get("torch_dtype") or cfg.get("torch_dtype") or "float32")
-    experts = int(_first(text, _EXPERT_KEYS, 0) or 0)
+    dtype = text.string("dtype") or text.string("torch_dtype") or top.string("dtype") or top.string("torch_dtype")
+    dtype = (dtype or "float32").replace("torch.", "")
+    experts = text.first_int(_EXPERT_KEYS, 0, (0, BOUNDS["num_experts"][1]))
+    kinds = layer_kinds(text, model_type, layers)
+    chunk = text.optional_int("attention_chunk_size")
+    max_len = derive_max_len(text, model_type, tokenizer_config)
+    declared = top.optional_int("num_parameters", bounds=(1, 1 << 50))
     return ModelArch(
         name=name,
         source=source,
-        model_type=str(text.get("model_type") or cfg.get("model_type") or "unknown"),
+        model_type=model_type,
         num_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_kv_heads=int(_first(text, _KV_HEAD_KEYS, heads)),
+        num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate_size=int(text.get("intermediate_size") or 4 * hidden),
-        vocab_size=int(text.get("vocab_size") or cfg.get("vocab_size") or 32000),
-        max_model_len=_derived_max_len(text),
-        dtype=dtype.replace("torch.", ""),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        attention_bias=bool(text.get("attention_bias", text.get("model_type") in ("qwen2", "qwen2_moe"))),
+        intermediate_size=text.integer("intermediate_size", 4 * hidden),
+        vocab_size=text.integer("vocab_size", top.integer("vocab_size", 32000)),
+        max_model_len=max_len.limit,
+        dtype=dtype,
+        tie_word_embeddings=tie_word_embeddings(top, text, model_type),
+        attention_bias=text.boolean("attention_bias", model_type in ("qwen2", "qwen2_moe")),
         num_experts=experts,
-        experts_per_token=int(_first(text, _TOPK_KEYS, 0) or 0),
-        moe_intermediate_size=int(text.get("moe_intermediate_size") or 0),
-        shared_experts=int(text.get("n_shared_experts") or 0),
-        shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size") or 0),
-        dense_layers=int(text.get("first_k_dense_replace") or 0) if experts else 0,
+        experts_per_token=text.first_int(_TOPK_KEYS, 0, (0, BOUNDS["num_experts_per_tok"][1])),
+        moe_intermediate_size=text.integer("moe_intermediate_size", 0, (0, BOUNDS["moe_intermediate_size"][1])),
+        shared_experts=text.integer("n_shared_experts", 0, (0, BOUNDS["n_shared_experts"][1])),
+        shared_expert_intermediate_size=text.integer(
+            "shared_expert_intermediate_size", 0, (0, BOUNDS["shared_expert_intermediate_size"][1])
+        ),
+        dense_layers=text.integer("first_k_dense_replace", 0, (0, 4096)) if experts else 0,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
-        qk_nope_head_dim=int(text.get("qk_nope_head_dim") or 0),
-        v_head_dim=int(text.get("v_head_dim") or 0),
-        q_lora_rank=int(text.get("q_lora_rank") or 0),
-        sliding_window=int(sliding) if isinstance(sliding, int) else None,
-        quantization=_quantization(cfg),
-        declared_parameters=int(cfg["num_parameters"]) if isinstance(cfg.get("num_parameters"), int) else None,
-    )
-
-
-def hf_cache_dirs() -> list[Path]:
-    """Hugging Face hub cache directories, in the order ``huggingface_hub`` uses them."""
-    dirs = []
-    if os.environ.get("HF_HUB_CACHE"):
-        dirs.append(Path(os.environ["HF_HUB_CACHE"]))
-    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    dirs.append(hf_home / "hub")
-    return dirs
-
-
-def find_config(model: str, explicit: str | None = None) -> Path:
-    """Locate ``config.json`` for ``model`` without network; ``ModelConfigError`` names where it looked."""
-    looked: list[str] = []
-    candidates: list[Path] = []
-    for raw in (explicit, model):
-        if raw and (raw.startswith(("/", ".", "~")) or raw.endswith(".json")):
-            path = Path(raw).expanduser()
-            candidates.append(path if path.suffix == ".json" else path / "config.json")
-    if "/" in model and not model.startswith(("/", ".", "~")):
-        repo = "models--" + model.replace("/", "--")
-        for cache in hf_cache_dirs():
-            snapshots = cache / repo / "snapshots"
-            looked.append(str(snapshots))
-            if snapshots.is_dir():
-                candidates += sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-        candidates.append(BUNDLED_MODELS / model / "config.json")
-    for candidate in candidates:
-        looked.append(str(candidate))
-        if candidate.is_file():
-            return candidate
-    raise ModelConfigError(
-        f"no config.json for model {model!r}; looked in: {', '.join(dict.fromkeys(looked))}. "
-        "Put the model in the local Hugging Face cache, or set model_config to a config.json path."
+        qk_nope_head_dim=text.integer("qk_nope_head_dim", 0, (0, BOUNDS["qk_nope_head_dim"][1])),
+        v_head_dim=text.integer("v_head_dim", 0, (0, BOUNDS["v_head_dim"][1])),
+        q_lora_rank=text.integer("q_lora_rank", 0, (0, BOUNDS["q_lora_rank"][1])),
+        sliding_window=sliding if LayerKind.SLIDING in kinds else None,
+        attention_chunk_size=chunk if LayerKind.CHUNKED in kinds else None,
+        quantization=_quantization(top),
+        declared_parameters=declared,
+        layer_kinds=kinds,
+        max_len=max_len,
+        tower_parameters=tower_parameters(top, hidden),
+        checkpoint_bytes=checkpoint_bytes,
     )
 
 
 def load_model(model: str, explicit: str | None = None) -> ModelArch:
-    """Find and parse the config of ``model`` (HF id or path)."""
-    path = find_config(model, explicit)
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelConfigError(f"{path}: cannot read config.json: {exc}") from exc
-    return parse_config(cfg, name=model, source=str(path))
+    """Find and parse the config of ``model`` (HF id or path), with its tokenizer config and index."""
+    checkpoint = read_checkpoint(find_config(model, explicit))
+    return parse_config(
+        checkpoint.config,
+        name=model,
+        source=str(checkpoint.path),
+        tokenizer_config=checkpoint.tokenizer_config,
+        checkpoint_bytes=checkpoint.weights_total_size,
+    )

@@ -5,14 +5,25 @@ GPU groups, ``--max-model-len``, ``--gpu-memory-utilization`` and the rest, and 
 arithmetic behind every number so ``fleet plan`` can show it. A plan that cannot work raises
 ``PlanError`` naming the host, the numbers and the ways out — before any host is touched.
 
-Rules (``shared/design.md``, ``shared/reference/vllm.md``):
+What is vLLM 0.33's own arithmetic, transcribed:
 
-* weights = parameters × bytes per parameter of the served precision; embeddings and the LM
-  head stay 16-bit in quantized checkpoints and under online FP8;
-* KV bytes per token per GPU follow vLLM's formula (``ModelArch.kv_bytes_per_token``);
-* ``--gpu-memory-utilization`` is a fraction of each GPU's total memory; 0.90 leaves 10% for
-  the CUDA context and fragmentation; lowered when a probe shows memory already used, because
-  vLLM refuses to start when free memory is below utilization × total;
+* the budget is ``ceil(CUDA total × --gpu-memory-utilization)`` (``request_memory``,
+  ``vllm/v1/worker/utils.py``), where CUDA's total (``cudaMemGetInfo``) is NVML's total minus
+  the driver's reserve: a probed host's NVML v2 ``reserved``, else the catalogue's (measured on
+  H100 80GB and H200, a stated conservative estimate otherwise);
+* vLLM refuses to start when free memory, read after its own CUDA context exists, is below
+  that budget: utilization is lowered for memory already in use, counting that context;
+* KV pages, hybrid groups, blocks, tokens and the one-request check (``fleet.model.kv``), the
+  derived maximum length (``fleet.model.max_len``), the TP rules (``ModelArch.tp_problem``).
+
+What is estimated, and said so in every plan: the non-torch memory, the activation peak of
+vLLM's profiling run and the CUDA-graph memory (vLLM measures these on the GPU at start).
+
+Decisions:
+
+* weights = the checkpoint's safetensors size when known, else parameters × bytes per
+  parameter of the served precision; embeddings and the LM head stay 16-bit in quantized
+  checkpoints and under online FP8;
 * TP satisfies vLLM's divisibility rules, is a power of two, stays in one NVLink island; across
   PCIe-only GPUs every GPU gets its own instance; GPUs left over become more instances;
 * ``--max-model-len`` = p95 input + output rounded up to the block size, capped by the model;
@@ -21,18 +32,22 @@ Rules (``shared/design.md``, ``shared/reference/vllm.md``):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from fleet.errors import PlanError, PlanProblem
-from fleet.gpus import GiB, HostGpus
+from fleet.gpus import ESTIMATED_RESERVE, Fabric, GiB, HostGpus, MiB
 from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
+from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
 
-BLOCK_SIZE = 16  #: vLLM's default KV block size (tokens)
 DEFAULT_UTILIZATION = 0.90
 FREE_MEMORY_MARGIN = 0.01  #: keep 1% below what is free when lowering utilization
+#: GPU memory one CUDA context takes (NVML v2 ``used`` after torch initialises CUDA: 527 MiB on
+#: H100 80GB and H200, driver 580). vLLM reads free memory after creating its context.
+CUDA_CONTEXT_BYTES = 527 * MiB
 #: Non-torch memory per GPU (CUDA context, cuBLAS, NCCL). The worked vLLM log in vllm.md shows
 #: 0.35 GiB for one GPU; NCCL buffers add roughly half a GiB once TP > 1.
 NON_TORCH_BYTES = int(0.35 * GiB)
@@ -42,6 +57,11 @@ CUDA_GRAPH_BYTES = int(0.5 * GiB)
 #: Activation peak of the profiling run per batched token, relative to the MLP and hidden
 #: widths; calibrated on the published Llama-3.1-8B/H100 log (1.24 GiB at 8192 tokens).
 ACTIVATION_FACTOR = 1.8
+#: How far the estimates may be off, stated in every plan: the activation peak ±50% (one
+#: calibration point), CUDA graphs 0.5 GiB for a measured 0.2–1.5 GiB, non-torch ±0.25 GiB.
+ACTIVATION_ERROR = 0.5
+CUDA_GRAPH_RANGE = (int(0.2 * GiB), int(1.5 * GiB))
+NON_TORCH_ERROR = int(0.25 * GiB)
 
 
 @dataclass(frozen=True)
@@ -60,7 +80,7 @@ class Flag:
 class MemoryMath:
     """Per-GPU memory arithmetic of one instance, in bytes (vLLM sizes each GPU alike)."""
 
-    gpu_total: int
+    gpu_total: int  #: CUDA's total (``cudaMemGetInfo``): what vLLM multiplies by utilization
     utilization: float
     budget: int
     weights: int
@@ -68,10 +88,19 @@ class MemoryMath:
     activation_peak: int
     cuda_graphs: int
     kv_budget: int
-    kv_bytes_per_token: int
-    kv_tokens: int
+    kv_bytes_per_token: int  #: all layers at full attention (vLLM's page size / block size)
+    kv_tokens: int  #: vLLM's ``GPU KV cache size: N tokens``
     max_model_len: int
     kv_tokens_per_request: int
+    nvml_total: int = 0  #: NVML's total
+    reserved: int = 0  #: the driver's reserve: NVML total − CUDA total
+    reserve_source: str = ""  #: "probe", "measured", or "estimate"
+    kv_layout: KvLayout | None = None
+    kv_blocks: int = 0
+    one_request_fits: bool = True  #: vLLM's start check for one ``max_model_len`` request
+    in_flight_tokens: int = 0
+    #: how many KV tokens the estimated terms could move this plan, either way
+    kv_tokens_uncertainty: int = 0
 
     @property
     def max_concurrency(self) -> float:
@@ -85,7 +114,13 @@ class MemoryMath:
 
     @property
     def fits(self) -> bool:
-        return self.kv_budget > 0 and self.kv_tokens >= self.max_model_len
+        return self.kv_budget > 0 and self.one_request_fits and self.kv_tokens > 0
+
+    @property
+    def estimate_bounds(self) -> int:
+        """Bytes per GPU by which the estimated terms (non-torch, activations, graphs) may be off."""
+        graphs = max(self.cuda_graphs - CUDA_GRAPH_RANGE[0], CUDA_GRAPH_RANGE[1] - self.cuda_graphs)
+        return NON_TORCH_ERROR + int(self.activation_peak * ACTIVATION_ERROR) + graphs
 
 
 @dataclass(frozen=True)
@@ -212,10 +247,21 @@ def resolve_precision(spec: HostSpec, arch: ModelArch) -> Precision:
 
 
 def weight_bytes(arch: ModelArch, precision: Precision) -> int:
-    """Weight memory of the whole model: 16-bit embeddings plus the rest at the served precision."""
+    """Weight memory of the whole model: 16-bit embeddings plus the rest at the served precision.
+
+    When the checkpoint's ``model.safetensors.index.json`` gives its size and the weights are
+    served as stored, that size is exact; online FP8 of a 16-bit checkpoint halves all but the
+    embeddings.
+    """
     embeddings = arch.embedding_parameters
-    rest = max(0, arch.parameters - embeddings)
     emb_bytes = 2 if precision.bytes_per_param < 2 else precision.bytes_per_param
+    if arch.checkpoint_bytes is not None:
+        if precision.flags and precision.name == "fp8" and arch.quantization is None:
+            body = max(0, arch.checkpoint_bytes - embeddings * 2)
+            return int(body * precision.bytes_per_param / 2 + embeddings * emb_bytes)
+        if not precision.flags:
+            return arch.checkpoint_bytes
+    rest = max(0, arch.parameters - embeddings)
     return int(rest * precision.bytes_per_param + embeddings * emb_bytes)
 
 
@@ -232,7 +278,7 @@ def batch_defaults(gpus: HostGpus) -> tuple[int, int]:
 
 def activation_peak(arch: ModelArch, tp: int, batched_tokens: int, max_seqs: int) -> int:
     """Estimated peak of the profiling forward pass on one GPU, plus the sampler's logits."""
-    mlp = (arch.moe_intermediate_size * max(1, arch.experts_per_token)) if arch.is_moe else arch.intermediate_size
+    mlp = arch.expert_intermediate_size * max(1, arch.experts_per_token) if arch.is_moe else arch.intermediate_size
     per_token = (2 * mlp // tp + 4 * arch.hidden_size) * arch.dtype_bytes
     logits = max_seqs * (arch.vocab_size // tp) * 4
     return int(ACTIVATION_FACTOR * batched_tokens * per_token) + logits
@@ -242,11 +288,37 @@ def kv_dtype_bytes(spec: HostSpec, arch: ModelArch) -> int:
     return 1 if spec.kv_cache_dtype == "fp8" else arch.dtype_bytes
 
 
+@dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory as vLLM sees it: NVML's total, the driver's reserve, CUDA's total."""
+
+    nvml_total: int
+    reserved: int
+    reserve_source: str
+    used: int  #: by other processes
+
+    @property
+    def cuda_total(self) -> int:
+        return self.nvml_total - self.reserved
+
+
+def gpu_memory(gpus: HostGpus, index: int) -> GpuMemory:
+    """The reserve of one GPU: the probe's NVML v2 ``reserved``, else the catalogue's value."""
+    gpu = gpus.gpus[index]
+    probed = getattr(gpu, "memory_reserved", None)
+    if probed is not None:
+        return GpuMemory(gpu.memory_total, probed, "probe", gpu.memory_used)
+    if gpus.sku is not None:
+        source = "measured" if gpus.sku.reserve_measured else "estimate"
+        return GpuMemory(gpu.memory_total, gpus.sku.memory_reserved, source, gpu.memory_used)
+    return GpuMemory(gpu.memory_total, ESTIMATED_RESERVE, "estimate", gpu.memory_used)
+
+
 def memory_math(
     arch: ModelArch,
     weights_total: int,
     tp: int,
-    gpu_total: int,
+    gpu: GpuMemory,
     utilization: float,
     max_model_len: int,
     kv_bytes: int,
@@ -254,16 +326,16 @@ def memory_math(
     kv_tokens_per_request: int,
 ) -> MemoryMath:
     """The per-GPU arithmetic vLLM does at start (``vllm.md`` §2.1–2.3), with our estimates."""
-    budget = int(utilization * gpu_total)
+    budget = math.ceil(gpu.cuda_total * utilization)
     weights = -(-weights_total // tp)
     non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
     activations = activation_peak(arch, tp, *batch)
     kv_budget = budget - weights - non_torch - activations - CUDA_GRAPH_BYTES
-    per_token = arch.kv_bytes_per_token(tp, kv_bytes)
-    blocks = max(0, kv_budget // (per_token * BLOCK_SIZE))
-    kv_tokens = max(0, blocks - 1) * BLOCK_SIZE  # one block is the null block
-    return MemoryMath(
-        gpu_total=gpu_total,
+    layout = arch.kv_layout(tp, kv_bytes)
+    in_flight = ASYNC_BATCHES * batch[0]
+    kv_tokens = layout.tokens(kv_budget, max_model_len, in_flight)
+    partial = MemoryMath(
+        gpu_total=gpu.cuda_total,
         utilization=utilization,
         budget=budget,
         weights=weights,
@@ -271,33 +343,59 @@ def memory_math(
         activation_peak=activations,
         cuda_graphs=CUDA_GRAPH_BYTES,
         kv_budget=kv_budget,
-        kv_bytes_per_token=per_token,
+        kv_bytes_per_token=arch.kv_bytes_per_token(tp, kv_bytes),
         kv_tokens=kv_tokens,
         max_model_len=max_model_len,
         kv_tokens_per_request=kv_tokens_per_request,
+        nvml_total=gpu.nvml_total,
+        reserved=gpu.reserved,
+        reserve_source=gpu.reserve_source,
+        kv_layout=layout,
+        kv_blocks=layout.num_blocks(kv_budget),
+        one_request_fits=layout.fits_one_request(kv_budget, max_model_len, in_flight),
+        in_flight_tokens=in_flight,
     )
+    low = layout.tokens(kv_budget - partial.estimate_bounds, max_model_len, in_flight)
+    return dataclasses.replace(partial, kv_tokens_uncertainty=max(0, kv_tokens - low))
+
+
+def max_fitting_len(layout: KvLayout, kv_budget: int, limit: int, in_flight: int) -> int:
+    """The longest ``--max-model-len`` (a block multiple) whose one request fits: vLLM's estimate."""
+    lo, hi = 0, limit // BLOCK_SIZE
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if layout.fits_one_request(kv_budget, mid * BLOCK_SIZE, in_flight):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * BLOCK_SIZE
 
 
 def utilization_for(spec: HostSpec, gpus: HostGpus, group: tuple[int, ...]) -> tuple[float, str]:
-    """``--gpu-memory-utilization`` for a GPU group and why; lowered if memory is already in use."""
+    """``--gpu-memory-utilization`` for a GPU group and why; lowered if memory is already in use.
+
+    vLLM refuses to start unless free memory, read after its own CUDA context exists, is at
+    least ``utilization × CUDA total`` on every GPU of the group.
+    """
     wanted = spec.gpu_memory_utilization or DEFAULT_UTILIZATION
     why = (
         f"inventory sets {wanted:.2f}"
         if spec.gpu_memory_utilization
         else f"{DEFAULT_UTILIZATION:.2f} of each GPU's memory; 10% left for the CUDA context and fragmentation"
     )
-    allowed = min(
-        (gpus.gpus[i].memory_total - gpus.gpus[i].memory_used) / gpus.gpus[i].memory_total - FREE_MEMORY_MARGIN
-        for i in group
-    )
-    if allowed >= wanted:
+    mems = {i: gpu_memory(gpus, i) for i in group}
+    allowed = {
+        i: (m.cuda_total - m.used - CUDA_CONTEXT_BYTES) / m.cuda_total - FREE_MEMORY_MARGIN for i, m in mems.items()
+    }
+    tightest = min(group, key=lambda i: allowed[i])
+    if allowed[tightest] >= wanted:
         return wanted, why
-    busiest = max(group, key=lambda i: gpus.gpus[i].memory_used)
-    used = gpus.gpus[busiest].memory_used / GiB
-    lowered = math.floor(allowed * 100) / 100
+    lowered = math.floor(allowed[tightest] * 100) / 100
+    m = mems[tightest]
+    in_use = f"already has {m.used / GiB:.1f} GiB in use by another process, and " if m.used else ""
     return lowered, (
-        f"lowered from {wanted:.2f}: GPU {busiest} already has {used:.1f} GiB in use by another process, "
-        f"and vLLM refuses to start unless free memory ≥ utilization × total"
+        f"lowered from {wanted:.2f}: GPU {tightest} {in_use}vLLM refuses to start unless free memory after its own "
+        f"CUDA context ({CUDA_CONTEXT_BYTES // MiB} MiB) ≥ utilization × CUDA total ({m.cuda_total / GiB:.2f} GiB)"
     )
 
 
@@ -347,7 +445,7 @@ def _layout(
             arch,
             weights,
             tp,
-            min(gpus.gpus[i].memory_total for i in g),
+            min((gpu_memory(gpus, i) for i in g), key=lambda m: m.cuda_total),
             u[0],
             max_len,
             kv_dtype_bytes(spec, arch),
@@ -377,8 +475,12 @@ def choose_layout(layouts: list[_Layout], target: int) -> tuple[_Layout | None, 
 # -- the plan ------------------------------------------------------------------------------------
 
 
-def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
-    """The serving plan for one host, or ``PlanError`` with the numbers and the ways out."""
+def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = True) -> HostPlan:
+    """The serving plan for one host, or ``PlanError`` with the numbers and the ways out.
+
+    Every way out offered is planned first and offered with the numbers it gives
+    (``ways_out=False`` is that inner re-plan: it skips looking for ways out of its own).
+    """
     if spec.vllm_version not in known_versions():
         raise PlanError(
             PlanProblem(
@@ -391,7 +493,19 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
         raise PlanError(PlanProblem(spec.name, "the host has no GPUs", ways_out=["check the driver (fleet audit)"]))
     precision = resolve_precision(spec, arch)
     weights = weight_bytes(arch, precision)
-    notes = [f"weights: {precision.reason}; {arch.parameters / 1e9:.2f}B parameters = {weights / GiB:.1f} GiB"]
+    counted = (
+        f"checkpoint safetensors index: {arch.checkpoint_bytes:,} bytes"
+        if arch.checkpoint_bytes is not None and not precision.flags
+        else f"{arch.parameters / 1e9:.2f}B parameters"
+        + (
+            f" (incl. ~{arch.tower_parameters / 1e9:.2f}B estimated vision/audio tower)"
+            if arch.tower_parameters
+            else ""
+        )
+    )
+    notes = [f"weights: {precision.reason}; {counted} = {weights / GiB:.1f} GiB"]
+    if arch.max_len is not None and arch.max_len.reason:
+        notes.append(f"model max length {arch.max_model_len:,} (vLLM's derivation: {arch.max_len.reason})")
     warnings: list[str] = []
 
     wanted_len = round_up(spec.workload.p95_sequence_tokens, BLOCK_SIZE)
@@ -404,13 +518,13 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
     pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
     pcie_tp = pcie_only and spec.allow_pcie_tensor_parallel
     if spec.tensor_parallel_size is not None:
-        _check_pinned_tp(spec, gpus, arch, pcie_tp)
+        _check_pinned_tp(spec, gpus, arch, pcie_tp, ways_out)
     layouts = [
         _layout(spec, gpus, arch, tp, weights, max_len, pcie_tp) for tp in candidate_tps(arch, gpus, spec, pcie_tp)
     ]
     chosen, met = choose_layout(layouts, spec.workload.target_concurrency)
     if chosen is None:
-        raise PlanError(_no_fit(spec, gpus, arch, precision, weights, max_len, layouts, pcie_only))
+        raise PlanError(_no_fit(spec, gpus, arch, precision, weights, max_len, layouts, pcie_only, ways_out))
     if not met:
         warnings.append(
             f"target concurrency {spec.workload.target_concurrency} not met: at most {chosen.concurrency} "
@@ -420,11 +534,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
     if pcie_tp:
         warnings.append("tensor parallel over PCIe (allow_pcie_tensor_parallel): all-reduce over PCIe is slow")
     notes += _defaults_notes(spec, arch)
-    if arch.sliding_window:
-        notes.append(
-            f"sliding window {arch.sliding_window}: vLLM allocates less KV for windowed layers, so KV "
-            "tokens here are a lower bound"
-        )
+    notes += _kv_notes(arch, chosen.memory[0])
     used = {i for g in chosen.groups for i in g}
     idle = tuple(i for i in range(gpus.count) if i not in used)
     if idle:
@@ -450,7 +560,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
     )
 
 
-def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool) -> None:
+def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool) -> None:
     tp = spec.tensor_parallel_size
     assert tp is not None
     problem = arch.tp_problem(tp)
@@ -463,6 +573,12 @@ def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: b
         )
     if problem:
         valid = [t for t in range(1, largest + 1) if arch.tp_problem(t) is None]
+        ways = [f"use one of: {', '.join(map(str, valid))}"] if valid else []
+        if ways_out:
+            ways = [
+                w for t in valid if (w := _try(f"tensor_parallel_size: {t}", spec, gpus, arch, tensor_parallel_size=t))
+            ]
+            ways = ways or [f"none of the valid sizes ({', '.join(map(str, valid))}) fits this host"]
         raise PlanError(
             PlanProblem(
                 spec.name,
@@ -471,12 +587,43 @@ def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: b
                     problem,
                     f"attention heads {arch.num_attention_heads}, KV heads {arch.num_kv_heads}",
                 ],
-                ways_out=[
-                    f"use one of: {', '.join(map(str, valid))}",
-                    "or remove tensor_parallel_size to let fleet choose",
-                ],
+                ways_out=[*ways, "or remove tensor_parallel_size to let fleet choose"],
             )
         )
+
+
+def _kv_notes(arch: ModelArch, m: MemoryMath) -> list[str]:
+    """What the KV numbers are: vLLM's arithmetic, and exactly what is estimated and by how much."""
+    notes = []
+    if m.kv_layout is not None and (m.kv_layout.hybrid or arch.is_hybrid):
+        layout = m.kv_layout
+        per_request = layout.pages_per_request(m.max_model_len, m.in_flight_tokens)
+        notes.append(
+            f"KV cache: {layout.describe()}; a {m.max_model_len:,}-token request holds {per_request} blocks "
+            f"(windowed layers keep window − 1 + {m.in_flight_tokens:,} tokens in flight), i.e. "
+            f"{layout.bytes_per_token(m.max_model_len, m.in_flight_tokens):,.0f} B/token vs "
+            f"{m.kv_bytes_per_token:,} at full attention"
+            + ("" if layout.hybrid else "; vLLM turns its hybrid manager off for chunked local attention")
+        )
+    reserve = {
+        "probe": "NVML v2 reserved from the probe",
+        "measured": "measured on this GPU model",
+        "estimate": "an estimate above both measured values",
+    }.get(m.reserve_source, m.reserve_source)
+    notes.append(
+        f"budget: ceil({m.utilization:.2f} × CUDA total {m.gpu_total / GiB:.2f} GiB) where CUDA total = NVML "
+        f"{m.nvml_total / GiB:.2f} GiB − driver reserve {m.reserved // MiB} MiB ({reserve})"
+    )
+    share = m.kv_tokens_uncertainty / m.kv_tokens if m.kv_tokens else 0.0
+    notes.append(
+        f"estimated, not vLLM's arithmetic: non-torch {m.non_torch / GiB:.2f} GiB (±{NON_TORCH_ERROR / GiB:.2f}), "
+        f"activation peak {m.activation_peak / GiB:.2f} GiB (±{ACTIVATION_ERROR:.0%}), CUDA graphs "
+        f"{m.cuda_graphs / GiB:.2f} GiB (vLLM measures "
+        f"{CUDA_GRAPH_RANGE[0] / GiB:.1f}–{CUDA_GRAPH_RANGE[1] / GiB:.1f}): "
+        f"together up to ±{m.estimate_bounds / GiB:.2f} GiB per GPU, ±{m.kv_tokens_uncertainty:,} KV tokens "
+        f"(±{share:.1%}); everything else is vLLM 0.33's arithmetic"
+    )
+    return notes
 
 
 def _defaults_notes(spec: HostSpec, arch: ModelArch) -> list[str]:
@@ -556,6 +703,60 @@ def _validate_argv(spec: HostSpec, instance: Instance) -> None:
         ) from exc
 
 
+def _try(label: str, spec: HostSpec, gpus: HostGpus, arch: ModelArch, **changes: object) -> str:
+    """Plan ``spec`` with ``changes``; the way out with the numbers it gives, or "" if it fails too."""
+    try:
+        plan = plan_host(dataclasses.replace(spec, **changes), gpus, arch, ways_out=False)  # type: ignore[arg-type]
+    except PlanError:
+        return ""
+    inst = plan.instances
+    tps = sorted({i.tensor_parallel_size for i in inst})
+    return (
+        f"{label}: {len(inst)} instance(s) at TP {'/'.join(map(str, tps))}, {plan.total_kv_tokens:,} KV tokens, "
+        f"{plan.workload_concurrency:,} concurrent requests of the workload"
+    )
+
+
+def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> str:
+    """The fewest GPUs of this kind, in one host, that serve the model; or that one host cannot.
+
+    GPUs are joined the way this GPU model is usually built (NVSwitch, bridged pairs, PCIe);
+    TP over PCIe is tried last, with ``allow_pcie_tensor_parallel``.
+    """
+    sku = gpus.sku
+    size = gpus.gpus[0].memory_total
+    if sku is not None:
+        fabric, name = (sku.typical_fabric if sku.nvlink_links else Fabric.NONE), sku.key
+    else:
+        largest = max(len(i) for i in gpus.islands)
+        fabric = Fabric.SWITCH if largest > 2 else Fabric.PAIRS if largest == 2 else Fabric.NONE
+        name = f"{size / GiB:.0f} GiB GPUs"
+    joined = {Fabric.SWITCH: "joined by NVSwitch", Fabric.PAIRS: "in NVLink-bridged pairs", Fabric.NONE: "on PCIe"}
+    for count in (2, 4, 8):
+        if count <= gpus.count:
+            continue
+        if sku is not None:
+            bigger = HostGpus.from_catalogue(sku.key, count, fabric)
+        else:
+            bigger = HostGpus.uniform(count, size, fabric, gpus.gpus[0].name)
+        if way := _try(f"more GPUs: {count} × {name} {joined[fabric]}", spec, bigger, arch):
+            return way
+        if fabric is not Fabric.SWITCH and (
+            way := _try(
+                f"more GPUs: {count} × {name} with allow_pcie_tensor_parallel: true (TP over PCIe, slow)",
+                spec,
+                bigger,
+                arch,
+                allow_pcie_tensor_parallel=True,
+            )
+        ):
+            return way
+    return (
+        f"needs more than one host: even 8 × {name} in one host cannot hold it; use a smaller or "
+        "quantized model (fleet plans one vLLM server per host group, not pipeline parallel across hosts)"
+    )
+
+
 def _no_fit(
     spec: HostSpec,
     gpus: HostGpus,
@@ -565,46 +766,58 @@ def _no_fit(
     max_len: int,
     layouts: list[_Layout],
     pcie_only: bool,
+    ways_out: bool = True,
 ) -> PlanProblem:
-    """Explain why nothing fits, with the numbers of the roomiest layout and concrete ways out."""
+    """Explain why nothing fits, with the numbers of the roomiest layout and ways out that work."""
     best = max((lay for lay in layouts if lay.groups), key=lambda lay: lay.tp, default=None)
     size = gpus.gpus[0].memory_total / GiB
     details = [
         f"weights {weights / GiB:.1f} GiB ({precision.name}); {gpus.count} GPU(s) of {size:.1f} GiB ({gpus.source})"
     ]
     summary = f"{spec.model} does not fit"
+    ways: list[str] = []
     if best is not None:
         m = best.memory[0]
         details.append(
-            f"at TP {best.tp}: budget {m.budget / GiB:.1f} GiB/GPU ({m.utilization:.2f} × {m.gpu_total / GiB:.1f})"
-            f" − weights "
-            f"{m.weights / GiB:.1f} − overhead {(m.non_torch + m.activation_peak + m.cuda_graphs) / GiB:.1f} "
-            f"= KV {m.kv_budget / GiB:.1f} GiB → {m.kv_tokens} tokens; one sequence needs {max_len}"
+            f"at TP {best.tp}: budget {m.budget / GiB:.1f} GiB/GPU ({m.utilization:.2f} × CUDA total "
+            f"{m.gpu_total / GiB:.2f}) − weights {m.weights / GiB:.1f} − overhead "
+            f"{(m.non_torch + m.activation_peak + m.cuda_graphs) / GiB:.1f} (estimated) "
+            f"= KV {m.kv_budget / GiB:.1f} GiB → {m.kv_tokens:,} tokens; one sequence needs {max_len:,}"
         )
         if m.kv_budget > 0:
             summary = f"max-model-len {max_len} leaves no room for one sequence"
-            fit_len = m.kv_tokens // BLOCK_SIZE * BLOCK_SIZE
-            ways = [f"shorter context: at TP {best.tp} at most {fit_len} tokens fit" if fit_len > 0 else ""]
+            assert m.kv_layout is not None
+            fit_len = max_fitting_len(m.kv_layout, m.kv_budget, max_len, m.in_flight_tokens)
+            if fit_len > 0:
+                ways.append(f"shorter context: at TP {best.tp} vLLM accepts --max-model-len up to {fit_len:,}")
         else:
             summary = "the weights do not fit in GPU memory"
-            ways = []
     else:
-        ways = []
         details.append("no tensor-parallel size fits the NVLink islands")
-    if best is not None and best.memory[0].utilization < 0.95:
-        m = best.memory[0]
-        extra = (0.95 - m.utilization) * m.gpu_total
-        ways.append(f"gpu_memory_utilization: 0.95 (+{extra / GiB:.1f} GiB per GPU, less headroom)")
-    if spec.kv_cache_dtype != "fp8" and best is not None and best.memory[0].kv_budget > 0:
-        ways.append("kv_cache_dtype: fp8 (halves KV bytes per token)")
-    if precision.bytes_per_param > 1 and arch.quantization is None:
-        fp8 = weight_bytes(arch, Precision("fp8", 1, (), ""))
-        ways.append(f"weights: fp8 ({fp8 / GiB:.1f} GiB) or a pre-quantized int4 checkpoint (~{fp8 / 2 / GiB:.1f} GiB)")
-    usable = DEFAULT_UTILIZATION * min(g.memory_total for g in gpus.gpus) - 2 * GiB
-    if usable > 0:
-        needed = math.ceil(weights * 1.15 / usable)
-        needed_tp = 1 << (needed - 1).bit_length()
-        ways.append(f"more GPUs: about {needed_tp} × {gpus.gpus[0].memory_total / GiB:.0f} GiB joined by NVLink")
+    if not ways_out:
+        return PlanProblem(spec.name, summary, details, ways)
+    wanted = spec.gpu_memory_utilization or DEFAULT_UTILIZATION
+    tries: list[tuple[str, dict[str, object]]] = []
+    if spec.tensor_parallel_size is not None:
+        tries.append(("remove tensor_parallel_size (fleet picks the TP)", {"tensor_parallel_size": None}))
+    if wanted < 0.95:
+        tries.append(("gpu_memory_utilization: 0.95 (less headroom)", {"gpu_memory_utilization": 0.95}))
+    if spec.kv_cache_dtype != "fp8":
+        tries.append(("kv_cache_dtype: fp8", {"kv_cache_dtype": "fp8"}))
+    fp8_ok = precision.bytes_per_param > 1 and arch.quantization is None
+    if fp8_ok:
+        tries.append(("weights: fp8", {"weights": "fp8"}))
     if pcie_only and not spec.allow_pcie_tensor_parallel:
-        ways.append("these GPUs have no NVLink: allow_pcie_tensor_parallel: true runs TP over PCIe (slow)")
-    return PlanProblem(spec.name, summary, details, [w for w in ways if w])
+        tries.append(
+            (
+                "allow_pcie_tensor_parallel: true (these GPUs have no NVLink; TP over PCIe is slow)",
+                {"allow_pcie_tensor_parallel": True},
+            )
+        )
+    if fp8_ok and spec.kv_cache_dtype != "fp8":
+        tries.append(("weights: fp8 and kv_cache_dtype: fp8", {"weights": "fp8", "kv_cache_dtype": "fp8"}))
+    for label, changes in tries:
+        if way := _try(label, spec, gpus, arch, **changes):
+            ways.append(way)
+    ways.append(_more_gpus(spec, gpus, arch))
+    return PlanProblem(spec.name, summary, details, ways)
