@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.errors import ModelConfigError
-from fleet.model.config import BOUNDS, BUNDLED_MODELS, ConfigReader, find_config, hf_cache_dirs, read_checkpoint
+from fleet.model.config import (
+    BOUNDS,
+    BUNDLED_MODELS,
+    ConfigReader,
+    find_config,
+    hf_cache_dirs,
+    read_checkpoint,
+    with_class_defaults,
+)
 from fleet.model.kv import KvLayout, LayerKind, kv_layout, layer_kinds
 from fleet.model.max_len import MaxLen, derive_max_len
 from fleet.model.params import tie_word_embeddings, tower_parameters
@@ -285,7 +293,7 @@ def parse_config(
     where = source or name
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"{where}: a config.json must be a JSON object, not a {type(cfg).__name__}")
-    top = ConfigReader(cfg, where)
+    top = ConfigReader(with_class_defaults(cfg), where)
     text = _text_config(top)
     model_type = text.string("model_type") or top.string("model_type") or "unknown"
     heads = text.integer("num_attention_heads")

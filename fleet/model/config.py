@@ -55,8 +55,28 @@ BOUNDS: dict[str, tuple[int, int]] = {
     "sliding_window_pattern": (1, 4096),
     "max_window_layers": (0, 4096),
 }
-#: What a field counts in the message ("number of attention heads" reads better than the key).
-_LENGTH_BOUND = (1, 1 << 34)
+#: Defaults of transformers' config classes (v5) for fields a ``config.json`` may leave out;
+#: vLLM sees these values, so fleet must too. Only the fields the planner reads.
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma2": {"max_position_embeddings": 8192, "sliding_window": 4096, "head_dim": 256, "vocab_size": 256000},
+    "gemma3_text": {
+        "max_position_embeddings": 131072,
+        "sliding_window": 4096,
+        "head_dim": 256,
+        "vocab_size": 262208,
+        "sliding_window_pattern": 6,
+    },
+    "llama4_text": {"max_position_embeddings": 4096 * 32, "attention_chunk_size": 8192, "vocab_size": 202048},
+    "mistral": {"max_position_embeddings": 4096 * 32, "sliding_window": 4096},
+    "llama": {"max_position_embeddings": 2048},
+    "qwen2": {"max_position_embeddings": 32768},
+}
+
+
+def with_class_defaults(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with its model type's transformers defaults filled in where the file has no value."""
+    defaults = CLASS_DEFAULTS.get(str(cfg.get("model_type")), {})
+    return {**defaults, **cfg}
 
 
 @dataclass(frozen=True)
@@ -147,7 +167,7 @@ class ConfigReader:
 
     def sub(self, key: str) -> ConfigReader | None:
         value = self.mapping(key)
-        return None if value is None else ConfigReader(value, self.source, f"{self.prefix}{key}.")
+        return None if value is None else ConfigReader(with_class_defaults(value), self.source, f"{self.prefix}{key}.")
 
     def items(self, key: str) -> list[Any] | None:
         value = self.cfg.get(key)

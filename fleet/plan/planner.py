@@ -454,6 +454,11 @@ def _layout(
         )
         for g, u in zip(groups, utils, strict=True)
     )
+    fitting = [k for k, m in enumerate(memory) if m.fits]
+    if fitting and len(fitting) < len(groups):  # serve on the groups that fit; the rest stay idle
+        return _Layout(
+            tp, tuple(groups[k] for k in fitting), tuple(memory[k] for k in fitting), tuple(utils[k] for k in fitting)
+        )
     return _Layout(tp, groups, memory, utils)
 
 
@@ -538,7 +543,10 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
     used = {i for g in chosen.groups for i in g}
     idle = tuple(i for i in range(gpus.count) if i not in used)
     if idle:
-        warnings.append(f"GPUs {', '.join(map(str, idle))} stay idle: no group of {chosen.tp} fits in their island")
+        warnings.append(
+            f"GPUs {', '.join(map(str, idle))} stay idle: no group of {chosen.tp} there fits "
+            "(NVLink island too small, or memory already in use)"
+        )
     instances = tuple(
         _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util)
         for k, (group, mem, util) in enumerate(zip(chosen.groups, chosen.memory, chosen.utilization, strict=True))

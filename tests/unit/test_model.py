@@ -133,3 +133,99 @@ def test_missing_config_says_where_it_looked(tmp_path: Path, monkeypatch: pytest
     with pytest.raises(ModelConfigError) as err:
         load_model("acme/absent")
     assert "acme/absent" in str(err.value) and str(tmp_path) in str(err.value) and "model_config" in str(err.value)
+
+
+# -- every config.json problem is a ModelConfigError naming file, field, value and what is allowed --
+
+BASE = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+BASE |= {"num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000, "max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (b"[1, 2, 3]", "must be a JSON object, not a list"),
+        (b'"llama"', "must be a JSON object, not a str"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"{not json", "not JSON"),
+        (b"", "not JSON"),
+        (b"[" * 100_000, "nested too deeply"),
+    ],
+)
+def test_unreadable_config_files_are_model_config_errors(tmp_path: Path, raw: bytes, expected: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(raw)
+    with pytest.raises(ModelConfigError) as err:
+        load_model(str(tmp_path))
+    assert str(path) in str(err.value) and expected in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "change, field, allowed",
+    [
+        ({"num_attention_heads": 0}, "num_attention_heads=0", "integer from 1 to 4096"),
+        ({"num_attention_heads": -8}, "num_attention_heads=-8", "integer from 1"),
+        ({"num_attention_heads": "32"}, "num_attention_heads='32'", "must be an integer"),
+        ({"num_attention_heads": 32.0}, "num_attention_heads=32.0", "must be an integer"),
+        ({"num_attention_heads": True}, "num_attention_heads=True", "must be an integer"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads=0", "integer from 1"),
+        ({"num_key_value_heads": 5}, "num_key_value_heads=5", "must divide num_attention_heads (32)"),
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers=1000000000", "integer from 1 to 4096"),
+        ({"num_hidden_layers": None}, "num_hidden_layers is missing", "an integer"),
+        ({"hidden_size": 2**40}, "hidden_size=1099511627776", "integer from 1 to 1048576"),
+        ({"hidden_size": 16}, "num_attention_heads=32", "must not exceed hidden_size (16)"),
+        ({"vocab_size": 10**12}, "vocab_size=1000000000000", "integer from 1 to"),
+        ({"intermediate_size": -1}, "intermediate_size=-1", "integer from 1"),
+        ({"max_position_embeddings": "4k"}, "max_position_embeddings='4k'", "must be an integer"),
+        ({"head_dim": 1.5}, "head_dim=1.5", "must be an integer"),
+        ({"num_local_experts": 10**9}, "num_local_experts=1000000000", "integer from 0 to 65536"),
+        ({"text_config": "llama"}, "text_config='llama'", "must be a JSON object"),
+        ({"text_config": {"num_attention_heads": 0}}, "text_config.num_attention_heads=0", "integer from 1"),
+        ({"rope_scaling": "linear"}, "rope_scaling='linear'", "must be a JSON object"),
+        ({"rope_scaling": {"type": "linear", "factor": "8"}}, "rope_scaling.factor='8'", "positive number"),
+        ({"rope_scaling": {"rope_type": 3}}, "rope_scaling.rope_type=3", "must be a string"),
+        ({"layer_types": ["full_attention"]}, "layer_types='1 entries'", "one type per layer (32)"),
+        ({"layer_types": ["mamba"] * 32}, "layer_types[0]='mamba'", "only attention layers"),
+        ({"sliding_window": -4}, "sliding_window=-4", "integer from 1"),
+        ({"quantization_config": ["awq"]}, "quantization_config=['awq']", "must be a JSON object"),
+        ({"quantization_config": {"quant_method": "awq", "bits": "4"}}, "quantization_config.bits='4'", "integer"),
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings='yes'", "must be true or false"),
+        ({"torch_dtype": 16}, "torch_dtype=16", "must be a string"),
+    ],
+)
+def test_bad_config_fields_are_named_with_value_and_what_is_allowed(
+    tmp_path: Path, change: dict[str, object], field: str, allowed: str
+) -> None:
+    cfg = {k: v for k, v in {**BASE, **change}.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelConfigError) as err:
+        load_model(str(tmp_path))
+    message = str(err.value)
+    assert str(tmp_path / "config.json") in message and field in message and allowed in message, message
+
+
+def test_huge_layer_count_fails_fast_instead_of_hanging(tmp_path: Path) -> None:
+    import time
+
+    (tmp_path / "config.json").write_text(json.dumps({**BASE, "num_hidden_layers": 10**9}))
+    start = time.monotonic()
+    with pytest.raises(ModelConfigError):
+        load_model(str(tmp_path))
+    assert time.monotonic() - start < 5  # a bound, not a speed target: a hang would never return
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_model_config_that_is_missing_or_a_directory_is_an_error_not_a_bundled_fallback(
+    tmp_path: Path, kind: str
+) -> None:
+    target = tmp_path / "cfg"
+    if kind == "directory":
+        target.mkdir()
+    with pytest.raises(ModelConfigError) as err:
+        load_model("meta-llama/Llama-3.1-8B-Instruct", str(target))  # the model is bundled: no fallback
+    assert str(target) in str(err.value) and ("no such file" in str(err.value) or "directory" in str(err.value))
+
+
+def test_model_config_directory_with_config_json_is_read(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(BASE))
+    assert load_model("acme/x", str(tmp_path)).num_layers == 32

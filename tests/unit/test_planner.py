@@ -12,8 +12,24 @@ from hypothesis import strategies as st
 
 from fleet.errors import PlanError
 from fleet.gpus import CATALOGUE, ESTIMATED_RESERVE, GiB, Gpu, HostGpus
-from fleet.model.arch import load_model, parse_config
-from fleet.plan.planner import BLOCK_SIZE, HostPlan, plan_host
+from fleet.inventory.spec import HostSpec
+from fleet.model.arch import ModelArch, load_model, parse_config
+from fleet.plan.planner import (
+    BLOCK_SIZE,
+    CUDA_CONTEXT_BYTES,
+    HostPlan,
+    batch_defaults,
+    candidate_tps,
+    gpu_groups,
+    gpu_memory,
+    kv_dtype_bytes,
+    memory_math,
+    plan_host,
+    resolve_precision,
+    round_up,
+    utilization_for,
+    weight_bytes,
+)
 from fleet.plan.vllm_surface import parse_serve_argv
 from tests.unit.conftest import spec
 
@@ -282,7 +298,8 @@ def test_any_plan_fits_memory_divides_heads_and_parses(
     try:
         plan = plan_host(s, gpus, arch)
     except PlanError as err:
-        assert err.problem.summary and err.problem.host == "h1"
+        assert err.problem.summary and err.problem.host == "h1" and err.problem.ways_out
+        _assert_refusal_is_justified(s, gpus, arch)
         return
     used_gpus: set[int] = set()
     for inst in plan.instances:
@@ -293,11 +310,51 @@ def test_any_plan_fits_memory_divides_heads_and_parses(
         used_gpus |= set(inst.gpus)
         assert frozenset(inst.gpus) <= gpus.island_of(inst.gpus[0])
         for i in inst.gpus:  # vLLM's start check and the memory sum, on every GPU of the instance
-            g = gpus.gpus[i]
-            assert m.utilization * g.memory_total <= g.memory_total - g.memory_used
-            assert m.weights + m.non_torch + m.activation_peak + m.cuda_graphs + m.kv_budget <= g.memory_total
+            g = gpu_memory(gpus, i)
+            assert m.budget <= g.cuda_total - g.used - CUDA_CONTEXT_BYTES  # free after vLLM's context
+            assert m.weights + m.non_torch + m.activation_peak + m.cuda_graphs + m.kv_budget <= m.budget
+            assert m.gpu_total <= g.cuda_total < g.nvml_total
         assert 0 < m.utilization < 1
         assert m.kv_tokens >= m.max_model_len  # at least one full sequence fits
         assert m.max_model_len % BLOCK_SIZE == 0 or m.max_model_len == arch.max_model_len
         ns = parse_serve_argv(inst.argv, "0.33.0")
         assert ns.tensor_parallel_size == tp and ns.max_model_len == m.max_model_len
+
+
+def _assert_refusal_is_justified(s: HostSpec, gpus: HostGpus, arch: ModelArch) -> None:
+    """A refusal must be forced: no TP vLLM accepts, on any GPU group the islands allow, fits.
+
+    Recomputed here from the pieces (TP rules, groups, utilization, vLLM's memory arithmetic),
+    so a planner that refused inputs that fit would fail this property.
+    """
+    try:
+        precision = resolve_precision(s, arch)
+    except PlanError:
+        return  # the weights setting itself cannot be served (no checkpoint to quantize from)
+    weights = weight_bytes(arch, precision)
+    max_len = min(round_up(s.workload.p95_sequence_tokens, BLOCK_SIZE), arch.max_model_len)
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
+    for tp in candidate_tps(arch, gpus, s, pcie_only and s.allow_pcie_tensor_parallel):
+        for group in gpu_groups(gpus, tp, False):
+            util, _ = utilization_for(s, gpus, group)
+            mem = min((gpu_memory(gpus, i) for i in group), key=lambda g: g.cuda_total)
+            m = memory_math(
+                arch, weights, tp, mem, util, max_len, kv_dtype_bytes(s, arch), batch_defaults(gpus), max_len
+            )
+            assert not m.fits, f"refused, yet TP {tp} on GPUs {group} fits: {m}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arch=st.sampled_from([m for m in MODELS if m.parameters < 20e9]),
+    sku=st.sampled_from(["h100-sxm-80gb", "h200-sxm-141gb", "a100-sxm-80gb"]),
+    count=st.sampled_from([1, 2, 4, 8]),
+    p95_in=st.integers(1, 4000),
+    p95_out=st.integers(1, 4000),
+    kv=st.sampled_from(["auto", "fp8"]),
+)
+def test_inputs_that_fit_by_a_margin_are_planned(arch, sku, count, p95_in, p95_out, kv) -> None:  # type: ignore[no-untyped-def]
+    """Small models (< 20B, ≤ 40 GiB of bf16 weights) on idle 80+ GiB GPUs with ≤ 8K context always plan."""
+    wl = {"p95_input_tokens": p95_in, "p95_output_tokens": p95_out, "prefix_reuse": 0.0, "target_concurrency": 1}
+    plan = plan_host(spec(model=arch.name, workload=wl, kv_cache_dtype=kv), HostGpus.from_catalogue(sku, count), arch)
+    assert plan.instances and plan.total_kv_tokens >= plan.instances[0].memory.max_model_len

@@ -1,0 +1,177 @@
+"""Ask vLLM 0.33.0 itself: run in the oracle environment (vLLM + CPU-capable torch), never in fleet's.
+
+Reads a JSON list of cases on stdin and writes one JSON answer per case on stdout. Each case
+names a model directory (a ``config.json``), a TP size, a KV-cache dtype, a ``max_model_len``,
+an available KV memory and ``max_num_batched_tokens``. The answers come from vLLM's own code:
+
+* ``ModelConfig`` (``vllm/config/model.py``) reads the config through transformers, derives the
+  default max length; ``_get_and_verify_max_len`` accepts or refuses a given length;
+* ``ModelConfig.verify_with_parallel_config`` (heads % TP) and the KV-head split of
+  ``QKVParallelLinear`` (``vllm.distributed.utils.divide``) decide TP validity;
+  ``ModelConfig.get_num_kv_heads`` / ``get_head_size`` / ``use_mla`` give the per-GPU cache;
+* per-layer ``FullAttentionSpec`` / ``SlidingWindowSpec`` / ``ChunkedLocalAttentionSpec`` /
+  ``MLAAttentionSpec`` (``vllm/v1/kv_cache_interface.py``) are built the way vLLM's attention
+  layers build them (layer kinds from transformers' ``layer_types`` / ``no_rope_layers``, as
+  vLLM's model code reads them), then vLLM's ``get_kv_cache_groups``,
+  ``get_kv_cache_configs`` and ``get_kv_cache_capacity`` group them, count blocks and tokens.
+
+What is not vLLM's here: the per-layer kind comes from the transformers config the same way the
+model classes read it (instantiating the model needs a GPU), and ``vllm_config`` is a real
+``ModelConfig`` inside a small namespace carrying the scheduler/cache settings the planning
+functions read (CUDA's defaults: KV layout LBNHC, async scheduling's two batches in flight,
+the hybrid manager off only for chunked local attention).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+
+def _layer_specs(mc: Any, pc: Any, kv_dtype: str) -> dict[str, Any]:
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        MLAAttentionSpec,
+        SlidingWindowSpec,
+    )
+
+    dtype = mc.dtype if kv_dtype == "auto" else torch.uint8  # vLLM stores fp8 KV as uint8
+    text = mc.hf_text_config
+    layers = mc.get_total_num_hidden_layers()
+    common = {"block_size": 16, "dtype": dtype}
+    if mc.use_mla:
+        return {
+            f"layers.{i}.attn": MLAAttentionSpec(num_kv_heads=1, head_size=mc.get_head_size(), **common)
+            for i in range(layers)
+        }
+    common |= {"num_kv_heads": mc.get_num_kv_heads(pc), "head_size": mc.get_head_size()}
+    types = getattr(text, "layer_types", None)
+    chunk = getattr(text, "attention_chunk_size", None)
+    window = mc.get_sliding_window()
+    specs: dict[str, Any] = {}
+    for i in range(layers):
+        if chunk and getattr(text, "no_rope_layers", None) is not None:
+            kind = "chunked_attention" if text.no_rope_layers[i] else "full_attention"
+        elif types is not None:
+            kind = types[i]
+        else:
+            kind = "sliding_attention" if window else "full_attention"
+        name = f"layers.{i}.attn"
+        if kind == "sliding_attention":
+            specs[name] = SlidingWindowSpec(sliding_window=text.sliding_window, **common)
+        elif kind == "chunked_attention":
+            specs[name] = ChunkedLocalAttentionSpec(attention_chunk_size=chunk, **common)
+        else:
+            specs[name] = FullAttentionSpec(**common)
+    return specs
+
+
+_MODEL_CONFIGS: dict[str, Any] = {}
+
+
+def model_config(model_dir: str) -> Any:
+    """vLLM's ``ModelConfig`` of a model directory, built once per directory."""
+    from vllm.config.model import ModelConfig
+
+    if model_dir not in _MODEL_CONFIGS:
+        _MODEL_CONFIGS[model_dir] = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="auto")
+    return _MODEL_CONFIGS[model_dir]
+
+
+def answer(case: dict[str, Any]) -> dict[str, Any]:
+    from vllm.config import ParallelConfig
+    from vllm.config.model import _get_and_verify_max_len
+    from vllm.distributed.utils import divide
+    from vllm.v1.core import kv_cache_planning as planning
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+
+    mc = model_config(case["model_dir"])
+    mc.max_model_len = mc.original_max_model_len = mc.get_and_verify_max_len(None)
+    out: dict[str, Any] = {"default_max_model_len": mc.max_model_len}
+
+    def accepts(length: int) -> bool:
+        try:
+            _get_and_verify_max_len(
+                hf_config=mc.hf_text_config,
+                model_arch_config=mc.model_arch_config,
+                tokenizer_config=None,
+                max_model_len=length,
+                disable_sliding_window=False,
+                sliding_window=mc.get_sliding_window(),
+            )
+        except ValueError:
+            return False
+        return True
+
+    limit = case["fleet_limit"]
+    out["accepts_fleet_limit"] = accepts(limit)
+    out["accepts_fleet_limit_plus_one"] = accepts(limit + 1)
+    tp = case["tp"]
+    pc = ParallelConfig(tensor_parallel_size=tp)
+    try:
+        mc.verify_with_parallel_config(pc)
+        total_kv = mc.get_total_num_kv_heads()
+        if not mc.use_mla:
+            divide(tp, total_kv) if tp >= total_kv else divide(total_kv, tp)
+        out["tp_ok"] = True
+    except (ValueError, AssertionError) as exc:
+        out["tp_ok"] = False
+        out["tp_error"] = str(exc)
+        return out
+    if case.get("tp_only"):
+        return out
+    specs = _layer_specs(mc, pc, case["kv_cache_dtype"])
+    mc.max_model_len = case["max_model_len"]
+    mc.original_max_model_len = case["max_model_len"]
+    hybrid_off = getattr(mc.hf_text_config, "attention_chunk_size", None) is not None
+    cache = SimpleNamespace(
+        num_gpu_blocks_override=None,
+        prefix_cache_retention_interval=None,
+        kv_cache_layout="LBNHC",
+        get_resolved_kv_cache_layout=lambda: (
+            __import__("vllm.v1.kv_cache_layout").v1.kv_cache_layout.KVCacheLayout.LBNHC
+        ),
+    )
+    vc = SimpleNamespace(
+        model_config=mc,
+        parallel_config=pc,
+        cache_config=cache,
+        scheduler_config=SimpleNamespace(
+            disable_hybrid_kv_cache_manager=hybrid_off, max_num_batched_tokens=case["max_num_batched_tokens"]
+        ),
+        attention_config=SimpleNamespace(hisparse_config=None),
+        speculative_config=None,
+        kv_transfer_config=None,
+        max_in_flight_tokens=2 * case["max_num_batched_tokens"],
+    )
+    groups = planning.get_kv_cache_groups(vc, dict(specs))
+    out["num_groups"] = len(groups)
+    out["page_bytes"] = next(iter(specs.values())).page_size_bytes
+    out["bytes_per_block"] = planning._pool_bytes_per_block(vc, groups)
+    try:
+        (config,) = planning.get_kv_cache_configs(vc, [specs], [case["available_memory"]], groups)
+        tokens, concurrency = get_kv_cache_capacity(vc, config)
+        out |= {"fits": True, "num_blocks": config.num_blocks, "kv_tokens": tokens, "max_concurrency": concurrency}
+    except ValueError as exc:
+        out |= {"fits": False, "error": str(exc).split(".")[0]}
+    return out
+
+
+def main() -> None:
+    cases = json.load(sys.stdin)
+    answers = []
+    for case in cases:
+        try:
+            answers.append(answer(case))
+        except Exception as exc:  # report, so the test shows which model broke the oracle
+            answers.append({"oracle_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]})
+    json.dump(answers, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
