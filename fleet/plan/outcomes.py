@@ -60,21 +60,65 @@ def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> Ho
     )
 
 
+def planning_inputs(spec: HostSpec) -> HostSpec:
+    """The part of a host spec its plan depends on: everything but the host's name and place.
+
+    Hosts whose planning inputs (this, their GPU facts and their model) are equal get equal
+    plans, so a fleet of identical hosts costs one plan (``plan_inventory``).
+    """
+    return dataclasses.replace(spec, name="", inventory="", groups=())
+
+
+def _renamed(
+    outcome: tuple[HostPlan | None, PlanProblem | None], host: str
+) -> tuple[HostPlan | None, PlanProblem | None]:
+    plan, problem = outcome
+    if plan is not None:
+        plan = dataclasses.replace(plan, host=host)
+    if problem is not None:
+        problem = dataclasses.replace(problem, host=host)
+    return plan, problem
+
+
 def plan_inventory(
     inventory: LoadedInventory,
     probed: Mapping[str, HostGpus] | None = None,
     model_loader: Callable[[str, str | None], ModelArch] = load_model,
 ) -> list[HostOutcome]:
-    """Plan every host; problems are collected per host, never raised half-way."""
+    """Plan every host; problems are collected per host, never raised half-way.
+
+    Plans are memoized on the planning inputs (spec without the host name, GPU facts, model):
+    ``plan_host`` is pure, so identical hosts share one computation.
+    """
     outcomes = []
-    models: dict[tuple[str, str | None], ModelArch] = {}
+    models: dict[tuple[str, str | None], ModelArch | ModelConfigError] = {}
+    plans: dict[object, tuple[HostPlan | None, PlanProblem | None]] = {}
     for spec in inventory.hosts:
         try:
             key = (spec.model, spec.model_config)
             if key not in models:
-                models[key] = model_loader(*key)
-            plan = plan_host(spec, gpus_for(spec, probed), models[key])
-            outcomes.append(HostOutcome(spec, plan, None))
+                try:
+                    models[key] = model_loader(*key)
+                except ModelConfigError as exc:
+                    models[key] = exc
+            model = models[key]
+            if isinstance(model, ModelConfigError):
+                raise model
+            gpus = gpus_for(spec, probed)
+            memo: object = (planning_inputs(spec), gpus, key)
+            try:
+                cached = plans.get(memo)
+            except TypeError:  # an unhashable input: plan without sharing
+                memo, cached = None, None
+            if cached is None:
+                try:
+                    cached = (plan_host(spec, gpus, model), None)
+                except PlanError as exc:
+                    cached = (None, exc.problem)
+                if memo is not None:
+                    plans[memo] = cached
+            plan, problem = _renamed(cached, spec.name)
+            outcomes.append(HostOutcome(spec, plan, problem))
         except PlanError as exc:
             outcomes.append(HostOutcome(spec, None, exc.problem))
         except ModelConfigError as exc:

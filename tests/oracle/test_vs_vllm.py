@@ -197,8 +197,10 @@ def test_kv_cache_is_vllms(case: Case) -> None:
 
 
 def table() -> str:
-    rows = ["| model | TP | KV dtype | max-model-len | fleet / vLLM limit | KV B/token (page/16) | KV tokens fleet | KV tokens vLLM |",
-            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| model | TP | KV | max-model-len | fleet limit / vLLM | KV B/token fleet / vLLM | KV tokens fleet | vLLM |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for case in CASES:
         got = oracle_answers()[case.id]
         a = arch(case.model)
@@ -213,7 +215,8 @@ def table() -> str:
         vllm_tokens = f"{got['kv_tokens']:,}" if got["fits"] else "does not fit"
         fleet_tokens = f"{mine['kv_tokens']:,}" if mine["fits"] else "does not fit"
         rows.append(
-            f"| {case.model} | {case.tp} | {case.kv_cache_dtype} | {case.max_model_len} | {a.max_model_len} / {limit} | "
+            f"| {case.model} | {case.tp} | {case.kv_cache_dtype} | {case.max_model_len} | "
+            f"{a.max_model_len} / {limit} | "
             f"{mine['page_bytes'] // 16:,} / {got['page_bytes'] // 16:,} | {fleet_tokens} | {vllm_tokens} |"
         )
     return "\n".join(rows)

@@ -358,3 +358,26 @@ def test_inputs_that_fit_by_a_margin_are_planned(arch, sku, count, p95_in, p95_o
     wl = {"p95_input_tokens": p95_in, "p95_output_tokens": p95_out, "prefix_reuse": 0.0, "target_concurrency": 1}
     plan = plan_host(spec(model=arch.name, workload=wl, kv_cache_dtype=kv), HostGpus.from_catalogue(sku, count), arch)
     assert plan.instances and plan.total_kv_tokens >= plan.instances[0].memory.max_model_len
+
+
+def test_hosts_with_identical_planning_inputs_share_one_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.plan import outcomes
+
+    calls: list[str] = []
+    real = outcomes.plan_host
+
+    def counting(s: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
+        calls.append(s.name)
+        return real(s, gpus, arch)
+
+    monkeypatch.setattr(outcomes, "plan_host", counting)
+    gpu = {"sku": "l40s-48gb", "count": 4}
+    hosts = (spec("a", gpu=gpu), spec("b", gpu=gpu), spec("c", gpu=gpu, port=9000), spec("d", gpu={**gpu, "count": 2}))
+    inv = outcomes.LoadedInventory("tests/inventory.py", None, hosts)  # type: ignore[arg-type]
+    result = outcomes.plan_inventory(inv)
+    assert calls == ["a", "c", "d"]  # b shares a's plan; c differs in port, d in GPUs
+    a, b, c, d = result
+    assert a.plan is not None and b.plan is not None and c.plan is not None
+    assert (a.plan.host, b.plan.host) == ("a", "b")
+    assert dataclasses.replace(b.plan, host="a") == a.plan
+    assert c.plan.instances[0].port == 9000 and d.spec.name == "d"
