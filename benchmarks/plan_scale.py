@@ -95,7 +95,8 @@ def main() -> None:
         runs = [cli_run(inventory) for _ in range(args.repeat)]
         wall = statistics.median(r[0] for r in runs)
         rss = statistics.median(r[1] for r in runs)
-        print(f"fleet plan --json, {args.hosts} hosts: {wall:.2f} s wall, {rss:.0f} MiB peak RSS (median of {args.repeat})")
+        print(f"fleet plan --json, {args.hosts} hosts: {wall:.2f} s wall, {rss:.0f} MiB peak RSS", end="")
+        print(f" (median of {args.repeat})")
         for name, seconds in phases(inventory).items():
             print(f"  {name:45s} {seconds:7.3f} s")
     print(f"(self: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB peak RSS)")

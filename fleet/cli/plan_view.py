@@ -21,15 +21,24 @@ def memory_table(instance: Instance) -> Table:
     table = Table(show_header=False, box=None, padding=(0, 1))
     table.add_column(style="dim")
     table.add_column(justify="right")
-    table.add_row("GPU total", _gib(m.gpu_total))
-    table.add_row(f"× utilization {m.utilization:.2f}", _gib(m.budget))
+    if m.nvml_total:
+        table.add_row("GPU total (NVML)", _gib(m.nvml_total))
+        source = {"probe": "probed", "measured": "measured", "estimate": "estimated"}.get(m.reserve_source, "")
+        table.add_row(f"− driver reserve ({source})", f"{m.reserved / 2**20:,.0f} MiB")
+    table.add_row("= CUDA total", _gib(m.gpu_total))
+    table.add_row(f"× utilization {m.utilization:.2f} (rounded up)", _gib(m.budget))
     table.add_row("− weights / GPU", _gib(m.weights))
     table.add_row("− non-torch (CUDA, NCCL)", _gib(m.non_torch))
     table.add_row("− activation peak (est.)", _gib(m.activation_peak))
     table.add_row("− CUDA graphs (est.)", _gib(m.cuda_graphs))
     table.add_row("= KV cache / GPU", _gib(m.kv_budget))
     table.add_row("KV bytes / token / GPU", f"{m.kv_bytes_per_token:,}")
-    table.add_row("KV tokens", f"{m.kv_tokens:,}")
+    if m.kv_layout is not None and m.kv_layout.hybrid:
+        layout = m.kv_layout
+        table.add_row("KV groups (hybrid)", f"{len(layout.groups)} × {layout.bytes_per_block:,} B blocks")
+        per_token = layout.bytes_per_token(m.max_model_len, m.in_flight_tokens)
+        table.add_row(f"KV bytes / token @ {m.max_model_len:,}", f"{per_token:,.0f}")
+    table.add_row("KV tokens", f"{m.kv_tokens:,} (± {m.kv_tokens_uncertainty:,} est.)")
     table.add_row(f"max concurrency @ {m.max_model_len:,}", f"{m.max_concurrency:.2f}x")
     table.add_row(f"workload requests ({m.kv_tokens_per_request:,} KV tok)", f"{m.workload_concurrency:,}")
     return table

@@ -152,6 +152,10 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
         "flags": [{"option": f.option, "value": f.value, "reason": f.reason} for f in instance.flags],
         "memory": {
             "gpu_total_gib": _gib(m.gpu_total),
+            "nvml_total_gib": _gib(m.nvml_total),
+            "cuda_total_gib": _gib(m.gpu_total),
+            "driver_reserve_mib": m.reserved // 2**20,
+            "driver_reserve_source": m.reserve_source,
             "gpu_memory_utilization": m.utilization,
             "budget_gib": _gib(m.budget),
             "weights_per_gpu_gib": _gib(m.weights),
@@ -161,6 +165,16 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "kv_budget_gib": _gib(m.kv_budget),
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "kv_tokens": m.kv_tokens,
+            "kv_tokens_uncertainty": m.kv_tokens_uncertainty,
+            "kv_blocks": m.kv_blocks,
+            "kv_groups": (
+                [
+                    {"kind": g.kind.value, "layers": g.layers, "slots": g.slots, "window": g.window}
+                    for g in m.kv_layout.groups
+                ]
+                if m.kv_layout is not None
+                else []
+            ),
             "max_model_len": m.max_model_len,
             "max_concurrency": round(m.max_concurrency, 2),
             "workload_concurrency": m.workload_concurrency,
