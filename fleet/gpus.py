@@ -438,6 +438,8 @@ class Gpu:
     memory_total: int  #: bytes
     memory_used: int = 0  #: bytes already in use by something else (from a probe)
     uuid: str = ""
+    #: the driver's reserve a probe read (NVML v2 ``reserved``); None: use the catalogue's
+    memory_reserved: int | None = None
 
 
 @dataclass(frozen=True)

@@ -305,9 +305,8 @@ class GpuMemory:
 def gpu_memory(gpus: HostGpus, index: int) -> GpuMemory:
     """The reserve of one GPU: the probe's NVML v2 ``reserved``, else the catalogue's value."""
     gpu = gpus.gpus[index]
-    probed = getattr(gpu, "memory_reserved", None)
-    if probed is not None:
-        return GpuMemory(gpu.memory_total, probed, "probe", gpu.memory_used)
+    if gpu.memory_reserved is not None:
+        return GpuMemory(gpu.memory_total, gpu.memory_reserved, "probe", gpu.memory_used)
     if gpus.sku is not None:
         source = "measured" if gpus.sku.reserve_measured else "estimate"
         return GpuMemory(gpu.memory_total, gpus.sku.memory_reserved, source, gpu.memory_used)

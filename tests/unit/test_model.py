@@ -9,6 +9,7 @@ import pytest
 
 from fleet.errors import ModelConfigError
 from fleet.model.arch import find_config, load_model, parse_config
+from fleet.model.kv import LayerKind
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 
@@ -229,3 +230,136 @@ def test_model_config_that_is_missing_or_a_directory_is_an_error_not_a_bundled_f
 def test_model_config_directory_with_config_json_is_read(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(BASE))
     assert load_model("acme/x", str(tmp_path)).num_layers == 32
+
+
+# -- vLLM's derived max length (_get_and_verify_max_len), rule by rule --------------------------
+
+R = {"model_type": "llama", "num_attention_heads": 8, "hidden_size": 512, "num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize(
+    "extra, limit, default",
+    [
+        ({"max_position_embeddings": 4096}, 4096, 4096),
+        ({"max_position_embeddings": 4096, "n_positions": 2048}, 2048, 2048),  # the smallest key wins
+        ({"max_position_embeddings": 4096, "model_max_length": 8192}, 8192, 8192),  # model_max_length overrides
+        ({}, 2048, 2048),  # llama's class default max_position_embeddings
+        ({"model_type": "unknown"}, 2048, 2048),  # no key at all: vLLM assumes 2048
+        ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 4.0}}, 16384, 16384),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 8192, 8192),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"rope_type": "default"}}, 4096, 4096),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": None}}, 4096, 4096),
+        ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 131072, 131072),
+        ({"max_position_embeddings": 163840, "rope_scaling": {"type": "yarn", "factor": 40}}, 163840, 163840),
+        ({"max_position_embeddings": 163840, "rope_scaling": {"type": "deepseek_yarn", "factor": 40}}, 163840, 163840),
+        ({"max_position_embeddings": 4096, "rope_scaling": {"type": "mrope", "factor": 2.0}}, 8192, 8192),
+        (
+            {
+                "max_position_embeddings": 131072,
+                "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "su", "factor": 32.0},
+            },
+            131072,
+            4096,  # LongRoPE ("su"): the default is the original length
+        ),
+        (  # Gemma 3: max_position_embeddings is already scaled; the linear factor is not applied
+            {
+                "model_type": "gemma3_text",
+                "max_position_embeddings": 131072,
+                "rope_scaling": {"type": "linear", "factor": 8.0},
+            },
+            131072,
+            131072,
+        ),
+        (  # per-layer-type rope parameters: the scaled type's factor applies
+            {
+                "max_position_embeddings": 4096,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0}, "sliding_attention": {}},
+            },
+            8192,
+            8192,
+        ),
+    ],
+)
+def test_derived_max_len_follows_vllm(extra: dict[str, object], limit: int, default: int) -> None:
+    arch = parse_config({**R, **extra}, "x")
+    assert (arch.max_model_len, arch.default_max_model_len) == (limit, default)
+
+
+def test_tokenizer_model_max_length_caps_the_derived_length(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**R, "max_position_embeddings": 32768}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 8192}))
+    assert load_model(str(tmp_path)).max_model_len == 8192
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 1e30}))  # HF's "no limit"
+    assert load_model(str(tmp_path)).max_model_len == 32768
+
+
+# -- hybrid attention: vLLM's KV-cache groups ------------------------------------------------------
+
+
+def test_gemma2_alternates_sliding_and_full_layers_in_two_groups() -> None:
+    arch = load_model(str(FIXTURES / "gemma-2-9b"))
+    assert arch.kinds[:4] == (LayerKind.SLIDING, LayerKind.FULL, LayerKind.SLIDING, LayerKind.FULL)
+    layout = arch.kv_layout(tp=1)
+    page = 16 * 8 * 2 * 256 * 2  # block × KV heads × (K+V) × head_dim × bf16
+    assert layout.page_bytes == page and len(layout.groups) == 2 and layout.bytes_per_block == 21 * page
+    # a 2,560-token request: full group 160 blocks; sliding min(4095 + 16384, 2560) → 160 + 1
+    assert layout.pages_per_request(2560, 16384) == 160 + 161
+    assert layout.tokens(21 * page * 1000, 2560, 16384) == int(1000 / 321 * 2560)
+
+
+def test_gemma3_five_sliding_to_one_full_is_padded_like_vllm() -> None:
+    arch = load_model(str(FIXTURES / "gemma-3-27b"))  # 62 layers: 52 sliding, 10 full
+    assert arch.kinds.count(LayerKind.SLIDING) == 52 and arch.sliding_window == 1024
+    layout = arch.kv_layout(tp=2)
+    assert [(g.kind, g.layers) for g in layout.groups] == [(LayerKind.SLIDING, 9)] + [(LayerKind.SLIDING, 9)] * 3 + [
+        (LayerKind.SLIDING, 8)
+    ] * 2 + [(LayerKind.FULL, 10)]
+    assert layout.padding_layers == 8  # "Add 8 padding layers"
+    assert layout.bytes_per_block == 10 * layout.page_bytes
+    # at a short context windowed layers cost more than full ones (one extra block, in-flight tokens)
+    assert layout.bytes_per_token(2560, 16384) > arch.kv_bytes_per_token(2) * 1.13
+    # at a long one far less
+    assert layout.bytes_per_token(131072, 16384) < arch.kv_bytes_per_token(2) * 0.5
+
+
+def test_all_sliding_and_chunked_models_are_one_group() -> None:
+    mistral = load_model(str(FIXTURES / "mistral-7b-v0.1")).kv_layout()
+    assert len(mistral.groups) == 1 and mistral.groups[0].kind is LayerKind.SLIDING
+    assert mistral.pages_per_request(32768, 4096) == -(-(4095 + 4096) // 16) + 1
+    scout = load_model(str(FIXTURES / "llama-4-scout"))
+    assert scout.kinds.count(LayerKind.CHUNKED) == 36  # 3 of 4 layers use RoPE and chunked attention
+    layout = scout.kv_layout(8)  # the hybrid manager is off for chunked attention: all full
+    assert len(layout.groups) == 1 and layout.groups[0].kind is LayerKind.FULL and not layout.hybrid
+
+
+# -- parameters ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type, tied", [("llama", False), ("gemma2", True), ("qwen2", False), ("opt", True)])
+def test_tie_word_embeddings_defaults_per_model_type(model_type: str, tied: bool) -> None:
+    assert parse_config({**R, "model_type": model_type}, "x").tie_word_embeddings is tied
+    assert parse_config({**R, "model_type": model_type, "tie_word_embeddings": not tied}, "x").tie_word_embeddings is (
+        not tied
+    )
+
+
+def test_multimodal_towers_are_counted() -> None:
+    gemma3 = load_model(str(FIXTURES / "gemma-3-27b"))
+    assert 0.3e9 < gemma3.tower_parameters < 0.6e9  # SigLIP-so400m and the projector
+    assert gemma3.parameters == pytest.approx(27.4e9, rel=0.01)  # "27B": 27.4B published
+
+
+def test_safetensors_index_total_size_is_the_weight_size(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**R, "torch_dtype": "bfloat16"}))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 123_456_789}}))
+    arch = load_model(str(tmp_path))
+    assert arch.checkpoint_bytes == 123_456_789
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": "big"}}))
+    with pytest.raises(ModelConfigError, match="total_size"):
+        load_model(str(tmp_path))
+
+
+def test_mixtral_expert_width_falls_back_to_intermediate_size() -> None:
+    arch = load_model(str(FIXTURES / "mixtral-8x7b"))
+    assert arch.moe_intermediate_size == 0 and arch.expert_intermediate_size == 14336

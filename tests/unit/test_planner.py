@@ -381,3 +381,61 @@ def test_hosts_with_identical_planning_inputs_share_one_plan(monkeypatch: pytest
     assert (a.plan.host, b.plan.host) == ("a", "b")
     assert dataclasses.replace(b.plan, host="a") == a.plan
     assert c.plan.instances[0].port == 9000 and d.spec.name == "d"
+
+
+def test_budget_uses_cuda_total_measured_reserve_and_probed_reserve() -> None:
+    """Issue 9's numbers: on an H100, NVML's total over-promised 3,456 KV tokens for Llama-3.1-8B."""
+    arch = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    gpus = HostGpus.from_catalogue("h100-sxm-80gb", 1)
+    m = plan_host(spec(), gpus, arch).instances[0].memory
+    assert (m.nvml_total - m.gpu_total, m.reserve_source) == (480 * 2**20, "measured")
+    assert m.budget == math.ceil(0.90 * (81559 - 480) * 2**20)
+    nvml_budget = math.ceil(0.90 * m.nvml_total)
+    assert (nvml_budget - m.budget) // (131_072 * BLOCK_SIZE) * BLOCK_SIZE == 3_456
+    probed = dataclasses.replace(gpus, gpus=(dataclasses.replace(gpus.gpus[0], memory_reserved=700 * 2**20),))
+    p = plan_host(spec(), probed, arch).instances[0].memory
+    assert (p.reserved, p.reserve_source, p.budget) == (700 * 2**20, "probe", math.ceil(0.9 * (81559 - 700) * 2**20))
+
+
+def test_utilization_counts_vllms_own_cuda_context() -> None:
+    arch = load_model("meta-llama/Llama-3.1-8B-Instruct")
+    base = HostGpus.from_catalogue("h100-sxm-80gb", 1)
+    total = base.gpus[0].memory_total
+    busy = dataclasses.replace(base, gpus=(dataclasses.replace(base.gpus[0], memory_used=int(0.1 * total)),))
+    plan = plan_host(spec(gpu_memory_utilization=0.92), busy, arch)
+    m = plan.instances[0].memory
+    free_after_context = m.gpu_total - int(0.1 * total) - CUDA_CONTEXT_BYTES
+    assert m.budget <= free_after_context < math.ceil(0.92 * m.gpu_total)
+    assert "527 MiB" in next(f.reason for f in plan.instances[0].flags if f.option == "--gpu-memory-utilization")
+
+
+def test_moe_activation_uses_intermediate_size_when_no_expert_width() -> None:
+    from fleet.plan.planner import activation_peak
+
+    mixtral = load_model(str(FIXTURES / "mixtral-8x7b"))
+    dense_like = dataclasses.replace(mixtral, num_experts=0)
+    # two experts per token of width 14336 cost twice the dense MLP's activations, not zero
+    assert activation_peak(mixtral, 1, 8192, 0) > activation_peak(dense_like, 1, 8192, 0)
+
+
+def test_hybrid_plan_shows_groups_and_no_lower_bound_note() -> None:
+    arch = load_model(str(FIXTURES / "gemma-2-9b"))
+    plan = plan_host(spec(model=arch.name), HostGpus.from_catalogue("h100-sxm-80gb", 1), arch)
+    notes = " ".join(plan.notes)
+    assert "lower bound" not in notes and "hybrid KV groups" in notes and "padding" not in notes
+    assert "estimated, not vLLM's arithmetic" in notes and "KV tokens" in notes
+
+
+def test_no_nvlink_gpus_are_never_offered_nvlink_and_one_host_limit_is_said() -> None:
+    l70 = load_model(L70)
+    with pytest.raises(PlanError) as err:
+        plan_host(spec(model=L70), HostGpus.from_catalogue("rtx-4090-24gb", 1), l70)
+    text = " ".join(err.value.problem.ways_out)
+    assert "NVLink" not in text and "NVSwitch" not in text and "allow_pcie_tensor_parallel" in text
+    big = parse_config(
+        {"model_type": "llama", "num_attention_heads": 128, "num_key_value_heads": 8, "hidden_size": 16384,
+         "num_hidden_layers": 126, "intermediate_size": 53248, "vocab_size": 128256}, "405b-like"
+    )  # fmt: skip
+    with pytest.raises(PlanError) as err:
+        plan_host(spec(model="405b-like"), HostGpus.from_catalogue("a10-24gb", 1), big)
+    assert any(w.startswith("needs more than one host") for w in err.value.problem.ways_out)
