@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Build .oracle-venv: vLLM 0.33.0, whose own code is the oracle for tests/oracle, next to (never
 # inside) fleet's .venv. It runs on CPU: vLLM's config and KV-cache planning code need torch
-# (the CUDA build vLLM pins; its libraries load without a GPU) but no GPU. vLLM is installed
-# without its dependency tree (flashinfer, CUDA kernels, the server stack); only the packages
-# the imported modules need are added. Indexes come from this machine's pip configuration.
+# (the CUDA build vLLM pins, whose libraries load without a GPU) but no GPU. vLLM is installed
+# without its dependency tree (flashinfer, cutlass, ray, the multimodal and audio stacks...);
+# only the packages that the modules tests/oracle imports pull in at import time are added.
+# Indexes come from this machine's pip configuration.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"

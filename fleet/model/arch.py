@@ -169,7 +169,7 @@ class ModelArch:
 
     @property
     def computed_parameters(self) -> int:
-        """Parameter count from the architecture (``vllm.md`` §5.1 formula, extended to MoE/MLA)."""
+        """Parameter count from the architecture (embeddings, attention, MLP, norms per layer; MoE experts and router; MLA projections)."""
         h = self.hidden_size
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         dense = min(self.dense_layers, self.num_layers) if self.is_moe else self.num_layers
@@ -224,7 +224,8 @@ class ModelArch:
     def tp_problem(self, tp: int) -> str | None:
         """Why vLLM would refuse this tensor-parallel size for this model, or None.
 
-        Rules from vLLM 0.33 (``vllm.md`` §3): attention heads divisible by TP; KV heads
+        Rules from vLLM 0.33 (``ModelConfig.verify_with_parallel_config`` in ``vllm/config/model.py``,
+        ``QKVParallelLinear`` in ``vllm/model_executor/layers/linear.py``): attention heads divisible by TP; KV heads
         divisible by TP, or TP a multiple of the KV heads (replication); the MLP split integral.
         """
         if tp < 1:

@@ -48,7 +48,7 @@ FREE_MEMORY_MARGIN = 0.01  #: keep 1% below what is free when lowering utilizati
 #: GPU memory one CUDA context takes (NVML v2 ``used`` after torch initialises CUDA: 527 MiB on
 #: H100 80GB and H200, driver 580). vLLM reads free memory after creating its context.
 CUDA_CONTEXT_BYTES = 527 * MiB
-#: Non-torch memory per GPU (CUDA context, cuBLAS, NCCL). The worked vLLM log in vllm.md shows
+#: Non-torch memory per GPU (CUDA context, cuBLAS, NCCL). A published vLLM log of Llama-3.1-8B on an H100 shows
 #: 0.35 GiB for one GPU; NCCL buffers add roughly half a GiB once TP > 1.
 NON_TORCH_BYTES = int(0.35 * GiB)
 NCCL_BYTES = int(0.5 * GiB)
@@ -324,7 +324,8 @@ def memory_math(
     batch: tuple[int, int],
     kv_tokens_per_request: int,
 ) -> MemoryMath:
-    """The per-GPU arithmetic vLLM does at start (``vllm.md`` §2.1–2.3), with our estimates."""
+    """The per-GPU arithmetic vLLM does at start (``request_memory`` in ``vllm/v1/worker/utils.py``, ``determine_available_memory`` in
+    ``vllm/v1/worker/gpu_worker.py``, ``fleet.model.kv`` for the KV cache), with our estimates."""
     budget = math.ceil(gpu.cuda_total * utilization)
     weights = -(-weights_total // tp)
     non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)

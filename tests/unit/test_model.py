@@ -13,7 +13,7 @@ from fleet.model.kv import LayerKind
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "models"
 
-# Published parameter counts (shared/reference/models.json, all with an untied LM head).
+# Published parameter counts (all with an untied LM head).
 PARAMS = {
     "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
     "meta-llama/Llama-3.1-70B-Instruct": 70_553_706_496,
@@ -21,7 +21,7 @@ PARAMS = {
     "Qwen/Qwen2.5-72B-Instruct": 72_706_203_648,
 }
 
-# KV bytes per token per GPU, bf16, from the table in shared/reference/vllm.md §5.1.
+# KV bytes per token per GPU, bf16, vLLM's formula 2 × L × max(1, n_kv // TP) × head_dim × 2.
 KV_TABLE = {
     "meta-llama/Llama-3.1-8B-Instruct": {1: 131_072, 2: 65_536, 4: 32_768, 8: 16_384},
     "mistralai/Mistral-7B-Instruct-v0.3": {1: 131_072, 2: 65_536, 4: 32_768, 8: 16_384},
