@@ -169,7 +169,11 @@ class ModelArch:
 
     @property
     def computed_parameters(self) -> int:
-        """Parameter count from the architecture (embeddings, attention, MLP, norms per layer; MoE experts and router; MLA projections)."""
+        """Parameter count from the architecture.
+
+        Embeddings, attention, MLP and norms per layer; MoE experts and router; MLA projections;
+        estimated vision/audio towers.
+        """
         h = self.hidden_size
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         dense = min(self.dense_layers, self.num_layers) if self.is_moe else self.num_layers

@@ -324,8 +324,11 @@ def memory_math(
     batch: tuple[int, int],
     kv_tokens_per_request: int,
 ) -> MemoryMath:
-    """The per-GPU arithmetic vLLM does at start (``request_memory`` in ``vllm/v1/worker/utils.py``, ``determine_available_memory`` in
-    ``vllm/v1/worker/gpu_worker.py``, ``fleet.model.kv`` for the KV cache), with our estimates."""
+    """The per-GPU arithmetic vLLM does at start, with our estimates.
+
+    ``request_memory`` (``vllm/v1/worker/utils.py``) and ``determine_available_memory``
+    (``vllm/v1/worker/gpu_worker.py``); the KV cache by ``fleet.model.kv``.
+    """
     budget = math.ceil(gpu.cuda_total * utilization)
     weights = -(-weights_total // tp)
     non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
