@@ -810,7 +810,14 @@ def _no_fit(
     wanted = spec.gpu_memory_utilization or DEFAULT_UTILIZATION
     tries: list[tuple[str, dict[str, object]]] = []
     if spec.tensor_parallel_size is not None:
-        tries.append(("remove tensor_parallel_size (fleet picks the TP)", {"tensor_parallel_size": None}))
+        pcie_tp = pcie_only and spec.allow_pcie_tensor_parallel
+        free = dataclasses.replace(spec, tensor_parallel_size=None)
+        for tp in candidate_tps(arch, gpus, free, pcie_tp):
+            if tp != spec.tensor_parallel_size and (
+                way := _try(f"tensor_parallel_size: {tp}", spec, gpus, arch, tensor_parallel_size=tp)
+            ):
+                ways.append(way)
+                break
     if wanted < 0.95:
         tries.append(("gpu_memory_utilization: 0.95 (less headroom)", {"gpu_memory_utilization": 0.95}))
     if spec.kv_cache_dtype != "fp8":

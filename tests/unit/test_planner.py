@@ -439,3 +439,10 @@ def test_no_nvlink_gpus_are_never_offered_nvlink_and_one_host_limit_is_said() ->
     with pytest.raises(PlanError) as err:
         plan_host(spec(model="405b-like"), HostGpus.from_catalogue("a10-24gb", 1), big)
     assert any(w.startswith("needs more than one host") for w in err.value.problem.ways_out)
+
+
+def test_forced_tp1_that_cannot_fit_is_offered_the_tp_that_fits() -> None:
+    with pytest.raises(PlanError) as err:
+        plan_host(spec(model=L70, tensor_parallel_size=1), HostGpus.from_catalogue("h100-sxm-80gb"), load_model(L70))
+    first = err.value.problem.ways_out[0]
+    assert first.startswith("tensor_parallel_size: 2: 4 instance(s) at TP 2"), first
