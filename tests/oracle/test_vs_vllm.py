@@ -198,7 +198,7 @@ def test_kv_cache_is_vllms(case: Case) -> None:
 
 def table() -> str:
     rows = [
-        "| model | TP | KV | max-model-len | fleet limit / vLLM | KV B/token/layer fleet / vLLM | KV tokens fleet | vLLM |",
+        "| model | TP | KV | max-model-len | limit fleet/vLLM | B/token/layer fleet/vLLM | KV tokens fleet | vLLM |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for case in CASES:
