@@ -334,8 +334,9 @@ def _assert_refusal_is_justified(s: HostSpec, gpus: HostGpus, arch: ModelArch) -
     weights = weight_bytes(arch, precision)
     max_len = min(round_up(s.workload.p95_sequence_tokens, BLOCK_SIZE), arch.max_model_len)
     pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
-    for tp in candidate_tps(arch, gpus, s, pcie_only and s.allow_pcie_tensor_parallel):
-        for group in gpu_groups(gpus, tp, False):
+    pcie_tp = pcie_only and s.allow_pcie_tensor_parallel
+    for tp in candidate_tps(arch, gpus, s, pcie_tp):
+        for group in gpu_groups(gpus, tp, pcie_tp):
             util, _ = utilization_for(s, gpus, group)
             mem = min((gpu_memory(gpus, i) for i in group), key=lambda g: g.cuda_total)
             m = memory_math(
