@@ -24,6 +24,8 @@ from fleet.lab.state import HostRecord
 #: Inside the host: the directory nspawn binds read-only over /proc/driver.
 PROC_DRIVER_SOURCE = "/usr/lib/fleet-lab/proc-driver"
 NVML_PROFILE_PATH = "/etc/fleet-lab/nvml-profile"
+#: A bare host's GPUs as the driver finds them at boot (the lab's stand-in for its PCI devices).
+HARDWARE_PROFILE = "/usr/lib/fleet-lab/hardware/nvml-profile"
 NVML_STATE_DIR = "/run/fleet-lab/nvml"
 SHIM_PATH = f"/usr/lib/{platform.machine()}-linux-gnu/libnvidia-ml.so.1"
 SSHD_DROP_IN = "/etc/ssh/sshd_config.d/10-fleet-lab.conf"
@@ -91,6 +93,31 @@ def gpu_files(profile_name: str) -> list[HostFile]:
         HostFile(PROC_DRIVER_SOURCE + "/nvidia/version", profile.proc_driver_version_text(), 0o444),
         HostFile("/etc/tmpfiles.d/fleet-lab.conf", f"d {NVML_STATE_DIR} 1777 root root -\n"),
     ]
+
+
+def bare_gpu_files(profile_name: str) -> list[HostFile]:
+    """A host with GPUs and no driver: only the hardware description the driver will find.
+
+    The stand-in driver package (``fleet.lab.apt_repo``) loads it at boot; until then there is no
+    ``libnvidia-ml.so.1``, no NVML profile and no ``/proc/driver/nvidia``.
+    """
+    from fleet.lab.profiles import load_profile
+
+    try:
+        profile = load_profile(profile_name)
+    except ValueError as exc:
+        raise LabError(f"lab profile: {exc}") from exc
+    return [
+        HostFile(HARDWARE_PROFILE, profile.render()),
+        HostFile("/etc/tmpfiles.d/fleet-lab.conf", f"d {NVML_STATE_DIR} 1777 root root -\n"),
+    ]
+
+
+def power_on(root: Path) -> None:
+    """What a power cycle forgets: the loaded kernel module's ``/proc/driver`` (reloaded at boot)."""
+    proc_driver = _inside(root, PROC_DRIVER_SOURCE)
+    shutil.rmtree(proc_driver, ignore_errors=True)
+    proc_driver.mkdir(parents=True, exist_ok=True)
 
 
 def _owner_ids(root: Path, user: str) -> tuple[int, int]:

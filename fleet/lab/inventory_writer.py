@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import pprint
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.lab.base import LOGIN_USER
 from fleet.lab.state import HostRecord, LabDir, LabState
+
+if TYPE_CHECKING:
+    from fleet.lab.apt_repo import AptRepo
 
 DEFAULT_INVENTORY = Path("inventory/lab.py")
 GROUP = "lab"
@@ -35,7 +38,9 @@ FLEET_LAB_DEFAULTS: dict[str, Any] = {
 }
 
 
-def host_data(lab: LabDir, state: LabState, host: HostRecord, pip_index_url: str | None = None) -> dict[str, Any]:
+def host_data(
+    lab: LabDir, state: LabState, host: HostRecord, pip_index_url: str | None = None, apt: AptRepo | None = None
+) -> dict[str, Any]:
     """The pyinfra host data of one lab host."""
     data: dict[str, Any] = {
         "ssh_hostname": host.address,
@@ -51,12 +56,17 @@ def host_data(lab: LabDir, state: LabState, host: HostRecord, pip_index_url: str
     # pip_index_url: where lab hosts install packages from (the lab's package index); None = not set.
     if pip_index_url is not None:
         data["pip_index_url"] = pip_index_url
+    # nvidia_apt_url / nvidia_apt_keyring: the mirror of NVIDIA's apt repository (the lab's signed
+    # stand-in repository) and the public key file that signs it, installed on hosts by the deploy.
+    if apt is not None:
+        data["nvidia_apt_url"] = apt.url
+        data["nvidia_apt_keyring"] = str(apt.keyring)
     return data
 
 
-def render_inventory(lab: LabDir, state: LabState, pip_index_url: str | None = None) -> str:
+def render_inventory(lab: LabDir, state: LabState, pip_index_url: str | None = None, apt: AptRepo | None = None) -> str:
     """The inventory file's text."""
-    hosts = [(h.name, host_data(lab, state, h, pip_index_url)) for h in state.hosts]
+    hosts = [(h.name, host_data(lab, state, h, pip_index_url, apt)) for h in state.hosts]
     body = pprint.pformat(hosts, indent=1, width=100, sort_dicts=False)
     return f"{HEADER.format(name=state.name)}\n\n{GROUP} = {body}\n"
 

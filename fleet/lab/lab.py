@@ -58,6 +58,9 @@ class UpOptions:
     #: Where lab hosts install Python packages from. None: the lab's own index on 127.0.0.1
     #: (``fleet.lab.index``), like an air-gapped fleet's mirror.
     pip_index_url: str | None = None
+    #: Bare hosts: GPUs without a driver (no NVML library) until a deploy installs the stand-in
+    #: driver from the lab's apt repository (``fleet.lab.apt_repo``) and the host restarts.
+    bare: bool = False
 
 
 @dataclass
@@ -93,7 +96,7 @@ def _desired_hosts(opts: UpOptions, octet: int) -> list[HostRecord]:
         raise LabError(f"--hosts must be between 1 and {MAX_HOSTS}, not {opts.hosts}")
     profiles = list(opts.profiles) or [DEFAULT_PROFILE]
     return [
-        HostRecord(host_name(opts.name, i), i, host_address(octet, i), profiles[(i - 1) % len(profiles)])
+        HostRecord(host_name(opts.name, i), i, host_address(octet, i), profiles[(i - 1) % len(profiles)], opts.bare)
         for i in range(1, opts.hosts + 1)
     ]
 
@@ -127,8 +130,11 @@ def _prepare_root(lab: LabDir, state: LabState, host: HostRecord, base: Path, sh
     m.mount_root(base)
     control_pub = Path(f"{lab.control_key}.pub").read_text().strip()
     files = hostfiles.identity_files(lab.name, host, state.hosts, state.ssh_port, m.host_key, control_pub)
-    hostfiles.install_files(m.root, files + hostfiles.gpu_files(host.profile))
-    hostfiles.install_shim(m.root, shim)
+    if host.bare:
+        hostfiles.install_files(m.root, files + hostfiles.bare_gpu_files(host.profile))
+    else:
+        hostfiles.install_files(m.root, files + hostfiles.gpu_files(host.profile))
+        hostfiles.install_shim(m.root, shim)
     hostfiles.ensure_machine_id(m.root)
     return m
 
@@ -182,6 +188,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
             result.kept.append(h.name)
         else:
             m.kill_leftovers()
+            if h.bare:
+                hostfiles.power_on(m.root)
             to_start.append(m)
     _check_ports(state, [h for h in desired if h.name in {m.name for m in to_start}])
     for m in to_start:
@@ -193,15 +201,47 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         result.started.append(m.name)
 
     index_url = opts.pip_index_url
+    apt = None
     if index_url is None:
+        from fleet.lab.apt_repo import ensure_apt_repo
         from fleet.lab.index import ensure_index
 
         index_url = ensure_index(lab.root)
         progress(f"package index at {index_url}")
-    inventory_writer.write_inventory(opts.inventory, inventory_writer.render_inventory(lab, state, index_url))
+        apt = ensure_apt_repo(lab.root, shim)
+        progress(f"signed apt repository at {apt.url}{apt.dist_path}/")
+    text = inventory_writer.render_inventory(lab, state, index_url, apt)
+    inventory_writer.write_inventory(opts.inventory, text)
     result.inventory = opts.inventory
     result.seconds = time.monotonic() - t0
     return result
+
+
+def restart_host(
+    name: str, host_name_: str, state_root: Path = DEFAULT_STATE_ROOT, progress: Progress = lambda _m: None
+) -> float:
+    """Power-cycle one host (stop, power on, boot, wait for sshd); return the seconds it took.
+
+    What a reboot clears is cleared (``/run``, the loaded driver); the disk (overlay) stays.
+    """
+    t0 = time.monotonic()
+    lab = LabDir(name, state_root)
+    state = lab.load()
+    host = state.host(host_name_) if state else None
+    if state is None or host is None or state.base is None:
+        raise LabError(f"lab {name!r} has no host {host_name_!r}")
+    m = machine_for(lab, state, host)
+    progress(f"stopping {host.name}")
+    m.stop()
+    m.mount_root(Path(state.base))
+    m.kill_leftovers()
+    hostfiles.power_on(m.root)
+    if not host.bare:
+        hostfiles.install_files(m.root, hostfiles.gpu_files(host.profile))
+    progress(f"booting {host.name}")
+    m.start()
+    m.wait_for_ssh()
+    return time.monotonic() - t0
 
 
 def down(

@@ -58,6 +58,8 @@ class HostRecord:
     index: int
     address: str
     profile: str
+    #: A bare host has its GPUs but no driver: no NVML library until the driver package is installed.
+    bare: bool = False
 
 
 @dataclass

@@ -1,0 +1,48 @@
+"""The rendered systemd units and environment files of a host (``fleet.render.units``).
+
+Each file is written atomically with its owner and mode (``files.atomic_file``; env files hold
+the API key: root-only 0600). ``systemctl daemon-reload`` runs only when a unit file changed,
+and each unit is enabled unless it already is. Starting and restarting is the deploy's job
+(first deploy) or the rolling engine's (a fleet already serving), not this operation's.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.facts.systemd import SystemdEnabled
+
+from fleet.operations.files import Commands, atomic_file
+from fleet.render.units import RenderedFile
+
+UNIT_SUFFIXES = (".service", ".socket", ".timer", ".target", ".path", ".mount")
+
+
+@operation()
+def installed(files: Sequence[RenderedFile], enable: bool = True) -> Commands:
+    """
+    Write ``files`` (root-owned, their own modes), reload systemd if a unit changed, enable units.
+
+    + files: the host's rendered files
+    + enable: enable the units (``WantedBy=``) so they start at boot
+    """
+    unit_changed = file_changed = False
+    for f in files:
+        commands = list(atomic_file._inner(path=f.path, content=f.content, mode=f.mode))
+        file_changed = file_changed or bool(commands)
+        unit_changed = unit_changed or (bool(commands) and f.path.endswith(UNIT_SUFFIXES))
+        yield from commands
+    if unit_changed:
+        yield "systemctl daemon-reload"
+    if not enable:
+        return
+    enabled = host.get_fact(SystemdEnabled)
+    units = [f.path.rsplit("/", 1)[1] for f in files if f.path.endswith(UNIT_SUFFIXES)]
+    todo = [u for u in units if not enabled.get(u)]
+    if todo:
+        yield shlex.join(["systemctl", "enable", *todo])
+    elif not file_changed:
+        host.noop("units up to date and enabled")

@@ -1,0 +1,126 @@
+"""vLLM on a host: its system user, one immutable virtual environment per release, and the
+``current`` link that selects the release the units run.
+
+A release is ``<root>/releases/<id>``, ``<id>`` named by its content (``layout.ReleaseSpec``:
+vLLM version, the host's Python, extras, pinned companions, the package index), so the same
+inputs always give the same directory and a change gives a new one beside it. It is built in
+place (a venv cannot move) and counts only once its marker file is written, last. ``current``
+and ``previous`` are symlinks flipped atomically (``ln -sfn`` to a temporary name, then
+``mv -T``: one ``rename(2)``), so going back is one flip, no reinstall. Old releases are pruned
+beyond a count, never the current or the previous one.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.operations import server
+
+from fleet.facts.releases import MARKER, VllmReleases
+from fleet.operations import layout
+from fleet.operations.files import Commands, atomic_file
+
+DEFAULT_ROOT = "/opt/fleet/vllm"
+PIP_TIMEOUT_S = 60
+
+
+@operation()
+def service_user(user: str = "vllm", home: str = "/var/lib/vllm") -> Commands:
+    """
+    The system user the vLLM units run as, with its home (caches, model files).
+
+    + user: user (and group) name
+    + home: its home directory, created 0750
+    """
+    yield from server.group._inner(group=user, system=True)
+    yield from server.user._inner(
+        user=user, group=user, home=home, shell="/usr/sbin/nologin", system=True, create_home=True
+    )
+
+
+def release_dir(root: str, release_id: str) -> str:
+    return f"{root}/releases/{release_id}"
+
+
+@operation()
+def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "python3") -> Commands:
+    """
+    Build the release ``spec`` names under ``root`` unless it is there and complete.
+
+    + spec: what goes into the venv (its ``release_id`` names the directory)
+    + root: where releases live
+    + python: the interpreter the venv is made from
+    """
+    facts = host.get_fact(VllmReleases, root=root)
+    name = spec.release_id
+    found = next((r for r in facts["releases"] if r["name"] == name), None)
+    if found is not None and found["complete"]:
+        host.noop(f"release {name} is there")
+        return
+    target = release_dir(root, name)
+    if found is not None:  # half-built by an earlier run: start again
+        yield shlex.join(["rm", "-rf", "--", target])
+    yield shlex.join(["mkdir", "-p", "--", f"{root}/releases"])
+    yield shlex.join([python, "-m", "venv", target])
+    yield shlex.join(
+        [
+            f"{target}/bin/pip", "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir",
+            "--timeout", str(PIP_TIMEOUT_S), "--index-url", spec.index_url, *spec.requirements(),
+        ]
+    )  # fmt: skip
+    marker = {
+        "id": name,
+        "vllm_version": spec.vllm_version,
+        "python": spec.python_version,
+        "index_url": spec.index_url,
+        "requirements": spec.requirements(),
+    }
+    yield from atomic_file._inner(path=f"{target}/{MARKER}", content=json.dumps(marker, indent=2) + "\n", mode=0o644)
+
+
+def _flip(root: str, link: str, release_id: str) -> str:
+    """``ln -sfn`` to a temporary link, then ``mv -T`` over ``link``: one atomic rename."""
+    tmp = f"{root}/.{link}.fleet-tmp"
+    return " && ".join(
+        [
+            shlex.join(["ln", "-sfn", f"releases/{release_id}", tmp]),
+            shlex.join(["mv", "-fT", tmp, f"{root}/{link}"]),
+        ]
+    )
+
+
+@operation()
+def activate(release_id: str, root: str = DEFAULT_ROOT) -> Commands:
+    """
+    Point ``current`` at ``release_id``; the release it pointed at becomes ``previous``.
+
+    + release_id: a complete release under ``root``
+    + root: where releases live
+    """
+    facts = host.get_fact(VllmReleases, root=root)
+    if facts["current"] == release_id:
+        host.noop(f"current is {release_id}")
+        return
+    if facts["current"] is not None:
+        yield _flip(root, "previous", facts["current"])
+    yield _flip(root, "current", release_id)
+
+
+@operation()
+def prune(keep: int = 3, root: str = DEFAULT_ROOT) -> Commands:
+    """
+    Remove the oldest releases beyond ``keep``, never the current or the previous one.
+
+    + keep: how many releases stay (at least 2)
+    + root: where releases live
+    """
+    facts = host.get_fact(VllmReleases, root=root)
+    names = [r["name"] for r in facts["releases"]]
+    victims = layout.releases_to_prune(names, facts["current"], facts["previous"], keep)
+    if not victims:
+        host.noop(f"{len(names)} release(s), keeping up to {keep}")
+        return
+    yield shlex.join(["rm", "-rf", "--", *[release_dir(root, v) for v in victims]])
