@@ -40,6 +40,7 @@ from pathlib import Path
 
 from fleet.lab.errors import LabError
 from fleet.lab.locks import file_lock
+from fleet.operations.layout import NVML_PY_REQUIREMENT
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STANDIN_DIR = REPO_ROOT / "lab" / "vllm-standin"
@@ -50,7 +51,7 @@ STANDIN_EXTRA_INPUTS = (
 )
 STANDIN_DIST = "vllm"
 #: Third-party wheels a lab deploy installs next to the stand-in.
-DEPLOY_REQUIREMENTS: tuple[str, ...] = ("nvidia-ml-py==13.615.71",)
+DEPLOY_REQUIREMENTS: tuple[str, ...] = (NVML_PY_REQUIREMENT,)
 BIND_HOST = "127.0.0.1"
 START_TIMEOUT_S = 15.0
 

@@ -26,7 +26,7 @@ Commands = Generator[str | StringCommand, Any, None]
 
 #: Run by ``sh -c`` with the values as positional arguments (never interpolated into the script).
 _WRITE = (
-    'set -e; umask 077; mkdir -p -- "$1"; tmp="$1/.$2.fleet-tmp"; rm -f -- "$tmp"; '
+    'set -e; mkdir -p -- "$1"; umask 077; tmp="$1/.$2.fleet-tmp"; rm -f -- "$tmp"; '
     'base64 -d > "$tmp"; chown -- "$3" "$tmp"; chmod -- "$4" "$tmp"; mv -fT -- "$tmp" "$1/$2"'
 )
 

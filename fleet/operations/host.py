@@ -1,0 +1,165 @@
+"""The deploys of one serving host, read from its inventory data: what ``deploys/vllm_host.py``
+runs under the plain ``pyinfra`` CLI and what ``fleet deploy`` runs through pyinfra's API.
+
+Host data read here (besides the keys ``fleet.inventory.spec`` validates):
+
+* ``nvidia_apt_url``: mirror root of NVIDIA's apt repository (the lab's signed stand-in in the
+  lab); without it the driver is left to whoever manages it.
+* ``nvidia_apt_keyring``: path, on the control machine, of that repository's public key.
+* ``nvidia_driver_version``: the driver to pin (default: the one the vLLM release is tested with).
+* ``nvidia_fabric_manager``: force the fabric manager on or off (default: on for NVSwitch hosts).
+* ``vllm_extras``: vLLM extras (list of names); ``releases_kept``: releases kept (default 3).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api.deploy import deploy
+from pyinfra.context import host
+
+from fleet.errors import FleetError
+from fleet.facts.driver import PythonVersion
+from fleet.gpus import Fabric
+from fleet.inventory.spec import HostSpec, host_spec
+from fleet.operations import layout, nvidia, units, vllm
+from fleet.render.units import HostPaths, RenderedFile, render_host
+
+#: The driver each vLLM series is deployed with (580 branch: CUDA 13.x user space).
+DEFAULT_DRIVER = {"0.33": "580.95.05"}
+DEFAULT_RELEASES_KEPT = 3
+
+
+class HostDataError(FleetError):
+    """A host's data cannot drive a deploy; names the host, the key, the value and the way out."""
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    mirror: str
+    keyring: str
+    version: str
+    fabric_manager: bool
+
+
+def _spec(name: str, data: Mapping[str, Any]) -> HostSpec:
+    return host_spec("(inventory)", name, (), dict(data))
+
+
+def fabric_of(spec: HostSpec) -> Fabric:
+    """The host's NVLink fabric as the inventory declares it (gpu entry, or the lab profile)."""
+    if spec.gpu is not None:
+        return spec.gpu.nvlink
+    if spec.lab_profile is not None:
+        from fleet.lab.profiles import load_profile
+
+        return load_profile(spec.lab_profile).fabric
+    return Fabric.NONE
+
+
+def driver_settings(name: str, data: Mapping[str, Any]) -> DriverSettings | None:
+    """The driver to install on a host, or None when the inventory names no apt mirror."""
+    mirror = data.get("nvidia_apt_url")
+    if not mirror:
+        return None
+    keyring = data.get("nvidia_apt_keyring")
+    if not isinstance(keyring, str) or not os.path.isfile(keyring):
+        raise HostDataError(
+            f"host {name}: nvidia_apt_keyring={keyring!r}: must be the path of the repository's public key "
+            "file on this machine (set it beside nvidia_apt_url)"
+        )
+    spec = _spec(name, data)
+    series = ".".join(spec.vllm_version.split(".")[:2])
+    version = str(data.get("nvidia_driver_version") or DEFAULT_DRIVER.get(series, ""))
+    try:
+        layout.repo_url(str(mirror), layout.SUPPORTED[0], "x86_64")
+        layout.check_driver_version(version, spec.vllm_version)
+    except layout.LayoutError as exc:
+        raise HostDataError(f"host {name}: {exc}") from exc
+    fm = data.get("nvidia_fabric_manager")
+    fabric_manager = bool(fm) if fm is not None else fabric_of(spec) is Fabric.SWITCH
+    return DriverSettings(str(mirror), keyring, version, fabric_manager)
+
+
+def release_spec(name: str, data: Mapping[str, Any], python_version: str) -> layout.ReleaseSpec:
+    """The vLLM release a host's data asks for, on a host with that Python."""
+    spec = _spec(name, data)
+    if not spec.pip_index_url:
+        raise HostDataError(f"host {name}: pip_index_url is not set: the package index the venv installs from")
+    extras = data.get("vllm_extras") or ()
+    if not isinstance(extras, list | tuple) or not all(isinstance(e, str) and e.isidentifier() for e in extras):
+        raise HostDataError(f"host {name}: vllm_extras={extras!r}: a list of extra names, e.g. ['audio']")
+    return layout.ReleaseSpec(
+        vllm_version=spec.vllm_version,
+        python_version=python_version,
+        index_url=spec.pip_index_url,
+        extras=tuple(extras),
+        extra_requirements=(layout.NVML_PY_REQUIREMENT,),
+    )
+
+
+def releases_kept(name: str, data: Mapping[str, Any]) -> int:
+    kept = data.get("releases_kept", DEFAULT_RELEASES_KEPT)
+    if not isinstance(kept, int) or isinstance(kept, bool) or not 2 <= kept <= 100:
+        raise HostDataError(f"host {name}: releases_kept={kept!r}: a whole number from 2 to 100")
+    return kept
+
+
+def rendered_files(name: str, data: Mapping[str, Any], paths: HostPaths) -> list[RenderedFile]:
+    """The host's units and env files from its plan (API key from ``env:`` refs, if set)."""
+    from fleet.model.arch import load_model
+    from fleet.plan.outcomes import gpus_for
+    from fleet.plan.planner import plan_host
+
+    spec = _spec(name, data)
+    plan = plan_host(spec, gpus_for(spec), load_model(spec.model, spec.model_config))
+    api_key = None
+    ref = spec.api_key_ref
+    if ref is not None and str(ref).startswith("env:"):
+        api_key = os.environ.get(str(ref).removeprefix("env:")) or None
+    return render_host(plan, api_key, str(ref) if ref else None, paths)
+
+
+def _data() -> dict[str, Any]:
+    return dict(host.data.dict())  # type: ignore[no-untyped-call]
+
+
+@deploy("NVIDIA driver")
+def nvidia_driver() -> None:
+    settings = driver_settings(host.name, _data())
+    if settings is None:
+        host.noop("no nvidia_apt_url: the NVIDIA driver is not managed by fleet on this host")
+        return
+    nvidia.repository(name="NVIDIA apt repository", mirror=settings.mirror, keyring=settings.keyring)
+    nvidia.driver(
+        name=f"NVIDIA driver {settings.version}", version=settings.version, fabric_manager=settings.fabric_manager
+    )
+
+
+@deploy("vLLM release")
+def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
+    data = _data()
+    python_version = host.get_fact(PythonVersion)
+    if python_version is None:
+        raise HostDataError(f"host {host.name}: python3 does not run; install python3 and python3-venv")
+    spec = release_spec(host.name, data, python_version)
+    vllm.service_user(name="vLLM system user")
+    vllm.release(name=f"vLLM release {spec.release_id}", spec=spec, root=root)
+    vllm.activate(name="current release", release_id=spec.release_id, root=root)
+    vllm.prune(name="prune old releases", keep=releases_kept(host.name, data), root=root)
+
+
+@deploy("vLLM units")
+def vllm_units(paths: HostPaths | None = None) -> None:
+    files = rendered_files(host.name, _data(), paths or HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current"))
+    units.installed(name="vLLM units and env files", files=files)
+
+
+@deploy("vLLM host")
+def vllm_host() -> None:
+    nvidia_driver()
+    vllm_release()
+    vllm_units()

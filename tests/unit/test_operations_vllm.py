@@ -1,0 +1,179 @@
+"""vLLM release, activation, pruning and unit operations against recorded facts."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shlex
+
+import pytest
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.systemd import SystemdEnabled
+
+from fleet.facts.releases import MARKER, VllmReleases
+from fleet.operations import layout, units, vllm
+from fleet.operations.files import atomic_file
+from fleet.render.units import RenderedFile
+
+from .opharness import Value, key, run_op
+
+ROOT = "/opt/fleet/vllm"
+SPEC = layout.ReleaseSpec("0.33.0", "3.11.2", "http://127.0.0.1:9000/simple/", (), (layout.NVML_PY_REQUIREMENT,))
+RID = SPEC.release_id
+
+
+def releases(*rows: tuple[int, int, str], current: str = "", previous: str = "") -> list[str]:
+    """What VllmReleases' command prints: ``release <mtime> <complete> <name>`` lines, then links."""
+    lines = [f"release {m} {c} {n}" for m, c, n in rows]
+    cur = f"releases/{current}" if current else ""
+    prev = f"releases/{previous}" if previous else ""
+    return [*lines, f"current {cur}", f"previous {prev}"]
+
+
+def _file_stat(mode: str, user: str = "root") -> list[str]:
+    return [f"user={user} group={user} mode={mode} atime=1 mtime=1 ctime=1 size=1 '/x'"]
+
+
+# -- releases ---------------------------------------------------------------------------------
+
+
+def test_release_id_is_named_by_content() -> None:
+    assert RID.startswith("vllm-0.33.0-py3.11.2-") and len(RID.rsplit("-", 1)[1]) == 12
+    assert layout.ReleaseSpec("0.33.0", "3.11.2", SPEC.index_url, (), SPEC.extra_requirements).release_id == RID
+    for changed in (
+        layout.ReleaseSpec("0.33.1", "3.11.2", SPEC.index_url, (), SPEC.extra_requirements),
+        layout.ReleaseSpec("0.33.0", "3.12.1", SPEC.index_url, (), SPEC.extra_requirements),
+        layout.ReleaseSpec("0.33.0", "3.11.2", "http://mirror.invalid/simple/", (), SPEC.extra_requirements),
+        layout.ReleaseSpec("0.33.0", "3.11.2", SPEC.index_url, ("audio",), SPEC.extra_requirements),
+    ):
+        assert changed.release_id != RID
+    assert layout.ReleaseSpec("0.33.0", "3", "u", ("b", "a")).requirements() == ["vllm[a,b]==0.33.0"]
+
+
+def test_release_on_a_bare_host_builds_the_venv_from_the_index_only() -> None:
+    facts = {key(VllmReleases, root=ROOT): releases(), key(Sha1File, path=f"{ROOT}/releases/{RID}/{MARKER}"): []}
+    run = run_op(vllm.release, facts, spec=SPEC, root=ROOT)
+    target = f"{ROOT}/releases/{RID}"
+    assert run.texts[:3] == [
+        f"mkdir -p -- {ROOT}/releases",
+        f"python3 -m venv {target}",
+        f"{target}/bin/pip install --no-input --disable-pip-version-check --no-cache-dir --timeout 60 "
+        "--index-url http://127.0.0.1:9000/simple/ vllm==0.33.0 nvidia-ml-py==13.615.71",
+    ]
+    marker = json.loads(base64.b64decode(run.commands[3].stdin or ""))
+    assert marker["id"] == RID and marker["index_url"] == SPEC.index_url
+    assert len(run.commands) == 4
+
+
+def test_complete_release_is_not_touched_and_a_half_built_one_is_rebuilt() -> None:
+    done = {key(VllmReleases, root=ROOT): releases((100, 1, RID))}
+    assert run_op(vllm.release, done, spec=SPEC, root=ROOT).texts == []
+    half = {
+        key(VllmReleases, root=ROOT): releases((100, 0, RID)),
+        key(Sha1File, path=f"{ROOT}/releases/{RID}/{MARKER}"): [],
+    }
+    run = run_op(vllm.release, half, spec=SPEC, root=ROOT)
+    assert run.texts[0] == f"rm -rf -- {ROOT}/releases/{RID}"
+
+
+def test_activate_flips_current_and_keeps_previous() -> None:
+    first = run_op(vllm.activate, {key(VllmReleases, root=ROOT): releases((1, 1, "a"))}, release_id="a", root=ROOT)
+    assert first.texts == [
+        f"ln -sfn releases/a {ROOT}/.current.fleet-tmp && mv -fT {ROOT}/.current.fleet-tmp {ROOT}/current"
+    ]
+    second = run_op(
+        vllm.activate, {key(VllmReleases, root=ROOT): releases((1, 1, "a"), (2, 1, "b"), current="a")},
+        release_id="b", root=ROOT,
+    )  # fmt: skip
+    assert second.texts == [
+        f"ln -sfn releases/a {ROOT}/.previous.fleet-tmp && mv -fT {ROOT}/.previous.fleet-tmp {ROOT}/previous",
+        f"ln -sfn releases/b {ROOT}/.current.fleet-tmp && mv -fT {ROOT}/.current.fleet-tmp {ROOT}/current",
+    ]
+    again = {key(VllmReleases, root=ROOT): releases((1, 1, "a"), (2, 1, "b"), current="b", previous="a")}
+    assert run_op(vllm.activate, again, release_id="b", root=ROOT).texts == []
+
+
+@pytest.mark.parametrize(
+    ("names", "current", "previous", "keep", "pruned"),
+    [
+        (["a", "b", "c"], "c", "b", 3, []),
+        (["a", "b", "c", "d"], "d", "c", 3, ["a"]),
+        (["a", "b", "c", "d", "e"], "e", "d", 2, ["a", "b", "c"]),
+        (["a", "b", "c", "d"], "a", "b", 2, ["c", "d"]),  # rolled back to an old one: it stays
+        (["a", "b"], None, None, 2, []),
+    ],
+)
+def test_prune_never_removes_current_or_previous(
+    names: list[str], current: str | None, previous: str | None, keep: int, pruned: list[str]
+) -> None:
+    assert layout.releases_to_prune(names, current, previous, keep) == pruned
+
+
+def test_prune_operation_and_its_guard() -> None:
+    facts = {
+        key(VllmReleases, root=ROOT): releases(
+            (1, 1, "a"), (2, 1, "b"), (3, 1, "c"), (4, 1, "d"), current="d", previous="c"
+        )
+    }
+    assert run_op(vllm.prune, facts, keep=3, root=ROOT).texts == [f"rm -rf -- {ROOT}/releases/a"]
+    assert run_op(vllm.prune, facts, keep=4, root=ROOT).texts == []
+    with pytest.raises(layout.LayoutError, match="keep at least 2"):
+        layout.releases_to_prune(["a"], "a", None, 1)
+
+
+# -- files and units ----------------------------------------------------------------------------
+
+
+def test_atomic_file_sends_the_secret_on_stdin_only() -> None:
+    secret = "VLLM_API_KEY=s3cr3t-value\n"
+    path = "/etc/fleet/vllm-0.env"
+    run = run_op(atomic_file, {key(Sha1File, path=path): []}, path=path, content=secret, mode=0o600)
+    assert "s3cr3t" not in run.texts[0]
+    assert shlex.split(run.texts[0])[3:] == ["fleet-write", "/etc/fleet", "vllm-0.env", "root:root", "600"]
+    assert "umask 077" in run.texts[0] and "mv -fT" in run.texts[0]
+    assert base64.b64decode(run.commands[0].stdin or "").decode() == secret
+
+
+def test_atomic_file_fixes_only_mode_or_owner_when_content_matches() -> None:
+    path = "/etc/fleet/vllm-0.env"
+    sha = [f"{hashlib.sha1(b'x').hexdigest()}  {path}"]
+    loose = {key(Sha1File, path=path): sha, key(File, path=path): _file_stat("-rw-r--r--", "vllm")}
+    assert run_op(atomic_file, loose, path=path, content="x", mode=0o600).texts == [
+        f"chown root:root -- {path}",
+        f"chmod 600 -- {path}",
+    ]
+    tight = {key(Sha1File, path=path): sha, key(File, path=path): _file_stat("-rw-------")}
+    assert run_op(atomic_file, tight, path=path, content="x", mode=0o600).texts == []
+
+
+UNIT = RenderedFile("/etc/systemd/system/fleet-vllm-0.service", "[Service]\nExecStart=/bin/true\n", 0o644)
+ENV = RenderedFile("/etc/fleet/vllm-0.env", "VLLM_API_KEY=k\n", 0o600)
+
+
+def _unit_facts(unit_sha: bool, env_sha: bool, enabled: bool) -> dict:
+    def sha(f: RenderedFile, same: bool) -> list[str]:
+        return [f"{hashlib.sha1(f.content.encode() if same else b'old').hexdigest()}  {f.path}"]
+
+    return {
+        key(Sha1File, path=UNIT.path): sha(UNIT, unit_sha),
+        key(Sha1File, path=ENV.path): sha(ENV, env_sha),
+        key(File, path=UNIT.path): _file_stat("-rw-r--r--"),
+        key(File, path=ENV.path): _file_stat("-rw-------"),
+        key(SystemdEnabled): Value({"fleet-vllm-0.service": enabled}),
+    }
+
+
+def test_units_first_run_writes_reloads_and_enables() -> None:
+    run = run_op(units.installed, _unit_facts(False, False, False), files=[UNIT, ENV])
+    assert [t.split()[0] for t in run.texts] == ["sh", "sh", "systemctl", "systemctl"]
+    assert run.texts[2:] == ["systemctl daemon-reload", "systemctl enable fleet-vllm-0.service"]
+
+
+def test_units_second_run_changes_nothing() -> None:
+    assert run_op(units.installed, _unit_facts(True, True, True), files=[UNIT, ENV]).texts == []
+
+
+def test_env_change_alone_does_not_reload_systemd() -> None:
+    run = run_op(units.installed, _unit_facts(True, False, True), files=[UNIT, ENV])
+    assert len(run.texts) == 1 and "vllm-0.env" in run.texts[0]
