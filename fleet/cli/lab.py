@@ -86,6 +86,9 @@ def lab() -> None:
 )
 @click.option("--ssh-port", type=click.IntRange(1, 65535), default=22, show_default=True, help="sshd port in hosts.")
 @click.option("--octet", type=click.IntRange(1, 254), default=None, help="Use addresses 127.0.OCTET.x.")
+@click.option(
+    "--bare", is_flag=True, help="Hosts without a GPU driver: a deploy installs it from the lab's apt repository."
+)
 @_state_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def up(
@@ -96,13 +99,14 @@ def up(
     inventory: Path,
     ssh_port: int,
     octet: int | None,
+    bare: bool,
     state_root: Path,
     as_json: bool,
 ) -> None:
     """Start the lab's hosts (idempotent: running hosts stay, missing ones start)."""
     opts = lab_ops.UpOptions(
         name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
-        inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port,
+        inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port, bare=bare,
     )  # fmt: skip
     try:
         with _err.status(f"bringing up lab {name}"):

@@ -34,6 +34,8 @@ REQUIRED_TOOLS: dict[str, str] = {
     "ssh-keygen": "openssh-client",
     "mount": "mount",
     "ldconfig": "libc-bin",
+    "dpkg-scanpackages": "dpkg-dev",
+    "gpg": "gnupg",
 }
 
 

@@ -103,6 +103,8 @@ def release_spec(name: str, data: Mapping[str, Any], python_version: str) -> lay
 
 def releases_kept(name: str, data: Mapping[str, Any]) -> int:
     kept = data.get("releases_kept", DEFAULT_RELEASES_KEPT)
+    if isinstance(kept, str) and kept.isdigit():  # `pyinfra --data releases_kept=2` gives a string
+        kept = int(kept)
     if not isinstance(kept, int) or isinstance(kept, bool) or not 2 <= kept <= 100:
         raise HostDataError(f"host {name}: releases_kept={kept!r}: a whole number from 2 to 100")
     return kept

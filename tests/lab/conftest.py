@@ -128,3 +128,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             lab_ops.down(name, state_root)
         except Exception as exc:  # report and go on to the next lab
             print(f"\nfleet lab: could not take down test lab {name} under {state_root}: {exc}")
+
+
+@pytest.fixture(scope="session")
+def bare_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
+    """One bare host (8x H100 SXM with NVSwitch, no driver); taken down at the end of the session."""
+    require_lab()
+    root = tmp_path_factory.mktemp("bare-lab")
+    octet = free_octet(os.getpid() + 7, avoid=frozenset({TEST_OCTET}))
+    opts = replace(test_lab_options(root, f"pb{os.getpid()}", octet, 1, ("h100-sxm-8",)), bare=True)
+    try:
+        result = bring_up(opts)
+        yield LabFleet(opts, result)
+    finally:
+        lab_ops.down(opts.name, opts.state_root)
