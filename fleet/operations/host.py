@@ -75,7 +75,7 @@ def driver_settings(name: str, data: Mapping[str, Any]) -> DriverSettings | None
     series = ".".join(spec.vllm_version.split(".")[:2])
     version = str(data.get("nvidia_driver_version") or DEFAULT_DRIVER.get(series, ""))
     try:
-        layout.repo_url(str(mirror), layout.SUPPORTED[0], "x86_64")
+        layout.check_mirror(str(mirror))
         layout.check_driver_version(version, spec.vllm_version)
     except layout.LayoutError as exc:
         raise HostDataError(f"host {name}: {exc}") from exc

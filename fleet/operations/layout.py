@@ -80,11 +80,16 @@ def repo_path(distro: Distro, arch: str) -> str:
         raise LayoutError(f"architecture {arch!r} has no NVIDIA repository (x86_64 or aarch64)") from None
 
 
+def check_mirror(mirror: str) -> str:
+    """The inventory's ``nvidia_apt_url``, checked to be one http(s):// or file:// URL."""
+    if not re.match(r"^(https?|file)://[^\s\x00-\x1f]+$", mirror):
+        raise LayoutError(f"nvidia_apt_url {mirror!r} is not an http(s):// or file:// URL")
+    return mirror
+
+
 def repo_url(mirror: str, distro: Distro, arch: str) -> str:
     """The flat repository's URL under the inventory's mirror root (``nvidia_apt_url``)."""
-    if not re.match(r"^(https?|file)://[^\s]+$", mirror):
-        raise LayoutError(f"nvidia_apt_url {mirror!r} is not an http(s):// or file:// URL")
-    return mirror.rstrip("/") + "/" + repo_path(distro, arch) + "/"
+    return check_mirror(mirror).rstrip("/") + "/" + repo_path(distro, arch) + "/"
 
 
 def branch_of(version: str) -> str:

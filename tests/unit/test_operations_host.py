@@ -1,0 +1,82 @@
+"""What a host's inventory data asks the deploy for: driver, fabric manager, release, pruning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.operations import host as host_deploy
+from fleet.operations.layout import NVML_PY_REQUIREMENT
+
+BASE: dict[str, Any] = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "workload": {"p95_input_tokens": 2048, "p95_output_tokens": 512, "prefix_reuse": 0.5, "target_concurrency": 8},
+    "pip_index_url": "http://127.0.0.1:9000/simple/",
+}
+
+
+def test_no_mirror_means_the_driver_is_not_managed() -> None:
+    assert host_deploy.driver_settings("gpu-1", BASE) is None
+
+
+def test_driver_defaults_to_the_vllm_release_driver_and_nvswitch_gets_fabric_manager(tmp_path: Path) -> None:
+    key = tmp_path / "k.gpg"
+    key.write_bytes(b"k")
+    data = {**BASE, "nvidia_apt_url": "http://mirror.internal/cuda/repos", "nvidia_apt_keyring": str(key)}
+    sxm = host_deploy.driver_settings(
+        "gpu-1", {**data, "gpu": {"sku": "h100-sxm-80gb", "count": 8, "nvlink": "switch"}}
+    )
+    assert sxm is not None and sxm.version == "580.95.05" and sxm.fabric_manager
+    pcie = host_deploy.driver_settings("gpu-1", {**data, "gpu": {"sku": "l40s-48gb", "count": 4}})
+    assert pcie is not None and not pcie.fabric_manager
+    forced = host_deploy.driver_settings("gpu-1", {**data, "nvidia_fabric_manager": False, "lab_profile": "h100-sxm-8"})
+    assert forced is not None and not forced.fabric_manager
+    assert host_deploy.driver_settings("gpu-1", {**data, "lab_profile": "h100-sxm-8"}).fabric_manager  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"nvidia_apt_keyring": "/nonexistent/key.gpg"}, "nvidia_apt_keyring='/nonexistent/key.gpg'"),
+        ({"nvidia_driver_version": "570.172.08"}, "needs driver branch 580"),
+        ({"nvidia_apt_url": "ftp://x y"}, "not an http"),
+    ],
+)
+def test_bad_driver_data_names_host_key_and_value(tmp_path: Path, extra: dict[str, Any], message: str) -> None:
+    key = tmp_path / "k.gpg"
+    key.write_bytes(b"k")
+    data = {**BASE, "nvidia_apt_url": "http://m/", "nvidia_apt_keyring": str(key), **extra}
+    with pytest.raises(host_deploy.HostDataError) as err:
+        host_deploy.driver_settings("gpu-7", data)
+    assert "host gpu-7" in str(err.value) and message in str(err.value)
+
+
+def test_release_spec_and_its_checks() -> None:
+    spec = host_deploy.release_spec("gpu-1", BASE, "3.11.2")
+    assert spec.requirements() == ["vllm==0.33.0", NVML_PY_REQUIREMENT]
+    with pytest.raises(host_deploy.HostDataError, match="pip_index_url is not set"):
+        host_deploy.release_spec("gpu-1", {k: v for k, v in BASE.items() if k != "pip_index_url"}, "3.11.2")
+    with pytest.raises(host_deploy.HostDataError, match="vllm_extras"):
+        host_deploy.release_spec("gpu-1", {**BASE, "vllm_extras": ["a; rm -rf /"]}, "3.11.2")
+
+
+@pytest.mark.parametrize(("value", "kept"), [(None, 3), (2, 2), ("5", 5)])
+def test_releases_kept(value: Any, kept: int) -> None:
+    data = BASE if value is None else {**BASE, "releases_kept": value}
+    assert host_deploy.releases_kept("gpu-1", data) == kept
+
+
+@pytest.mark.parametrize("value", [1, 0, "x", True, 101])
+def test_releases_kept_refuses(value: Any) -> None:
+    with pytest.raises(host_deploy.HostDataError, match="releases_kept"):
+        host_deploy.releases_kept("gpu-1", {**BASE, "releases_kept": value})
+
+
+def test_rendered_files_come_from_the_plan_with_root_only_env_files() -> None:
+    files = host_deploy.rendered_files("gpu-1", {**BASE, "lab_profile": "rtx4090-2"}, host_deploy.HostPaths())
+    units = [f for f in files if f.path.endswith(".service")]
+    envs = [f for f in files if f.path.endswith(".env")]
+    assert units and len(units) == len(envs)
+    assert all(f.mode == 0o600 for f in envs) and all(f.mode == 0o644 for f in units)
