@@ -39,6 +39,8 @@ import subprocess
 import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
@@ -307,19 +309,40 @@ def _gpg(home: Path, *args: str) -> list[str]:
     return ["gpg", "--homedir", str(home), "--batch", "--no-tty", *args]
 
 
+@contextmanager
+def _gpg_home(key_dir: Path) -> Iterator[Path]:
+    """A throw-away gpg home with the lab's secret key imported (if it exists yet).
+
+    It lives under /tmp, not in the lab's state dir: gpg-agent's socket path must fit in
+    ``sun_path`` (108 bytes), which a deep state dir exceeds. The agent gpg starts for it is
+    stopped and the home removed on the way out.
+    """
+    home = Path(tempfile.mkdtemp(prefix="fleet-gpg-", dir="/tmp"))
+    try:
+        secret = key_dir / "secret.asc"
+        if secret.is_file():
+            _run(_gpg(home, "--import", str(secret)), "importing the lab's apt signing key")
+        yield home
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def ensure_key(key_dir: Path) -> tuple[str, Path]:
-    """The lab's signing key (generated once): its fingerprint and the public keyring file."""
-    home = key_dir / "gnupg"
+    """The lab's signing key (generated once): its fingerprint and the public keyring file.
+
+    ``key_dir`` (0700) keeps the secret key (``secret.asc``, 0600, no passphrase: a lab key that
+    signs only the lab's own repository), the fingerprint, and the public key as a binary keyring
+    (``archive-keyring.gpg``) for hosts' ``Signed-By``.
+    """
     public = key_dir / "archive-keyring.gpg"
     fpr_file = key_dir / "fingerprint"
-    if fpr_file.is_file() and public.is_file():
+    if fpr_file.is_file() and public.is_file() and (key_dir / "secret.asc").is_file():
         return fpr_file.read_text().strip(), public
     key_dir.mkdir(parents=True, exist_ok=True)
     key_dir.chmod(0o700)
-    if home.exists():
-        shutil.rmtree(home)
-    home.mkdir(mode=0o700)
-    try:
+    (key_dir / "secret.asc").unlink(missing_ok=True)
+    with _gpg_home(key_dir) as home:
         _run(
             _gpg(home, "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign",
                  "never"),
@@ -328,19 +351,19 @@ def ensure_key(key_dir: Path) -> tuple[str, Path]:
         listing = _run(_gpg(home, "--with-colons", "--list-secret-keys"), "listing the lab's apt signing key")
         fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
         exported = subprocess.run(_gpg(home, "--export", fpr), capture_output=True, check=True).stdout
-    finally:
-        _stop_agent(home)
+        secret = subprocess.run(
+            _gpg(home, "--pinentry-mode", "loopback", "--passphrase", "", "--armor", "--export-secret-keys", fpr),
+            capture_output=True, check=True,
+        ).stdout  # fmt: skip
+    fd = os.open(key_dir / "secret.asc", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(secret)
     tmp = public.with_suffix(".tmp")
     tmp.write_bytes(exported)
     tmp.chmod(0o644)
     tmp.replace(public)
     fpr_file.write_text(fpr + "\n")
     return fpr, public
-
-
-def _stop_agent(home: Path) -> None:
-    """Stop the gpg-agent that gpg started for this home (ours only)."""
-    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
 
 
 def _release(repo: Path) -> str:
@@ -361,16 +384,13 @@ def _release(repo: Path) -> str:
 def sign_release(repo: Path, key_dir: Path, fingerprint: str) -> None:
     """Write ``Release`` and sign it into ``InRelease`` and ``Release.gpg``."""
     (repo / "Release").write_text(_release(repo))
-    home = key_dir / "gnupg"
-    try:
+    with _gpg_home(key_dir) as home:
         for extra, out in ((["--clearsign"], "InRelease"), (["--detach-sign"], "Release.gpg")):
             _run(
                 _gpg(home, "--yes", "--digest-algo", "SHA256", "--local-user", fingerprint, *extra, "--output",
                      str(repo / out), str(repo / "Release")),
                 f"signing {repo / 'Release'}",
             )  # fmt: skip
-    finally:
-        _stop_agent(home)
 
 
 def write_index(repo: Path) -> None:
