@@ -139,6 +139,7 @@ def nvidia_driver() -> None:
     nvidia.driver(
         name=f"NVIDIA driver {settings.version}", version=settings.version, fabric_manager=settings.fabric_manager
     )
+    nvidia.reboot_required(name="reboot required?")
 
 
 @deploy("vLLM release")

@@ -11,6 +11,7 @@ marks the host ``/var/run/reboot-required``; nothing here reboots.
 
 from __future__ import annotations
 
+import logging
 import shlex
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.facts.systemd import SystemdEnabled
 
 from fleet.facts.driver import NvidiaKernelModule
-from fleet.facts.packages import DebPackageStates
+from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.operations import layout
 from fleet.operations.files import Commands, atomic_file
 
@@ -28,6 +29,8 @@ KEYRING_PATH = f"{layout.KEYRING_DIR}/{layout.REPO_NAME}.gpg"
 SOURCES_PATH = f"{layout.SOURCES_DIR}/{layout.REPO_NAME}.sources"
 PREFERENCES_PATH = f"{layout.PREFERENCES_DIR}/{layout.REPO_NAME}"
 FABRIC_MANAGER_UNIT = "nvidia-fabricmanager.service"
+#: pyinfra's CLI shows this logger's warnings; ``fleet deploy`` reads ``RebootRequired`` itself.
+logger = logging.getLogger("pyinfra")
 
 #: ``apt-get update`` of our source only: nothing else is fetched (works air-gapped).
 APT_UPDATE_OURS = [
@@ -97,3 +100,19 @@ def driver(version: str, fabric_manager: bool = False) -> Commands:
         yield shlex.join(["systemctl", "enable", FABRIC_MANAGER_UNIT])
     if not wrong and not unheld:
         host.noop(f"NVIDIA driver {version} installed and held")
+
+
+@operation()
+def reboot_required() -> Commands:
+    """
+    Report (never act on) a pending reboot: ``/var/run/reboot-required`` and the packages that
+    asked for it, as a warning naming the host. Changes nothing.
+    """
+    packages = host.get_fact(RebootRequired)
+    if packages is None:
+        host.noop("no reboot required")
+        return
+    names = ", ".join(packages) or "unnamed packages"
+    logger.warning("%s: reboot required (%s); fleet does not reboot hosts on its own", host.name, names)
+    host.noop(f"reboot required by {names}")
+    yield from ()

@@ -67,6 +67,7 @@ def test_driver_installs_pinned_and_held_then_needs_a_reboot(bare_lab: LabFleet)
     run = pyinfra(bare_lab, "vllm_host.py", f"nvidia_driver_version={OLD}")
     assert run.returncode == 0 and run.changed, run.output
     assert _packages(bare_lab) == {p: f"{OLD}-1 hold ok installed" for p in NVIDIA}
+    assert "reboot required (nvidia-kernel-open-dkms)" in run.output
     _rc, pkgs, _err = host_run(bare_lab, "cat /var/run/reboot-required.pkgs")
     assert pkgs.split() == ["nvidia-kernel-open-dkms"]
     assert _nvml(bare_lab) == {"error": "Driver Not Loaded"}

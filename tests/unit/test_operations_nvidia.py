@@ -14,7 +14,7 @@ from pyinfra.facts.server import Arch, LinuxDistribution
 from pyinfra.facts.systemd import SystemdEnabled
 
 from fleet.facts.driver import NvidiaKernelModule
-from fleet.facts.packages import DebPackageStates
+from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.operations import layout, nvidia
 
 from .opharness import Value, key, run_op
@@ -146,3 +146,11 @@ def test_repository_writes_keyring_and_deb822_source_once(tmp_path: Path) -> Non
         key(File, path=nvidia.SOURCES_PATH): _file(),
     }
     assert run_op(nvidia.repository, done, mirror="http://127.0.0.1:8080/apt", keyring=str(keyring)).texts == []
+
+
+def test_reboot_required_is_reported_and_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    facts = {key(RebootRequired): ["reboot-required", "nvidia-kernel-open-dkms"]}
+    run = run_op(nvidia.reboot_required, facts)
+    assert run.texts == [] and run.noops == ["reboot required by nvidia-kernel-open-dkms"]
+    assert "gpu-1: reboot required (nvidia-kernel-open-dkms)" in caplog.text
+    assert run_op(nvidia.reboot_required, {key(RebootRequired): []}).noops == ["no reboot required"]
