@@ -146,12 +146,14 @@ def fail(
 
 def _register_commands() -> None:
     """Attach the commands, one module per verb (imported late: they import the library)."""
+    from fleet.cli.deploy import deploy
     from fleet.cli.lab import lab
     from fleet.cli.monitor import monitor
     from fleet.cli.plan import plan
     from fleet.cli.status import status
 
     main.add_command(plan)
+    main.add_command(deploy)
     main.add_command(lab)
     main.add_command(monitor)
     main.add_command(status)

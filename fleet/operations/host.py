@@ -14,18 +14,20 @@ Host data read here (besides the keys ``fleet.inventory.spec`` validates):
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.context import host
+from pyinfra.operations import systemd
 
 from fleet.errors import FleetError
 from fleet.facts.driver import PythonVersion
 from fleet.gpus import Fabric
 from fleet.inventory.spec import HostSpec, host_spec
 from fleet.operations import layout, nvidia, units, vllm
+from fleet.plan.planner import HostPlan
 from fleet.render.units import HostPaths, RenderedFile, render_host
 
 #: The driver each vLLM series is deployed with (580 branch: CUDA 13.x user space).
@@ -110,19 +112,32 @@ def releases_kept(name: str, data: Mapping[str, Any]) -> int:
     return kept
 
 
-def rendered_files(name: str, data: Mapping[str, Any], paths: HostPaths) -> list[RenderedFile]:
-    """The host's units and env files from its plan (API key from ``env:`` refs, if set)."""
+def host_plan(name: str, data: Mapping[str, Any]) -> HostPlan:
+    """The host's serving plan (GPUs from the inventory or its lab profile)."""
     from fleet.model.arch import load_model
     from fleet.plan.outcomes import gpus_for
     from fleet.plan.planner import plan_host
 
     spec = _spec(name, data)
-    plan = plan_host(spec, gpus_for(spec), load_model(spec.model, spec.model_config))
-    api_key = None
-    ref = spec.api_key_ref
+    return plan_host(spec, gpus_for(spec), load_model(spec.model, spec.model_config))
+
+
+def api_key(name: str, data: Mapping[str, Any]) -> str | None:
+    """The API key from an ``env:NAME`` reference, when that variable is set here."""
+    ref = _spec(name, data).api_key_ref
     if ref is not None and str(ref).startswith("env:"):
-        api_key = os.environ.get(str(ref).removeprefix("env:")) or None
-    return render_host(plan, api_key, str(ref) if ref else None, paths)
+        return os.environ.get(str(ref).removeprefix("env:")) or None
+    return None
+
+
+def unit_names(files: Sequence[RenderedFile]) -> list[str]:
+    return [f.path.rsplit("/", 1)[1] for f in files if f.path.endswith(".service")]
+
+
+def rendered_files(name: str, data: Mapping[str, Any], paths: HostPaths) -> list[RenderedFile]:
+    """The host's units and env files from its plan (API key from ``env:`` refs, if set)."""
+    ref = _spec(name, data).api_key_ref
+    return render_host(host_plan(name, data), api_key(name, data), str(ref) if ref else None, paths)
 
 
 def _data() -> dict[str, Any]:
@@ -159,6 +174,13 @@ def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
 def vllm_units(paths: HostPaths | None = None) -> None:
     files = rendered_files(host.name, _data(), paths or HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current"))
     units.installed(name="vLLM units and env files", files=files)
+
+
+@deploy("vLLM start")
+def vllm_start() -> None:
+    """Start (first deploy) the host's units that are not running; running ones are left alone."""
+    for unit in unit_names(rendered_files(host.name, _data(), HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current"))):
+        systemd.service(name=f"start {unit}", service=unit, running=True)
 
 
 @deploy("vLLM host")

@@ -80,13 +80,12 @@ def driver(version: str, fabric_manager: bool = False) -> Commands:
     packages = list(layout.driver_packages(distro, version))
     if fabric_manager:
         packages.append(layout.fabric_manager_package(version))
-    yield from atomic_file._inner(path=PREFERENCES_PATH, content=layout.apt_preferences(packages, version), mode=0o644)
-
     installed = host.get_fact(DebPackageStates)
     wrong = [p for p in packages if p not in installed or layout.upstream_version(installed[p]["version"]) != version]
     if wrong and not any(p in installed for p in packages) and host.get_fact(NvidiaKernelModule) == version:
         host.noop(f"NVIDIA driver {version} is loaded and was not installed from packages; left alone")
         return
+    yield from atomic_file._inner(path=PREFERENCES_PATH, content=layout.apt_preferences(packages, version), mode=0o644)
     if wrong:
         yield shlex.join(APT_UPDATE_OURS)
         yield shlex.join([*APT_INSTALL, *packages])

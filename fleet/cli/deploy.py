@@ -1,0 +1,53 @@
+"""``fleet deploy``: driver, vLLM release and units on each host; first deploy starts and waits."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fleet.cli import console, fail
+from fleet.errors import FleetError
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
+@click.option("--dry", is_flag=True, help="Show per host what would change; touch nothing.")
+@click.option("--no-start", is_flag=True, help="Install only: do not start units or wait for health.")
+@click.option("--health-timeout", type=click.FloatRange(1, 7200), default=300, show_default=True, help="Seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def deploy(
+    inventory: str, limit: tuple[str, ...], dry: bool, no_start: bool, health_timeout: float, as_json: bool
+) -> None:
+    """Install the NVIDIA driver, the vLLM release and the units; a first deploy starts them.
+
+    Exit status 1 when a host failed or an instance is not healthy, 2 when the inventory is invalid.
+    """
+    from fleet.deploy.runner import deploy as run_deploy
+
+    err = Console(stderr=True, highlight=False)
+    try:
+        result = run_deploy(
+            inventory, list(limit) or None, dry=dry, start=not no_start, health_timeout=health_timeout,
+            progress=lambda m: err.print(f"[dim]{m}[/]"),
+        )  # fmt: skip
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    if as_json:
+        click.echo(json.dumps(result.data(), indent=2))
+    else:
+        table = Table(title="fleet deploy" + (" --dry" if dry else ""))
+        for col in ("host", "status", "operations", "reboot", "instances"):
+            table.add_column(col)
+        for h in result.hosts:
+            reboot = "required: " + ", ".join(h.reboot_required) if h.reboot_required is not None else ""
+            healthy = sum(e.healthy for e in h.endpoints)
+            instances = f"{healthy}/{len(h.endpoints)} healthy" if h.endpoints else ""
+            table.add_row(h.host, h.status, "\n".join(h.operations) or (h.error or ""), reboot, instances)
+        console().print(table)
+        err.print(f"{result.seconds:.1f} s")
+    sys.exit(0 if result.ok else 1)

@@ -1,0 +1,1 @@
+"""``fleet deploy``: run the host deploys (``fleet.operations.host``) through pyinfra's API."""
