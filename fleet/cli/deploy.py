@@ -27,6 +27,11 @@ def deploy(
 
     Exit status 1 when a host failed or an instance is not healthy, 2 when the inventory is invalid.
     """
+    # pyinfra runs hosts in parallel on gevent greenlets; without patching, SSH sockets block and
+    # hosts go one after another (pyinfra's own CLI patches first thing, too).
+    from gevent import monkey
+
+    monkey.patch_all()
     from fleet.deploy.runner import deploy as run_deploy
 
     err = Console(stderr=True, highlight=False)
