@@ -33,7 +33,7 @@ def service_user(user: str = "vllm", home: str = "/var/lib/vllm") -> Commands:
     The system user the vLLM units run as, with its home (caches, model files).
 
     + user: user (and group) name
-    + home: its home directory, created 0750
+    + home: its home directory, created by useradd (its default mode)
     """
     yield from server.group._inner(group=user, system=True)
     yield from server.user._inner(
