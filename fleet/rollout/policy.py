@@ -405,3 +405,38 @@ def _bool(c: _Checker, fld: str, value: Any) -> bool:
         c.problem(fld, value, "true or false")
         return False
     return value
+
+
+def policy_to_raw(p: RolloutPolicy) -> dict[str, Any]:
+    """The inventory form of a policy (``parse_policy`` of it gives it back): for the journal."""
+    return {
+        "batches": list(p.batches),
+        "unit": p.unit.value,
+        "max_unavailable": p.max_unavailable,
+        "whole_host": p.whole_host,
+        "soak_s": p.soak_s,
+        "host_deadline_s": p.host_deadline_s,
+        "progress_deadline_s": p.progress_deadline_s,
+        "drain_timeout_s": p.drain_timeout_s,
+        "gpu_free_timeout_s": p.gpu_free_timeout_s,
+        "probe_interval_s": p.probe_interval_s,
+        "probe_timeout_s": p.probe_timeout_s,
+        "orphans": p.orphans.value,
+        "on_failure": p.on_failure.value,
+        "timeouts": {g: p.timeouts.of(g) for g in GATE_NAMES},
+        "completion": {"prompt": p.completion.prompt, "max_tokens": p.completion.max_tokens},
+        "metrics": [
+            {
+                "name": m.name,
+                **({"min": m.min} if m.min is not None else {}),
+                **({"max": m.max} if m.max is not None else {}),
+                "labels": dict(m.labels),
+            }
+            for m in p.metrics
+        ],
+        "hooks": {
+            "drain": list(p.hooks.drain) if p.hooks.drain else None,
+            "undrain": list(p.hooks.undrain) if p.hooks.undrain else None,
+            "timeout_s": p.hooks.timeout_s,
+        },
+    }

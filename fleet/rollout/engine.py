@@ -1,0 +1,554 @@
+"""The rollout engine as a re-entrant step function: ``decide(state, observations, now)``.
+
+``decide`` is pure. It reads the journaled state and what every instance *is* now (unit state,
+release link, GPU processes, in-flight requests, gate probes) and returns the next state and the
+actions to take. The runner journals each action before taking it, takes it through an
+``Executor``, and records the outcome with ``after``. Because every phase is judged again from
+observations (level-triggered, like Kubernetes' deployment controller recomputing every sync),
+a crash at any point resumes by reading the journal and every instance's true state: a stop
+that was journaled but never sent is sent again; a start that happened but was never recorded
+is seen as an active unit.
+
+The restart protocol for one instance (forward to the target release, or back to the previous
+one when its batch is rolled back)::
+
+    PENDING → DRAIN (drain hook) → DRAINING (in-flight requests reach 0, or drain_timeout_s)
+      → STOP (systemctl stop: SIGTERM, vLLM's --shutdown-timeout drains the rest)
+      → GPUS (NVML shows the instance's GPUs free; an orphaned engine of this unit is named and
+              stopped, or the instance fails)
+      → SWITCH (flip the release link) → START → GATES (gates.step until soaked)
+      → UNDRAIN (undrain hook) → DONE | ROLLED_BACK
+
+On a failure the failed batch is rolled back (every instance of it that was touched, including
+ones already done: the batch is atomic, as Argo Rollouts' abort) and the rollout halts; or it
+only halts (``on_failure: halt``). A rollback that fails leaves that instance drained and the
+rollout halted with what to do next. Instances of later batches are never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from fleet.rollout.batches import Batch, InstanceRef, admit, budget_of, plan_batches
+from fleet.rollout.gates import Expect, GateTrack, Probe, Status, start_track
+from fleet.rollout.gates import step as gate_step
+from fleet.rollout.observe import InstanceFacts, Observations
+from fleet.rollout.policy import OnFailure, OrphanPolicy, RolloutPolicy, parse_policy, policy_to_raw
+
+
+class Phase(StrEnum):
+    PENDING = "pending"
+    DRAIN = "drain"
+    DRAINING = "draining"
+    STOP = "stop"
+    GPUS = "gpus"
+    SWITCH = "switch"
+    START = "start"
+    GATES = "gates"
+    UNDRAIN = "undrain"
+    DONE = "done"
+    FAILED = "failed"
+    ROLLED_BACK = "rolled_back"
+    ROLLBACK_FAILED = "rollback_failed"
+
+
+TERMINAL = (Phase.DONE, Phase.FAILED, Phase.ROLLED_BACK, Phase.ROLLBACK_FAILED)
+
+
+class RolloutStatus(StrEnum):
+    RUNNING = "running"
+    DONE = "done"
+    HALTED = "halted"
+
+
+class Act(StrEnum):
+    HOOK = "hook"
+    STOP = "stop"
+    KILL = "kill"
+    FLIP = "flip"
+    START = "start"
+    WAIT = "wait"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one instance should become: its release and the model name that release serves."""
+
+    ref: InstanceRef
+    release: str
+    model: str
+    port: int = 8000
+
+
+@dataclass(frozen=True)
+class InstanceState:
+    ref: InstanceRef
+    target: Target
+    phase: Phase = Phase.PENDING
+    rolling_back: bool = False
+    phase_since: float = 0.0
+    first_step_at: float | None = None
+    previous_release: str | None = None  #: recorded before anything is changed
+    previous_model: str | None = None
+    previous_unit: str | None = None  #: "active/running" etc. before anything is changed
+    hooks_done: tuple[str, ...] = ()
+    killed: tuple[int, ...] = ()
+    started: bool = False  #: the start was sent and systemctl returned
+    changed: bool = False  #: fleet has stopped it at least once (so a rollback must restart it)
+    baseline_restarts: int = 0
+    track: GateTrack | None = None
+    failure: str = ""  #: why the forward restart failed (kept through the rollback)
+    rollback_failure: str = ""
+    note: str = ""  #: the last thing awaited, for people
+
+    @property
+    def release(self) -> str:
+        """The release this instance is heading for now."""
+        if self.rolling_back and self.previous_release is not None:
+            return self.previous_release
+        return self.target.release
+
+    @property
+    def model(self) -> str:
+        if self.rolling_back and self.previous_model is not None:
+            return self.previous_model
+        return self.target.model
+
+    @property
+    def touched(self) -> bool:
+        return self.first_step_at is not None
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: Act
+    ref: InstanceRef | None = None
+    why: str = ""
+    hook: str = ""  #: "drain" or "undrain"
+    argv: tuple[str, ...] = ()
+    release: str = ""
+    pids: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        where = f" {self.ref}" if self.ref else ""
+        extra = {Act.HOOK: f" {self.hook}", Act.FLIP: f" → {self.release}", Act.KILL: f" pids {list(self.pids)}"}
+        return f"{self.kind.value}{where}{extra.get(self.kind, '')}: {self.why}"
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    id: str
+    fleet: str
+    kind: str  #: "rollout", "restart", "rollback"
+    policy: RolloutPolicy
+    batches: tuple[Batch, ...]
+    instances: Mapping[InstanceRef, InstanceState]
+    started_at: float
+    batch_index: int = 0
+    current: tuple[InstanceRef, ...] = ()  #: admitted instances of the batch in progress
+    status: RolloutStatus = RolloutStatus.RUNNING
+    reason: str = ""
+    failing: str = ""  #: set when the current batch failed: why
+    last_progress_at: float = 0.0
+    waiting: str = ""  #: why the next batch waits (budget)
+
+    def inst(self, ref: InstanceRef) -> InstanceState:
+        return self.instances[ref]
+
+    def host_sizes(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for ref in self.instances:
+            sizes[ref.host] = sizes.get(ref.host, 0) + 1
+        return sizes
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: RolloutState
+    actions: tuple[Action, ...] = ()
+    waits: tuple[str, ...] = field(default=())  #: what is awaited, for the live view
+
+
+def new_rollout(
+    rollout_id: str, fleet: str, kind: str, targets: Sequence[Target], policy: RolloutPolicy, now: float
+) -> RolloutState:
+    """A rollout over ``targets`` in their order, batched by the policy (batch 0 is the canary)."""
+    refs = [t.ref for t in targets]
+    batches = plan_batches(refs, policy.batches, policy.max_unavailable, policy.unit, policy.whole_host)
+    instances = {t.ref: InstanceState(t.ref, t) for t in targets}
+    return RolloutState(
+        rollout_id, fleet, kind, policy, tuple(batches), instances, started_at=now, last_progress_at=now
+    )
+
+
+def resume(state: RolloutState, now: float) -> RolloutState:
+    """After a crash or Ctrl-C: clocks restart from now (deadlines do not count the downtime)."""
+    instances = {
+        ref: replace(
+            i,
+            phase_since=now,
+            first_step_at=now if i.first_step_at is not None else None,
+            track=start_track(now) if i.track is not None else None,
+        )
+        for ref, i in state.instances.items()
+    }
+    return replace(state, instances=instances, last_progress_at=now)
+
+
+# ---- deciding -------------------------------------------------------------------------------------
+
+
+def decide(state: RolloutState, obs: Observations, now: float) -> Decision:
+    """The next state and the actions to take now (at most one per instance)."""
+    if state.status is not RolloutStatus.RUNNING:
+        return Decision(state)
+    p = state.policy
+    if not state.current:
+        return _next_batch(state, obs, now)
+    if not state.failing and now - state.last_progress_at > p.progress_deadline_s:
+        state = _fail_batch(
+            state, f"no instance finished for {now - state.last_progress_at:.0f}s (progress_deadline_s)", now
+        )
+    instances = dict(state.instances)
+    done_before = sum(1 for r in state.current if instances[r].phase is Phase.DONE)
+    actions: list[Action] = []
+    waits: list[str] = []
+    for ref in state.current:
+        inst, action = _instance_step(instances[ref], obs.of(ref), p, now, state.failing != "")
+        instances[ref] = inst
+        if action is not None:
+            actions.append(action)
+        elif inst.phase not in TERMINAL and inst.note:
+            waits.append(f"{ref}: {inst.note}")
+    state = replace(state, instances=instances)
+    failed = [
+        instances[r] for r in state.current if instances[r].phase is Phase.FAILED and not instances[r].rolling_back
+    ]
+    if failed and not state.failing:
+        first = failed[0]
+        state = _fail_batch(state, f"{first.ref}: {first.failure}", now)
+        return decide(state, obs, now)  # start the rollback (or the halt) at once
+    if sum(1 for r in state.current if instances[r].phase is Phase.DONE) > done_before:
+        state = replace(state, last_progress_at=now)  # Nomad: each healthy instance moves the deadline out
+    if all(instances[r].phase in TERMINAL for r in state.current):
+        return _batch_finished(state, now)
+    return Decision(state, tuple(actions), tuple(waits))
+
+
+def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
+    p = state.policy
+    if state.batch_index >= len(state.batches):
+        return Decision(replace(state, status=RolloutStatus.DONE, reason="every batch is healthy", waiting=""))
+    batch = state.batches[state.batch_index]
+    unavailable = [ref for ref in state.instances if not obs.of(ref).serving]
+    budget = budget_of(p.max_unavailable, len(state.instances))
+    a = admit(batch, unavailable, budget, state.host_sizes(), p.whole_host)
+    if a.blocked:
+        waited = now - state.last_progress_at
+        if waited > p.progress_deadline_s:
+            reason = f"batch {state.batch_index + 1} could not start for {waited:.0f}s: {a.reason}"
+            return Decision(replace(state, status=RolloutStatus.HALTED, reason=reason, waiting=""))
+        return Decision(replace(state, waiting=a.reason), waits=(f"batch {state.batch_index + 1}: {a.reason}",))
+    batches = list(state.batches)
+    batches[state.batch_index] = a.admitted
+    if a.deferred:
+        batches.insert(state.batch_index + 1, a.deferred)
+    current = tuple(ref for u in a.admitted for ref in u)
+    state = replace(state, batches=tuple(batches), current=current, waiting="", last_progress_at=now)
+    return decide(state, obs, now)
+
+
+def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
+    """The batch failed: roll back every touched instance of it (or only halt)."""
+    if state.policy.on_failure is OnFailure.HALT:
+        return replace(state, failing=why)
+    instances = dict(state.instances)
+    for ref in state.current:
+        inst = instances[ref]
+        if not inst.touched or inst.rolling_back:
+            continue  # never touched: stays as it is
+        failure = inst.failure or (
+            "rolled back with its batch" if inst.phase is Phase.DONE else "stopped: batch failed"
+        )
+        if inst.changed and inst.previous_release is None:
+            instances[ref] = replace(
+                inst,
+                rolling_back=True,
+                failure=failure,
+                phase=Phase.ROLLBACK_FAILED,
+                rollback_failure="no previous release recorded to go back to",
+            )
+            continue
+        drain_again = inst.phase is Phase.DONE or "undrain" in inst.hooks_done
+        instances[ref] = replace(
+            inst,
+            rolling_back=True,
+            failure=failure,
+            # never stopped: only put it back into traffic; else the restart protocol to the old release
+            phase=Phase.DRAIN if inst.changed else Phase.UNDRAIN,
+            hooks_done=() if drain_again else tuple(h for h in inst.hooks_done if h != "undrain"),
+            phase_since=now,
+            started=False,
+            track=None,
+            killed=(),
+            note="",
+        )
+    return replace(state, instances=instances, failing=why)
+
+
+def _batch_finished(state: RolloutState, now: float) -> Decision:
+    if state.failing:
+        phases = [state.inst(r) for r in state.current]
+        rb_failed = [i for i in phases if i.phase is Phase.ROLLBACK_FAILED]
+        what = "rolled back" if state.policy.on_failure is OnFailure.ROLLBACK else "halted"
+        reason = f"batch {state.batch_index + 1} failed ({state.failing}); batch {what}"
+        if rb_failed:
+            reason += "; rollback failed on " + ", ".join(f"{i.ref} ({i.rollback_failure})" for i in rb_failed)
+        return Decision(replace(state, status=RolloutStatus.HALTED, reason=reason))
+    state = replace(state, batch_index=state.batch_index + 1, current=(), last_progress_at=now)
+    return Decision(state)
+
+
+def _unit_running(f: InstanceFacts) -> bool:
+    return f.unit is not None and f.unit.active_state in ("active", "activating", "reloading", "deactivating")
+
+
+def _instance_step(
+    inst: InstanceState, f: InstanceFacts, p: RolloutPolicy, now: float, batch_failing: bool
+) -> tuple[InstanceState, Action | None]:
+    """Advance one instance as far as the facts allow; return the action it needs, if any."""
+    for _ in range(len(Phase)):  # phases that need no action fall through to the next at once
+        if inst.phase in TERMINAL:
+            return inst, None
+        if inst.phase is Phase.PENDING and batch_failing:
+            return inst, None  # never touched; stays as it is
+        if inst.first_step_at is not None and now - inst.first_step_at > p.host_deadline_s and not inst.rolling_back:
+            return _fail(
+                inst, f"not healthy {now - inst.first_step_at:.0f}s after its first step (host_deadline_s)", now
+            ), None
+        if f.unreachable and inst.phase is not Phase.GATES:
+            # The executor retries SSH itself before it reports a host unreachable; here it is final.
+            changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
+            return _fail(inst, f"host unreachable {changed}: {f.unreachable}", now), None
+        new, action = _phase_step(inst, f, p, now)
+        if action is not None or new.phase is inst.phase:
+            return new, action
+        inst = new
+    return inst, None
+
+
+def _fail(inst: InstanceState, why: str, now: float) -> InstanceState:
+    if inst.rolling_back:
+        return replace(inst, phase=Phase.ROLLBACK_FAILED, rollback_failure=why, phase_since=now, note=why)
+    return replace(inst, phase=Phase.FAILED, failure=why, phase_since=now, note=why)
+
+
+def _to(inst: InstanceState, phase: Phase, now: float, **changes: Any) -> InstanceState:
+    return replace(inst, **{"phase": phase, "phase_since": now, "note": "", **changes})
+
+
+def _phase_step(
+    inst: InstanceState, f: InstanceFacts, p: RolloutPolicy, now: float
+) -> tuple[InstanceState, Action | None]:
+    ref = inst.ref
+    waited = now - inst.phase_since
+    if inst.phase is Phase.PENDING:
+        unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
+        return _to(
+            inst,
+            Phase.DRAIN,
+            now,
+            first_step_at=now,
+            previous_release=f.release,
+            previous_model=f.model,
+            previous_unit=unit,
+        ), None
+    if inst.phase is Phase.DRAIN:
+        argv = p.hooks.argv("drain", host=ref.host, instance=ref.instance, port=inst.target.port)
+        if argv is not None and "drain" not in inst.hooks_done:
+            return inst, Action(Act.HOOK, ref, "take the instance out of traffic", hook="drain", argv=tuple(argv))
+        return _to(inst, Phase.DRAINING, now), None
+    if inst.phase is Phase.DRAINING:
+        if f.process_gone or not _unit_running(f):
+            return _to(inst, Phase.STOP, now), None
+        if f.in_flight == 0:
+            return _to(inst, Phase.STOP, now), None
+        if waited > p.drain_timeout_s:
+            note = f"{f.in_flight} request(s) in flight after {waited:.0f}s; SIGTERM: --shutdown-timeout ends them"
+            return _to(inst, Phase.STOP, now, note=note), None
+        shown = "unknown (no /metrics)" if f.in_flight is None else f"{f.in_flight:g}"
+        return replace(
+            inst, note=f"draining: {shown} request(s) in flight, {waited:.0f}s of {p.drain_timeout_s:g}s"
+        ), None
+    if inst.phase is Phase.STOP:
+        if _unit_running(f) or (f.unit is not None and f.unit.main_pid):
+            return replace(inst, changed=True), Action(Act.STOP, ref, "SIGTERM; vLLM drains for --shutdown-timeout")
+        return _to(inst, Phase.GPUS, now), None
+    if inst.phase is Phase.GPUS:
+        return _gpus(inst, f, p, now, waited)
+    if inst.phase is Phase.SWITCH:
+        if f.release != inst.release:
+            return inst, Action(Act.FLIP, ref, f"was {f.release}", release=inst.release)
+        return _to(inst, Phase.START, now), None
+    if inst.phase is Phase.START:
+        if f.unit is not None and f.unit.active_state in ("active", "activating", "reloading"):
+            return _to(inst, Phase.GATES, now, baseline_restarts=f.unit.n_restarts, track=start_track(now)), None
+        if inst.started and f.unit is not None and f.unit.active_state == "failed":
+            return _fail(inst, "unit failed right after start", now), None
+        return inst, Action(Act.START, ref, f"release {inst.release}")
+    if inst.phase is Phase.GATES:
+        probe = f.probe if not f.unreachable else Probe(now, unreachable=f.unreachable)
+        if probe is None:
+            return replace(inst, note="awaiting gate probes"), None
+        track = inst.track or start_track(now)
+        expect = Expect(inst.model, inst.baseline_restarts, p.metrics)
+        track, verdict = gate_step(track, probe, expect, p, now)
+        if verdict.status is Status.PASS:
+            return _to(inst, Phase.UNDRAIN, now, track=track), None
+        if verdict.status is Status.FAIL:
+            return _fail(replace(inst, track=track), f"{verdict.gate.value} gate: {verdict.detail}", now), None
+        return replace(inst, track=track, note=f"{verdict.gate.value}: {verdict.detail}"), None
+    if inst.phase is Phase.UNDRAIN:
+        argv = p.hooks.argv("undrain", host=ref.host, instance=ref.instance, port=inst.target.port)
+        if argv is not None and "undrain" not in inst.hooks_done:
+            return inst, Action(Act.HOOK, ref, "put the instance back into traffic", hook="undrain", argv=tuple(argv))
+        return _to(inst, Phase.ROLLED_BACK if inst.rolling_back else Phase.DONE, now), None
+    raise AssertionError(inst.phase)
+
+
+def _gpus(
+    inst: InstanceState, f: InstanceFacts, p: RolloutPolicy, now: float, waited: float
+) -> tuple[InstanceState, Action | None]:
+    procs = f.gpu_processes
+    if not procs:
+        return _to(inst, Phase.SWITCH, now), None
+    ours = [g for g in procs if g.ours]
+    foreign = [g for g in procs if not g.ours]
+    shown = "; ".join(str(g) for g in procs)
+    if foreign and waited > p.gpu_free_timeout_s:
+        return _fail(
+            inst,
+            f"GPUs not free: {'; '.join(str(g) for g in foreign)} (not started by this unit: stop it, "
+            "or move the instance to free GPUs)",
+            now,
+        ), None
+    if ours and p.orphans is OrphanPolicy.FAIL:
+        return _fail(inst, f"orphaned engine after stop: {shown}; stop it (orphans: stop does this)", now), None
+    to_kill = tuple(sorted({g.pid for g in ours} - set(inst.killed)))
+    if to_kill:
+        why = "orphaned engine left by the stopped unit: " + "; ".join(str(g) for g in ours if g.pid in to_kill)
+        return replace(inst, killed=inst.killed + to_kill, note=why), Action(Act.KILL, inst.ref, why, pids=to_kill)
+    if waited > p.gpu_free_timeout_s:
+        return _fail(inst, f"GPUs still not free {waited:.0f}s after stop: {shown}", now), None
+    return replace(inst, note=f"waiting for the GPUs to be free: {shown}"), None
+
+
+# ---- outcomes -------------------------------------------------------------------------------------
+
+
+def after(state: RolloutState, action: Action, ok: bool, detail: str, now: float) -> RolloutState:
+    """Record what came of an action (the runner calls this after the executor returns)."""
+    if action.ref is None:
+        return state
+    inst = state.inst(action.ref)
+    if ok:
+        if action.kind is Act.HOOK:
+            inst = replace(inst, hooks_done=(*inst.hooks_done, action.hook))
+        elif action.kind is Act.START:
+            inst = replace(inst, started=True)
+    else:
+        inst = _fail(inst, f"{action.kind.value} failed: {detail}", now)
+    return replace(state, instances={**state.instances, action.ref: inst})
+
+
+# ---- journal form ----------------------------------------------------------------------------------
+
+
+def state_to_dict(state: RolloutState) -> dict[str, Any]:
+    return {
+        "id": state.id,
+        "fleet": state.fleet,
+        "kind": state.kind,
+        "policy": policy_to_raw(state.policy),
+        "batches": [[[str(r) for r in u] for u in b] for b in state.batches],
+        "instances": [_inst_to_dict(i) for i in state.instances.values()],
+        "started_at": state.started_at,
+        "batch_index": state.batch_index,
+        "current": [str(r) for r in state.current],
+        "status": state.status.value,
+        "reason": state.reason,
+        "failing": state.failing,
+        "last_progress_at": state.last_progress_at,
+        "waiting": state.waiting,
+    }
+
+
+def state_from_dict(d: Mapping[str, Any]) -> RolloutState:
+    instances = [_inst_from_dict(x) for x in d["instances"]]
+    return RolloutState(
+        id=d["id"],
+        fleet=d["fleet"],
+        kind=d["kind"],
+        policy=parse_policy(d["policy"], source="journal", where=f"rollout {d['id']}"),
+        batches=tuple(tuple(tuple(InstanceRef.parse(r) for r in u) for u in b) for b in d["batches"]),
+        instances={i.ref: i for i in instances},
+        started_at=d["started_at"],
+        batch_index=d["batch_index"],
+        current=tuple(InstanceRef.parse(r) for r in d["current"]),
+        status=RolloutStatus(d["status"]),
+        reason=d["reason"],
+        failing=d["failing"],
+        last_progress_at=d["last_progress_at"],
+        waiting=d["waiting"],
+    )
+
+
+def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
+    return {
+        "ref": str(i.ref),
+        "target": {"release": i.target.release, "model": i.target.model, "port": i.target.port},
+        "phase": i.phase.value,
+        "rolling_back": i.rolling_back,
+        "phase_since": i.phase_since,
+        "first_step_at": i.first_step_at,
+        "previous_release": i.previous_release,
+        "previous_model": i.previous_model,
+        "previous_unit": i.previous_unit,
+        "hooks_done": list(i.hooks_done),
+        "killed": list(i.killed),
+        "started": i.started,
+        "changed": i.changed,
+        "baseline_restarts": i.baseline_restarts,
+        "track": i.track.to_dict() if i.track else None,
+        "failure": i.failure,
+        "rollback_failure": i.rollback_failure,
+        "note": i.note,
+    }
+
+
+def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
+    ref = InstanceRef.parse(d["ref"])
+    t = d["target"]
+    return InstanceState(
+        ref=ref,
+        target=Target(ref, t["release"], t["model"], t["port"]),
+        phase=Phase(d["phase"]),
+        rolling_back=d["rolling_back"],
+        phase_since=d["phase_since"],
+        first_step_at=d["first_step_at"],
+        previous_release=d["previous_release"],
+        previous_model=d["previous_model"],
+        previous_unit=d["previous_unit"],
+        hooks_done=tuple(d["hooks_done"]),
+        killed=tuple(d["killed"]),
+        started=d["started"],
+        changed=d["changed"],
+        baseline_restarts=d["baseline_restarts"],
+        track=GateTrack.from_dict(d["track"]) if d["track"] else None,
+        failure=d["failure"],
+        rollback_failure=d["rollback_failure"],
+        note=d["note"],
+    )

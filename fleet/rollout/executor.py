@@ -1,0 +1,53 @@
+"""What the engine needs done on hosts and over HTTP: the ``Executor`` protocol.
+
+The deploy/rollout CLI implements it over SSH (systemd, NVML, the release link, hooks on the
+control machine) and ``fleet.rollout.probe`` (HTTP gates). Every method is idempotent: the runner
+may repeat a step after a crash (stopping a stopped unit, flipping a link to where it points,
+starting an active unit are no-ops). A method that cannot do its job raises ``ExecutorError``
+with a message for the operator; the runner records it as the step's outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from fleet.errors import FleetError
+from fleet.rollout.batches import InstanceRef
+from fleet.rollout.gates import Probe
+from fleet.rollout.observe import InstanceFacts
+from fleet.rollout.policy import RolloutPolicy
+
+
+class ExecutorError(FleetError):
+    """A step could not be taken (SSH failed, systemctl failed, a hook failed)."""
+
+
+class Executor(Protocol):
+    def facts(self, ref: InstanceRef) -> InstanceFacts:
+        """Unit state, release link, the release's model, NVML processes on the instance's GPUs,
+        in-flight requests and whether it serves. An unreachable host is reported in
+        ``InstanceFacts.unreachable`` (after the executor's own bounded retries), not raised."""
+        ...
+
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
+        """The gate probes over HTTP (unit state included), bounded by ``policy.probe_timeout_s``."""
+        ...
+
+    def stop_unit(self, ref: InstanceRef) -> None:
+        """``systemctl stop``: SIGTERM, vLLM drains for ``--shutdown-timeout``; returns once stopped."""
+        ...
+
+    def start_unit(self, ref: InstanceRef) -> None: ...
+
+    def kill(self, ref: InstanceRef, pids: Sequence[int]) -> None:
+        """Stop orphaned engine processes of this instance (SIGTERM, then SIGKILL)."""
+        ...
+
+    def flip_release(self, ref: InstanceRef, release: str) -> None:
+        """Point the instance at an installed release (atomic link swap) and write the host's marker."""
+        ...
+
+    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
+        """Run a drain/undrain hook on the control machine (argv, no shell); its output, or raise."""
+        ...

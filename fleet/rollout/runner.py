@@ -1,0 +1,109 @@
+"""The loop around the engine: observe → decide → journal → act → record, until done or halted.
+
+Each action is journaled (with what was there before) before the executor takes it. Ctrl-C (or
+``should_stop``) is honoured between steps: the state stays ``running`` in the journal and
+``fleet rollout --resume ID`` picks it up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleet.errors import FleetError
+from fleet.rollout.engine import Act, Action, Phase, RolloutState, RolloutStatus, after, decide
+from fleet.rollout.executor import Executor
+from fleet.rollout.gates import Probe
+from fleet.rollout.journal import Journal
+from fleet.rollout.observe import InstanceFacts, Observations
+
+
+def before_of(facts: InstanceFacts | None) -> dict[str, Any]:
+    """What was there before a step, for the journal."""
+    if facts is None:
+        return {}
+    unit = f"{facts.unit.active_state}/{facts.unit.sub_state}" if facts.unit else None
+    return {"release": facts.release, "model": facts.model, "unit": unit, "unreachable": facts.unreachable}
+
+
+def _shape(state: RolloutState) -> tuple[Any, ...]:
+    """What of a state is worth a journal write when no action is taken (not clocks or notes)."""
+    phases = tuple((str(r), i.phase.value, i.rolling_back) for r, i in state.instances.items())
+    return (state.status, state.batch_index, state.current, state.failing, phases, len(state.batches))
+
+
+@dataclass
+class Runner:
+    executor: Executor
+    journal: Journal
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    should_stop: Callable[[], bool] = lambda: False
+    on_event: Callable[[str], None] = lambda _line: None
+    ticks: int = field(default=0)
+
+    def observe(self, state: RolloutState) -> Observations:
+        # Between batches every instance is observed (the budget counts them all); during a batch
+        # only its members.
+        refs = list(state.current) if state.current else list(state.instances)
+        facts: dict[Any, InstanceFacts] = {}
+        for ref in refs:
+            f = self.executor.facts(ref)
+            if state.current and state.inst(ref).phase is Phase.GATES and not f.unreachable:
+                f = _with_probe(f, self.executor.probe(ref, state.policy))
+            facts[ref] = f
+        return Observations(self.clock(), facts)
+
+    def execute(self, action: Action, state: RolloutState) -> str:
+        ex, ref = self.executor, action.ref
+        assert ref is not None
+        if action.kind is Act.STOP:
+            ex.stop_unit(ref)
+        elif action.kind is Act.START:
+            ex.start_unit(ref)
+        elif action.kind is Act.KILL:
+            ex.kill(ref, action.pids)
+        elif action.kind is Act.FLIP:
+            ex.flip_release(ref, action.release)
+        elif action.kind is Act.HOOK:
+            return ex.run_hook(action.argv, state.policy.hooks.timeout_s)
+        return "ok"
+
+    def run(self, state: RolloutState) -> RolloutState:
+        shape = _shape(state)
+        while state.status is RolloutStatus.RUNNING:
+            if self.should_stop():
+                self.journal.save(state, self.clock())
+                self.on_event(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
+                return state
+            self.ticks += 1
+            obs = self.observe(state)
+            decision = decide(state, obs, self.clock())
+            state = decision.state
+            for action in decision.actions:
+                before = before_of(obs.instances.get(action.ref) if action.ref else None)
+                seq = self.journal.intent(state, action, before, self.clock())
+                self.on_event(str(action))
+                try:
+                    detail, ok = self.execute(action, state), True
+                except FleetError as exc:
+                    detail, ok = str(exc), False
+                state = after(state, action, ok, detail, self.clock())
+                self.journal.outcome(seq, state, ok, detail, self.clock())
+            if not decision.actions:
+                if _shape(state) != shape:
+                    self.journal.save(state, self.clock())
+                for line in decision.waits:
+                    self.on_event(f"waiting: {line}")
+                if state.status is RolloutStatus.RUNNING:
+                    self.sleep(state.policy.probe_interval_s)
+            shape = _shape(state)
+        self.journal.save(state, self.clock())
+        self.on_event(f"{state.status.value}: {state.reason}")
+        return state
+
+
+def _with_probe(f: InstanceFacts, probe: Probe) -> InstanceFacts:
+    return replace(f, probe=probe)

@@ -1,0 +1,437 @@
+"""The step engine over a simulated fleet: table tests of ``decide`` and whole scenarios.
+
+``SimFleet`` is an in-memory ``Executor``: units with systemd's states, a release link, GPU
+processes as NVML lists them, and vLLM's behaviour at the gates (refused while loading, 200
+after; faults: fails to load, alive but hung, flapping completion, orphaned engine after stop,
+host down). A fake clock drives every deadline. The lab tests run the real stand-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from fleet.rollout.batches import InstanceRef
+from fleet.rollout.engine import (
+    Act,
+    InstanceState,
+    Phase,
+    RolloutState,
+    RolloutStatus,
+    Target,
+    decide,
+    new_rollout,
+    state_from_dict,
+    state_to_dict,
+)
+from fleet.rollout.executor import ExecutorError
+from fleet.rollout.gates import CompletionAnswer, HttpAnswer, ModelsAnswer, Probe, UnitState
+from fleet.rollout.journal import Journal
+from fleet.rollout.observe import GpuProcess, InstanceFacts, Observations
+from fleet.rollout.policy import GateTimeouts, Hooks, OnFailure, OrphanPolicy, RolloutPolicy
+from fleet.rollout.runner import Runner
+
+GiB = 2**30
+MODELS = {"v1": "llama-8b", "v2": "llama-8b-instruct-v2"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class SimInstance:
+    ref: InstanceRef
+    release: str = "v1"
+    active: str = "active"
+    sub: str = "running"
+    n_restarts: int = 0
+    main_pid: int = 100
+    started_at: float = 0.0
+    gpu: list[GpuProcess] = field(default_factory=list)
+    sick: bool = False  #: not serving before the rollout starts
+
+
+class SimFleet:
+    """An in-memory fleet that behaves like vLLM under systemd at the boundaries the engine sees."""
+
+    def __init__(self, clock: Clock, counts: Sequence[int], load_s: float = 5.0) -> None:
+        self.clock = clock
+        self.load_s = load_s
+        self.instances = {
+            r.ref: r
+            for r in (SimInstance(InstanceRef(f"h{h}", f"i{i}")) for h, n in enumerate(counts) for i in range(n))
+        }
+        self.pid = 1000
+        self.fail_load: set[str] = set()  # releases whose model fails to load
+        self.hang: set[str] = set()  # releases that come up but never produce a token
+        self.flap_at: set[float] = set()  # completion answers "abort" once at these times (±1 s)
+        self.orphan_on_stop: set[InstanceRef] = set()
+        self.foreign: dict[InstanceRef, GpuProcess] = {}
+        self.down_from: dict[str, float] = {}
+        self.log: list[str] = []
+        self.max_down = 0
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _down(self, host: str) -> bool:
+        return host in self.down_from and self.clock.now >= self.down_from[host]
+
+    def _loaded(self, s: SimInstance) -> bool:
+        return s.active == "active" and self.clock.now - s.started_at >= self.load_s
+
+    def _tick(self, s: SimInstance) -> None:
+        if s.active == "active" and s.release in self.fail_load and self._loaded(s):
+            s.active, s.sub, s.main_pid = "failed", "failed", 0
+            s.gpu = [g for g in s.gpu if not g.ours]
+
+    def serving(self, s: SimInstance) -> bool:
+        self._tick(s)
+        return self._loaded(s) and not s.sick and not self._down(s.ref.host)
+
+    def _track(self) -> None:
+        self.max_down = max(self.max_down, sum(1 for s in self.instances.values() if not self.serving(s)))
+
+    # -- Executor --------------------------------------------------------------------------------
+    def facts(self, ref: InstanceRef) -> InstanceFacts:
+        s = self.instances[ref]
+        if self._down(ref.host):
+            return InstanceFacts(ref, unreachable="ssh: connect to host timed out")
+        self._tick(s)
+        gpus = tuple(s.gpu) + ((self.foreign[ref],) if ref in self.foreign else ())
+        return InstanceFacts(
+            ref,
+            unit=UnitState(s.active, s.sub, s.n_restarts, s.main_pid),
+            release=s.release,
+            model=MODELS[s.release],
+            gpu_processes=gpus if s.active != "active" else (),
+            in_flight=0.0 if self._loaded(s) else None,
+            serving=self.serving(s),
+        )
+
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
+        s = self.instances[ref]
+        now = self.clock.now
+        unit = UnitState(s.active, s.sub, s.n_restarts, s.main_pid)
+        if not self._loaded(s):
+            return Probe(now, unit=unit, health=HttpAnswer(None, "connection refused"))
+        completion = CompletionAnswer(200, text=" OK", finish_reason="length", completion_tokens=4)
+        if s.release in self.hang:
+            completion = CompletionAnswer(None, f"timed out after {policy.probe_timeout_s:g}s")
+        elif any(abs(now - t) < 1 for t in self.flap_at):
+            completion = CompletionAnswer(200, text="", finish_reason="abort")
+        return Probe(
+            now,
+            unit=unit,
+            health=HttpAnswer(200),
+            models=ModelsAnswer(200, ids=(MODELS[s.release],)),
+            completion=completion,
+        )
+
+    def _reach(self, ref: InstanceRef, what: str) -> SimInstance:
+        if self._down(ref.host):
+            raise ExecutorError(f"{ref.host}: ssh: connect to host timed out ({what})")
+        self.log.append(f"{what} {ref}")
+        return self.instances[ref]
+
+    def stop_unit(self, ref: InstanceRef) -> None:
+        s = self._reach(ref, "stop")
+        old = s.main_pid
+        s.active, s.sub, s.main_pid = "inactive", "dead", 0
+        s.gpu = [GpuProcess(old + 1, "VLLM::EngineCore", 0, 70 * GiB, True)] if ref in self.orphan_on_stop else []
+        self._track()
+
+    def start_unit(self, ref: InstanceRef) -> None:
+        s = self._reach(ref, "start")
+        self.pid += 10
+        s.active, s.sub, s.main_pid, s.started_at, s.sick = "active", "running", self.pid, self.clock.now, False
+        s.gpu = [GpuProcess(self.pid + 1, "VLLM::Worker", 0, 70 * GiB, True)]
+        self._track()
+
+    def kill(self, ref: InstanceRef, pids: Sequence[int]) -> None:
+        s = self._reach(ref, f"kill {list(pids)}")
+        s.gpu = [g for g in s.gpu if g.pid not in pids]
+
+    def flip_release(self, ref: InstanceRef, release: str) -> None:
+        self._reach(ref, f"flip {release}").release = release
+
+    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
+        self.log.append("hook " + " ".join(argv))
+        return ""
+
+    # -- for assertions ------------------------------------------------------------------------
+    def releases(self) -> dict[str, str]:
+        return {str(r): s.release for r, s in self.instances.items()}
+
+    def touched(self) -> set[str]:
+        return {line.split()[-1] for line in self.log if not line.startswith("hook")}
+
+
+POLICY = RolloutPolicy(
+    batches=(1, 2, "25%"),
+    max_unavailable=2,
+    soak_s=10,
+    host_deadline_s=300,
+    progress_deadline_s=600,
+    drain_timeout_s=30,
+    gpu_free_timeout_s=10,
+    probe_interval_s=1,
+    timeouts=GateTimeouts(unit=20, health=60, models=20, completion=20, metrics=20),
+    hooks=Hooks(drain=("lb", "disable", "{host}/{instance}"), undrain=("lb", "enable", "{host}/{instance}")),
+)
+
+
+def targets(sim: SimFleet, release: str = "v2") -> list[Target]:
+    return [Target(ref, release, MODELS[release]) for ref in sim.instances]
+
+
+def run(
+    tmp_path: Path, sim: SimFleet, policy: RolloutPolicy = POLICY, release: str = "v2", kind: str = "rollout"
+) -> tuple[RolloutState, Journal]:
+    journal = Journal(tmp_path / "journal.sqlite")
+    state = new_rollout("r1", "lab", kind, targets(sim, release), policy, sim.clock.now)
+    journal.begin(state)
+    runner = Runner(sim, journal, clock=sim.clock, sleep=sim.clock.sleep)
+    final = runner.run(state)
+    assert runner.ticks < 5000
+    return final, journal
+
+
+# ---- scenarios ----------------------------------------------------------------------------------
+
+
+def test_clean_rollout_over_four_hosts(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1, 1])
+    state, journal = run(tmp_path, sim)
+    assert state.status is RolloutStatus.DONE, state.reason
+    assert set(sim.releases().values()) == {"v2"}
+    assert all(sim.serving(s) for s in sim.instances.values())
+    assert sim.max_down <= 2
+    assert [len(b) for b in state.batches] == [1, 2, 1]
+    # canary first: h0 is stopped, started and undrained before anything happens to h1
+    first_h1 = next(i for i, line in enumerate(sim.log) if "h1/i0" in line)
+    assert sim.log.index("hook lb enable h0/i0") < first_h1
+    assert sim.log[:4] == ["hook lb disable h0/i0", "stop h0/i0", "flip v2 h0/i0", "start h0/i0"]
+    steps = journal.steps("r1")
+    flip = next(s for s in steps if s.action == "flip" and s.instance == "h0/i0")
+    assert flip.before == {"release": "v1", "model": "llama-8b", "unit": "inactive/dead", "unreachable": ""}
+    assert all(s.outcome == "ok" for s in steps)
+    assert journal.history("lab")[0].status == "done"
+
+
+def test_canary_fails_to_load_is_rolled_back_and_halts(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1, 1])
+    sim.fail_load.add("v2")
+    state, journal = run(tmp_path, sim)
+    assert state.status is RolloutStatus.HALTED
+    assert state.reason == "batch 1 failed (h0/i0: unit gate: unit failed (failed/failed)); batch rolled back"
+    flips = [
+        (s.action, s.detail.split(": ")[0], s.before["release"]) for s in journal.steps("r1") if s.action == "flip"
+    ]
+    assert flips == [("flip", "flip h0/i0 → v2", "v1"), ("flip", "flip h0/i0 → v1", "v2")]
+    assert sim.releases() == {"h0/i0": "v1", "h1/i0": "v1", "h2/i0": "v1", "h3/i0": "v1"}
+    assert sim.touched() == {"h0/i0"}  # the other hosts were never touched
+    assert all(sim.serving(s) for s in sim.instances.values())  # the old model serves everywhere
+    canary = state.inst(InstanceRef("h0", "i0"))
+    assert canary.phase is Phase.ROLLED_BACK and canary.failure.startswith("unit gate: unit failed")
+    assert sim.log[-1] == "hook lb enable h0/i0"
+
+
+def test_hung_after_start_is_caught_by_the_completion_gate(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    sim.hang.add("v2")
+    state, _ = run(tmp_path, sim, replace(POLICY, batches=(1,)))
+    assert state.status is RolloutStatus.HALTED
+    canary = state.inst(InstanceRef("h0", "i0"))
+    assert canary.failure.startswith("completion gate: completion: timed out after 10s (alive but not generating?)")
+    assert "(timeouts.completion=20s)" in canary.failure
+    assert sim.releases() == {"h0/i0": "v1", "h1/i0": "v1"}
+
+
+def test_host_down_mid_rollout(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1, 1, 1])
+    sim.down_from["h2"] = clock.now + 24  # while batch 2 (h1, h2) soaks
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.HALTED
+    h1, h2 = state.inst(InstanceRef("h1", "i0")), state.inst(InstanceRef("h2", "i0"))
+    assert "host unreachable" in h2.failure
+    assert h2.phase is Phase.ROLLBACK_FAILED and "ssh: connect to host timed out" in h2.rollback_failure
+    assert h1.phase is Phase.ROLLED_BACK and sim.releases()["h1/i0"] == "v1"
+    assert sim.releases()["h0/i0"] == "v2"  # the canary's batch succeeded and is kept
+    assert "rollback failed on h2/i0" in state.reason
+    assert "h3/i0" not in sim.touched()
+
+
+def test_flapping_gate_resets_the_soak(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1])
+    journal = Journal(tmp_path / "j.sqlite")
+    state = new_rollout("r1", "lab", "rollout", targets(sim), replace(POLICY, batches=(1,)), clock.now)
+    journal.begin(state)
+    sim.flap_at.add(clock.now + 12)  # loaded at ~+5: soaking when the answer comes back "abort"
+    runner = Runner(sim, journal, clock=clock, sleep=clock.sleep)
+    final = runner.run(state)
+    inst = final.inst(InstanceRef("h0", "i0"))
+    assert final.status is RolloutStatus.DONE
+    assert inst.track is not None and inst.track.soak_resets == 1
+    assert inst.track.soak_since is not None and inst.track.soak_since >= clock.now - 11
+    assert inst.track.soak_since > sorted(sim.flap_at)[0]  # the soak restarted after the flap
+
+
+def test_orphaned_engine_is_named_and_stopped(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    sim.orphan_on_stop.add(InstanceRef("h0", "i0"))
+    state, journal = run(tmp_path, sim)
+    assert state.status is RolloutStatus.DONE
+    kill = next(s for s in journal.steps("r1") if s.action == "kill")
+    assert kill.instance == "h0/i0"
+    assert "pid 101 (VLLM::EngineCore) holding 70.0 GiB on GPU 0" in kill.detail
+    assert "kill [101] h0/i0" in sim.log
+
+
+def test_orphaned_engine_fails_the_instance_when_told_not_to_stop_it(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    sim.orphan_on_stop.add(InstanceRef("h0", "i0"))
+    state, _ = run(tmp_path, sim, replace(POLICY, orphans=OrphanPolicy.FAIL, on_failure=OnFailure.HALT))
+    assert state.status is RolloutStatus.HALTED
+    failure = state.inst(InstanceRef("h0", "i0")).failure
+    assert failure.startswith("orphaned engine after stop: pid 101 (VLLM::EngineCore) holding 70.0 GiB on GPU 0")
+    assert not any(line.startswith("kill") for line in sim.log)
+
+
+def test_foreign_process_on_the_gpus_fails_after_the_grace(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    sim.foreign[InstanceRef("h0", "i0")] = GpuProcess(4242, "python3", 0, 2 * GiB, False)
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.HALTED
+    failure = state.inst(InstanceRef("h0", "i0")).failure
+    assert "GPUs not free: pid 4242 (python3) holding 2.0 GiB on GPU 0 (not started by this unit" in failure
+    assert not any("4242" in line for line in sim.log if line.startswith("kill"))
+
+
+def test_budget_spent_by_sick_instances_waits_then_halts_untouched(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1, 1])
+    for name in ("h2", "h3"):
+        sim.instances[InstanceRef(name, "i0")].sick = True
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.HALTED
+    assert state.reason.startswith("batch 1 could not start for 60")
+    assert "max_unavailable is 2 and 2 instance(s) are already not serving (h2/i0, h3/i0)" in state.reason
+    assert sim.log == []
+
+
+def test_budget_shrinks_a_batch_around_a_sick_instance(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1, 1])
+    sim.instances[InstanceRef("h3", "i0")].sick = True
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.DONE, state.reason
+    assert [len(b) for b in state.batches] == [1, 1, 1, 1]  # batch 2 split: h3 is down already
+    assert sim.max_down <= 2
+
+
+def test_hosts_with_two_instances_never_lose_both(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [2, 2])
+    down_per_host: list[int] = []
+    original = sim.stop_unit
+
+    def stop(ref: InstanceRef) -> None:
+        original(ref)
+        down_per_host.append(sum(1 for s in sim.instances.values() if s.ref.host == ref.host and not sim.serving(s)))
+
+    sim.stop_unit = stop  # type: ignore[method-assign]
+    state, _ = run(tmp_path, sim, replace(POLICY, batches=(1, -1), max_unavailable=4))
+    assert state.status is RolloutStatus.DONE
+    assert max(down_per_host) == 1
+    assert [[str(r) for u in b for r in u] for b in state.batches] == [["h0/i0"], ["h1/i0", "h0/i1"], ["h1/i1"]]
+
+
+def test_restart_without_a_release_change_does_not_flip(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    state, _ = run(tmp_path, sim, release="v1", kind="restart")
+    assert state.status is RolloutStatus.DONE
+    assert not any(line.startswith("flip") for line in sim.log)
+    assert sum(line.startswith("start") for line in sim.log) == 2
+
+
+# ---- decide(): table tests over states and observations -------------------------------------------
+
+REF = InstanceRef("h0", "i0")
+
+
+def one(phase: Phase, **changes: object) -> RolloutState:
+    state = new_rollout("r", "lab", "rollout", [Target(REF, "v2", "m2")], POLICY, 0.0)
+    inst = replace(InstanceState(REF, Target(REF, "v2", "m2")), phase=phase, first_step_at=0.0, **changes)  # type: ignore[arg-type]
+    return replace(state, current=(REF,), instances={REF: inst})
+
+
+def facts(active: str = "active", sub: str = "running", **changes: object) -> Observations:
+    f = InstanceFacts(REF, unit=UnitState(active, sub, 0, 100 if active == "active" else 0), release="v1", model="m1")
+    return Observations(5.0, {REF: replace(f, **changes)})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("phase", "obs", "changes", "action", "next_phase"),
+    [
+        (Phase.PENDING, facts(), {}, "hook", Phase.DRAIN),  # records the previous release, runs the drain hook
+        (Phase.DRAIN, facts(), {"hooks_done": ("drain",)}, None, Phase.DRAINING),  # hook done: wait for in-flight
+        (Phase.DRAINING, facts(in_flight=3.0), {}, None, Phase.DRAINING),
+        (Phase.DRAINING, facts(in_flight=0.0), {}, "stop", Phase.STOP),
+        (Phase.STOP, facts(), {}, "stop", Phase.STOP),  # journaled but not taken before a crash: taken again
+        (Phase.STOP, facts("inactive", "dead"), {}, "flip", Phase.SWITCH),  # stopped, GPUs free: switch
+        (Phase.SWITCH, facts("inactive", "dead", release="v2"), {}, "start", Phase.START),  # link already flipped
+        (Phase.START, facts("activating", "start", release="v2"), {}, None, Phase.GATES),  # started before a crash
+        (Phase.START, facts("failed", "failed", release="v2"), {"started": True}, None, Phase.FAILED),
+        (Phase.START, facts("failed", "failed", release="v2"), {}, "start", Phase.START),  # failed before we started
+    ],
+)
+def test_decide_table(
+    phase: Phase, obs: Observations, changes: dict[str, object], action: str | None, next_phase: Phase
+) -> None:
+    state = one(phase, **changes)
+    if phase is Phase.FAILED or next_phase is Phase.FAILED:
+        state = replace(state, policy=replace(POLICY, on_failure=OnFailure.HALT))
+    d = decide(state, obs, 5.0)
+    assert [a.kind.value for a in d.actions] == ([action] if action else [])
+    assert d.state.inst(REF).phase is next_phase
+
+
+def test_decide_records_what_was_there_before() -> None:
+    d = decide(one(Phase.PENDING), facts(), 5.0)
+    inst = d.state.inst(REF)
+    assert (inst.previous_release, inst.previous_model, inst.previous_unit) == ("v1", "m1", "active/running")
+    assert d.actions[0].argv == ("lb", "disable", "h0/i0")
+
+
+def test_decide_drain_timeout_goes_on_to_stop() -> None:
+    state = one(Phase.DRAINING, phase_since=0.0)
+    d = decide(state, replace(facts(in_flight=2.0), at=40.0), 40.0)
+    assert d.actions[0].kind is Act.STOP
+
+
+def test_decide_unreachable_before_any_change_fails_untouched() -> None:
+    state = replace(one(Phase.PENDING), policy=replace(POLICY, on_failure=OnFailure.HALT))
+    d = decide(state, Observations(5.0, {REF: InstanceFacts(REF, unreachable="no route to host")}), 5.0)
+    assert d.state.status is RolloutStatus.HALTED
+    assert "host unreachable before any change: no route to host" in d.state.reason
+
+
+def test_decide_progress_deadline_fails_the_batch() -> None:
+    state = replace(one(Phase.DRAINING), policy=replace(POLICY, on_failure=OnFailure.HALT), last_progress_at=0.0)
+    d = decide(state, facts(in_flight=1.0), 601.0)
+    assert d.state.failing.startswith("no instance finished for 601s (progress_deadline_s)")
+
+
+def test_state_round_trips_through_the_journal_form(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1])
+    state, _ = run(tmp_path, sim)
+    assert state_from_dict(state_to_dict(state)) == state
