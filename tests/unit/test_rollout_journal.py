@@ -1,0 +1,160 @@
+"""Journal and lock: durable steps, history, crash-surviving lock; a real process SIGKILLed mid-step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fleet.rollout.batches import InstanceRef
+from fleet.rollout.engine import Phase, RolloutStatus, new_rollout, resume
+from fleet.rollout.errors import JournalError, LockHeld
+from fleet.rollout.journal import Journal, new_rollout_id
+from fleet.rollout.runner import Runner
+from tests.lab.polling import wait_for
+from tests.unit.test_rollout_engine import POLICY, Clock, SimFleet, targets
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from fleet.rollout.engine import new_rollout
+    from fleet.rollout.journal import Journal
+    from fleet.rollout.runner import Runner
+    from tests.unit.test_rollout_engine import POLICY, Clock, SimFleet, targets
+
+    db, marker, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    journal = Journal(db)
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    state = new_rollout("crash-1", "lab", "rollout", targets(sim), POLICY, clock.now)
+    journal.acquire("lab", state.id)
+    journal.begin(state)
+    if mode == "hold":
+        marker.write_text("locked")
+        time.sleep(600)
+
+    def stop_forever(ref):
+        marker.write_text(str(ref))  # the step is journaled; now the process dies in the middle of it
+        time.sleep(600)
+
+    sim.stop_unit = stop_forever
+    Runner(sim, journal, clock=clock, sleep=clock.sleep).run(state)
+    """
+)
+
+
+def child(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], Path]:
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path / "journal.sqlite"), str(marker), mode],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return proc, marker
+
+
+def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
+    proc, marker = child(tmp_path, "crash")
+    try:
+        assert wait_for(marker.exists, timeout=60), "the child never reached its stop"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    journal = Journal(tmp_path / "journal.sqlite")
+    # The lock survived the crash, names its owner, and is not taken silently.
+    owner = journal.lock_owner("lab")
+    assert owner is not None and owner.pid == proc.pid and owner.rollout_id == "crash-1"
+    assert owner.alive() is False
+    with pytest.raises(
+        LockHeld, match=r"fleet lab has a stale lock: rollout crash-1 by .* \(pid \d+\), started .* ago"
+    ):
+        journal.acquire("lab", "crash-1")
+    journal.acquire("lab", "crash-1", takeover=True)
+    # The step in flight was journaled before it was taken, with what was there before; no outcome.
+    steps = journal.steps("crash-1")
+    assert [s.action for s in steps] == ["hook:drain", "stop"]
+    assert steps[0].outcome == "ok" and steps[1].outcome is None
+    assert steps[1].before == {"release": "v1", "model": "llama-8b", "unit": "active/running", "unreachable": ""}
+    state = journal.latest_state("crash-1")
+    assert state.status is RolloutStatus.RUNNING and state.inst(InstanceRef("h0", "i0")).phase is Phase.STOP
+    assert journal.last_unfinished("lab") == "crash-1"
+    # Resume against the hosts' true state (the stop never happened): the stop is taken again, the
+    # drain hook (done) is not, and the rollout finishes.
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    final = Runner(sim, journal, clock=clock, sleep=clock.sleep).run(resume(state, clock.now))
+    assert final.status is RolloutStatus.DONE, final.reason
+    assert sim.log[:3] == ["stop h0/i0", "flip v2 h0/i0", "start h0/i0"]
+    assert set(sim.releases().values()) == {"v2"}
+    journal.release("lab", "crash-1")
+    assert journal.lock_owner("lab") is None
+    assert journal.history("lab")[0].status == "done"
+
+
+def test_second_rollout_refused_while_the_first_holds_the_lock(tmp_path: Path) -> None:
+    proc, marker = child(tmp_path, "hold")
+    try:
+        assert wait_for(marker.exists, timeout=60)
+        journal = Journal(tmp_path / "journal.sqlite")
+        with pytest.raises(LockHeld, match=rf"fleet lab is locked by rollout crash-1 by .*\(pid {proc.pid}\)"):
+            journal.acquire("lab", "second")
+        with pytest.raises(LockHeld):  # a live owner is never taken over, even when asked
+            journal.acquire("lab", "second", takeover=True)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_lock_of_another_machine_is_treated_as_live(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.db.execute(
+        "INSERT INTO locks VALUES ('lab', 'r9', 1, '1', 'laptop-of-alice', 'alice', ?)", (time.time() - 3600,)
+    )
+    with pytest.raises(LockHeld, match=r"by alice@laptop-of-alice .* ago.*another machine") as exc:
+        journal.acquire("lab", "r10", takeover=True)
+    assert "3600s ago" in str(exc.value) or "3601s ago" in str(exc.value)
+
+
+def test_lock_is_reentrant_for_its_owner_and_released(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.acquire("lab", "r1")
+    journal.acquire("lab", "r1")
+    journal.release("lab", "r1")
+    journal.acquire("other", "r2")
+    assert journal.lock_owner("lab") is None and journal.lock_owner("other") is not None
+
+
+def test_journal_is_wal_synchronous_full_and_private(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "sub" / "j.sqlite")
+    assert journal.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert (tmp_path / "sub" / "j.sqlite").stat().st_mode & 0o077 == 0
+
+
+def test_history_newest_first_and_unknown_rollout(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "j.sqlite")
+    for i, fleet in enumerate(["lab", "lab", "prod"]):
+        clock = Clock()
+        sim = SimFleet(clock, [1])
+        state = new_rollout(f"r{i}", fleet, "restart", targets(sim, "v1"), POLICY, 1000.0 + i)
+        journal.begin(state)
+        Runner(sim, journal, clock=clock, sleep=clock.sleep).run(state)
+    assert [r.id for r in journal.history("lab")] == ["r1", "r0"]
+    assert [r.id for r in journal.history()] == ["r2", "r1", "r0"]
+    record = journal.history("prod")[0]
+    assert (record.kind, record.status, record.steps) == ("restart", "done", 4)
+    with pytest.raises(JournalError, match="no rollout 'nope'"):
+        journal.latest_state("nope")
+    with pytest.raises(sqlite3.IntegrityError):
+        journal.begin(journal.latest_state("r0"))  # ids are unique
+    assert new_rollout_id(0).startswith("19700101T000000Z-")
