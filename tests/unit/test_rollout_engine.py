@@ -435,3 +435,47 @@ def test_state_round_trips_through_the_journal_form(tmp_path: Path) -> None:
     sim = SimFleet(Clock(), [1, 1, 1])
     state, _ = run(tmp_path, sim)
     assert state_from_dict(state_to_dict(state)) == state
+
+
+def test_a_failing_drain_hook_fails_the_instance_before_it_is_stopped(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+
+    def hook(argv: Sequence[str], timeout_s: float) -> str:
+        sim.log.append("hook " + " ".join(argv))
+        if argv[1] == "disable":
+            raise ExecutorError("drain hook lb disable h0/i0 exited 1: backend not found")
+        return ""
+
+    sim.run_hook = hook  # type: ignore[method-assign]
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.HALTED
+    canary = state.inst(REF)
+    assert canary.failure == "hook failed: drain hook lb disable h0/i0 exited 1: backend not found"
+    # never stopped, so the rollback only puts it back into traffic
+    assert canary.phase is Phase.ROLLED_BACK
+    assert sim.log == ["hook lb disable h0/i0", "hook lb enable h0/i0"]
+
+
+def test_stop_between_steps_then_resume(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    journal = Journal(tmp_path / "j.sqlite")
+    state = new_rollout("r1", "lab", "rollout", targets(sim), POLICY, clock.now)
+    journal.begin(state)
+    asked = {"n": 0}
+
+    def ctrl_c() -> bool:
+        asked["n"] += 1
+        return asked["n"] > 3
+
+    events: list[str] = []
+    stopped = Runner(sim, journal, clock=clock, sleep=clock.sleep, should_stop=ctrl_c, on_event=events.append).run(
+        state
+    )
+    assert stopped.status is RolloutStatus.RUNNING
+    assert events[-1] == "stopped between steps; resume with: fleet rollout --resume r1"
+    again = journal.latest_state("r1")
+    assert again == stopped
+    final = Runner(sim, journal, clock=clock, sleep=clock.sleep).run(again)
+    assert final.status is RolloutStatus.DONE
+    assert sum(line.startswith("stop") for line in sim.log) == 2  # each instance stopped once
