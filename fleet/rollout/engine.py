@@ -81,6 +81,7 @@ class Target:
     release: str
     model: str
     port: int = 8000
+    restart: bool = False  #: restart even when already on ``release`` (``fleet restart``)
 
 
 @dataclass(frozen=True)
@@ -357,6 +358,11 @@ def _phase_step(
     waited = now - inst.phase_since
     if inst.phase is Phase.PENDING:
         unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
+        if kind_skips_current(inst) and f.release == inst.target.release and f.serving:
+            # Already there and serving: nothing to do (Kubernetes compares the template hash;
+            # Nomad reports a rollback to the same job as a no-op).
+            return _to(inst, Phase.DONE, now, previous_release=f.release, previous_model=f.model,
+                       previous_unit=unit, note=f"already serving release {f.release}"), None  # fmt: skip
         return _to(
             inst,
             Phase.DRAIN,
@@ -417,6 +423,11 @@ def _phase_step(
             return inst, Action(Act.HOOK, ref, "put the instance back into traffic", hook="undrain", argv=tuple(argv))
         return _to(inst, Phase.ROLLED_BACK if inst.rolling_back else Phase.DONE, now), None
     raise AssertionError(inst.phase)
+
+
+def kind_skips_current(inst: InstanceState) -> bool:
+    """Whether an instance already on its target is left alone: yes, except in an on-call restart."""
+    return not inst.target.restart
 
 
 def _gpus(
@@ -509,7 +520,12 @@ def state_from_dict(d: Mapping[str, Any]) -> RolloutState:
 def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
     return {
         "ref": str(i.ref),
-        "target": {"release": i.target.release, "model": i.target.model, "port": i.target.port},
+        "target": {
+            "release": i.target.release,
+            "model": i.target.model,
+            "port": i.target.port,
+            "restart": i.target.restart,
+        },
         "phase": i.phase.value,
         "rolling_back": i.rolling_back,
         "phase_since": i.phase_since,
@@ -534,7 +550,7 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
     t = d["target"]
     return InstanceState(
         ref=ref,
-        target=Target(ref, t["release"], t["model"], t["port"]),
+        target=Target(ref, t["release"], t["model"], t["port"], t["restart"]),
         phase=Phase(d["phase"]),
         rolling_back=d["rolling_back"],
         phase_since=d["phase_since"],

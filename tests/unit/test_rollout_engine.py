@@ -190,15 +190,15 @@ POLICY = RolloutPolicy(
 )
 
 
-def targets(sim: SimFleet, release: str = "v2") -> list[Target]:
-    return [Target(ref, release, MODELS[release]) for ref in sim.instances]
+def targets(sim: SimFleet, release: str = "v2", restart: bool = False) -> list[Target]:
+    return [Target(ref, release, MODELS[release], restart=restart) for ref in sim.instances]
 
 
 def run(
     tmp_path: Path, sim: SimFleet, policy: RolloutPolicy = POLICY, release: str = "v2", kind: str = "rollout"
 ) -> tuple[RolloutState, Journal]:
     journal = Journal(tmp_path / "journal.sqlite")
-    state = new_rollout("r1", "lab", kind, targets(sim, release), policy, sim.clock.now)
+    state = new_rollout("r1", "lab", kind, targets(sim, release, kind == "restart"), policy, sim.clock.now)
     journal.begin(state)
     runner = Runner(sim, journal, clock=sim.clock, sleep=sim.clock.sleep)
     final = runner.run(state)
@@ -479,3 +479,15 @@ def test_stop_between_steps_then_resume(tmp_path: Path) -> None:
     final = Runner(sim, journal, clock=clock, sleep=clock.sleep).run(again)
     assert final.status is RolloutStatus.DONE
     assert sum(line.startswith("stop") for line in sim.log) == 2  # each instance stopped once
+
+
+def test_instances_already_on_the_target_are_left_alone(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1])
+    sim.instances[InstanceRef("h1", "i0")].release = "v2"
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.DONE
+    assert "h1/i0" not in sim.touched()
+    assert state.inst(InstanceRef("h1", "i0")).note == "already serving release v2"
+    again, _ = run(tmp_path / "again", sim)  # the same rollout again: a no-op
+    assert again.status is RolloutStatus.DONE
+    assert sum(line.startswith("stop") for line in sim.log) == 2

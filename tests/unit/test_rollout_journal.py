@@ -146,7 +146,7 @@ def test_history_newest_first_and_unknown_rollout(tmp_path: Path) -> None:
     for i, fleet in enumerate(["lab", "lab", "prod"]):
         clock = Clock()
         sim = SimFleet(clock, [1])
-        state = new_rollout(f"r{i}", fleet, "restart", targets(sim, "v1"), POLICY, 1000.0 + i)
+        state = new_rollout(f"r{i}", fleet, "restart", targets(sim, "v1", restart=True), POLICY, 1000.0 + i)
         journal.begin(state)
         Runner(sim, journal, clock=clock, sleep=clock.sleep).run(state)
     assert [r.id for r in journal.history("lab")] == ["r1", "r0"]
