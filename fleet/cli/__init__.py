@@ -147,6 +147,7 @@ def fail(
 def _register_commands() -> None:
     """Attach the commands, one module per verb (imported late: they import the library)."""
     from fleet.cli.deploy import deploy
+    from fleet.cli.history import history
     from fleet.cli.lab import lab
     from fleet.cli.monitor import monitor
     from fleet.cli.plan import plan
@@ -157,6 +158,7 @@ def _register_commands() -> None:
     main.add_command(lab)
     main.add_command(monitor)
     main.add_command(status)
+    main.add_command(history)
 
 
 _register_commands()

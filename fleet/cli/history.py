@@ -1,0 +1,87 @@
+"""``fleet history``: past and running rollouts from the journal; ``fleet history ID``: their steps."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from fleet.cli import console, fail
+from fleet.errors import FleetError
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts)) if ts else "-"
+
+
+@click.command()
+@click.argument("rollout_id", required=False)
+@click.option("--fleet", "fleet_name", help="Only rollouts of this fleet.")
+@click.option("--limit", default=20, show_default=True, help="How many rollouts to list.")
+@click.option(
+    "--journal",
+    "journal_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The journal database (default: $FLEET_JOURNAL or ~/.local/state/fleet/journal.sqlite).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def history(
+    rollout_id: str | None, fleet_name: str | None, limit: int, journal_path: Path | None, as_json: bool
+) -> None:
+    """Rollouts and restarts, newest first, from the journal; with ROLLOUT_ID, every step of one."""
+    from fleet.rollout.journal import Journal, default_path
+
+    path = journal_path or default_path()
+    if not path.exists():
+        fail(f"no journal at {path}: no rollout has run from this machine (or pass --journal)", as_json, code=1)
+    try:
+        with Journal(path) as journal:
+            if rollout_id is None:
+                records = journal.history(fleet_name, limit)
+                if as_json:
+                    click.echo(json.dumps({"rollouts": [asdict(r) for r in records]}, indent=2))
+                    return
+                table = Table("id", "fleet", "kind", "started (UTC)", "ended", "status", "steps", "by", "reason")
+                for r in records:
+                    table.add_row(
+                        r.id, r.fleet, r.kind, _when(r.started_at), _when(r.ended_at), r.status, str(r.steps),
+                        f"{r.user}@{r.host}", r.reason,
+                    )  # fmt: skip
+                console().print(table)
+                return
+            state = journal.latest_state(rollout_id)
+            steps = journal.steps(rollout_id)
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "id": state.id,
+                    "fleet": state.fleet,
+                    "status": state.status.value,
+                    "reason": state.reason,
+                    "steps": [asdict(s) for s in steps],
+                },
+                indent=2,
+            )
+        )
+        return
+    table = Table("#", "at (UTC)", "instance", "step", "before", "outcome")
+    for s in steps:
+        before = ", ".join(f"{k}={v}" for k, v in s.before.items() if v)
+        outcome = s.outcome or "not recorded (the process stopped here)"
+        if s.outcome == "failed":
+            outcome += f": {s.outcome_detail}"
+        table.add_row(str(s.seq), _when(s.at), s.instance or "-", s.detail, before, outcome)
+    out = console()
+    out.print(table)
+    out.print(
+        f"rollout {state.id} ({state.fleet}): {state.status.value}" + (f": {state.reason}" if state.reason else "")
+    )
+    if state.status.value == "running":
+        out.print(f"resume with: fleet rollout --resume {state.id}")
