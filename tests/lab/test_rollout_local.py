@@ -38,17 +38,18 @@ run = standin.run
 
 SERVED = {"v1": "llama-v1", "v2": "llama-v2", "bad": "llama-bad"}
 REFS = [InstanceRef("h0", "vllm-0"), InstanceRef("h1", "vllm-0")]
-GPU = {REFS[0]: 0, REFS[1]: 1}
 
 
 class ProcessExecutor:
     """``Executor`` over local stand-in processes (systemd's part played by this class)."""
 
-    def __init__(self, lab: Any, run: Callable[..., Any], state_dir: Path) -> None:
+    def __init__(self, lab: Any, run: Callable[..., Any], state_dir: Path, refs: Sequence[InstanceRef] = REFS) -> None:
         self.lab, self.run, self.state_dir = lab, run, state_dir
+        self.refs = list(refs)
+        self.gpu = {ref: i for i, ref in enumerate(self.refs)}  # one simulated GPU each
         self.server: dict[InstanceRef, Any] = {}
-        self.release: dict[InstanceRef, str] = dict.fromkeys(REFS, "v1")
-        self.pids: dict[InstanceRef, set[int]] = {r: set() for r in REFS}
+        self.release: dict[InstanceRef, str] = dict.fromkeys(self.refs, "v1")
+        self.pids: dict[InstanceRef, set[int]] = {r: set() for r in self.refs}
         self.sigkill_on_stop: set[InstanceRef] = set()  # a unit whose stop leaves the engine behind
         self.log: list[str] = []
 
@@ -70,10 +71,9 @@ class ProcessExecutor:
         running = unit.active_state == "active"
         gpus: tuple[GpuProcess, ...] = ()
         if not running:
-            seen = standin.nvml(self.lab, SimpleNamespace(state_dir=self.state_dir))[GPU[ref]]["procs"]
-            gpus = tuple(
-                GpuProcess(pid, _comm(pid), GPU[ref], used, pid in self.pids[ref]) for pid, used in seen.items()
-            )
+            gpu = self.gpu[ref]
+            seen = standin.nvml(self.lab, SimpleNamespace(state_dir=self.state_dir))[gpu]["procs"]
+            gpus = tuple(GpuProcess(pid, _comm(pid), gpu, used, pid in self.pids[ref]) for pid, used in seen.items())
         prober = self._prober(ref) if ref in self.server else None
         return InstanceFacts(
             ref,
@@ -101,7 +101,7 @@ class ProcessExecutor:
         served = SERVED[self.release[ref]]
         self.server[ref] = self.run(
             standin.LLAMA_8B, "--served-model-name", served, "--max-model-len", "4096",
-            env={"CUDA_VISIBLE_DEVICES": str(GPU[ref])},
+            env={"CUDA_VISIBLE_DEVICES": str(self.gpu[ref])},
         )  # fmt: skip
 
     def kill(self, ref: InstanceRef, pids: Sequence[int]) -> None:
