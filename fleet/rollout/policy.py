@@ -440,3 +440,39 @@ def policy_to_raw(p: RolloutPolicy) -> dict[str, Any]:
             "timeout_s": p.hooks.timeout_s,
         },
     }
+
+
+def policy_from_hosts(
+    source: str, host_data: Mapping[str, Mapping[str, Any]], overrides: Mapping[str, Any] | None = None
+) -> RolloutPolicy:
+    """The one policy of a rollout from the hosts' inventory data (group data merged in, as pyinfra does).
+
+    Every host of a rollout must carry the same ``rollout`` settings (set them on a group they all
+    share, e.g. ``all``); hosts that differ are named.
+    """
+    if not host_data:
+        return parse_policy(None, source=source, where="no hosts", overrides=overrides)
+    by_value: dict[str, list[str]] = {}
+    raws: dict[str, Any] = {}
+    for host, data in host_data.items():
+        raw = data.get(POLICY_KEY)
+        key = repr(raw)
+        by_value.setdefault(key, []).append(host)
+        raws[key] = raw
+    if len(by_value) > 1:
+        groups = sorted(by_value.values(), key=len, reverse=True)
+        problems = [
+            PolicyProblem(
+                source,
+                f"host {hosts[0]}" + (f" (and {len(hosts) - 1} more)" if len(hosts) > 1 else ""),
+                POLICY_KEY,
+                raws[next(k for k, v in by_value.items() if v is hosts)],
+                f"differs from host {groups[0][0]}'s; one rollout has one policy: set it on a group every host shares",
+            )
+            for hosts in groups[1:]
+        ]
+        raise PolicyError(problems)
+    (key,) = by_value
+    hosts = by_value[key]
+    where = f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {hosts[0]}..{hosts[-1]} ({len(hosts)})"
+    return parse_policy(raws[key], source=source, where=where, overrides=overrides)

@@ -108,3 +108,34 @@ def test_overrides_win_and_name_the_command_line() -> None:
 
 def test_keys_listed_for_the_schema() -> None:
     assert set(POLICY_KEYS) == {f for f in RolloutPolicy.__dataclass_fields__}
+
+
+def test_policy_from_hosts_one_policy_per_rollout() -> None:
+    from fleet.rollout.policy import policy_from_hosts
+
+    same = {"batches": [1, 2]}
+    p = policy_from_hosts("inventory/prod.py", {"a": {"rollout": same}, "b": {"rollout": same}}, {"soak_s": 5})
+    assert p.batches == (1, 2) and p.soak_s == 5
+    assert policy_from_hosts("inventory/prod.py", {"a": {}, "b": {}}) == RolloutPolicy()
+    with pytest.raises(PolicyError) as exc:
+        policy_from_hosts("inventory/prod.py", {"a": {"rollout": same}, "b": {"rollout": same}, "c": {}})
+    assert str(exc.value) == (
+        "inventory/prod.py: host c: rollout=None: differs from host a's; one rollout has one policy: "
+        "set it on a group every host shares"
+    )
+    with pytest.raises(PolicyError, match=r"inventory/prod.py: hosts a..b \(2\): unit='x': one of instance, host"):
+        policy_from_hosts("inventory/prod.py", {"a": {"rollout": {"unit": "x"}}, "b": {"rollout": {"unit": "x"}}})
+
+
+def test_policy_round_trips_through_its_inventory_form() -> None:
+    from fleet.rollout.policy import policy_to_raw
+
+    p = parse(
+        {
+            "batches": [1, "10%", -1],
+            "metrics": [{"name": "vllm:num_requests_waiting", "max": 8, "labels": {"engine": "0"}}],
+            "hooks": {"drain": "lb off {host}"},
+            "orphans": "fail",
+        }
+    )
+    assert parse(policy_to_raw(p)) == p
