@@ -234,7 +234,8 @@ def decide(state: RolloutState, obs: Observations, now: float) -> Decision:
         return decide(state, obs, now)  # start the rollback (or the halt) at once
     if sum(1 for r in state.current if instances[r].phase is Phase.DONE) > done_before:
         state = replace(state, last_progress_at=now)  # Nomad: each healthy instance moves the deadline out
-    if all(instances[r].phase in TERMINAL for r in state.current):
+    untouched_ok = state.failing != ""  # a failed batch's untouched instances stay as they are
+    if all(instances[r].phase in TERMINAL or (untouched_ok and not instances[r].touched) for r in state.current):
         return _batch_finished(state, now)
     return Decision(state, tuple(actions), tuple(waits))
 

@@ -491,3 +491,71 @@ def test_instances_already_on_the_target_are_left_alone(tmp_path: Path) -> None:
     again, _ = run(tmp_path / "again", sim)  # the same rollout again: a no-op
     assert again.status is RolloutStatus.DONE
     assert sum(line.startswith("stop") for line in sim.log) == 2
+
+
+# ---- properties over random fleets and faults (like Nomad's rapid tests of its reconciler) ---------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    counts=st.lists(st.integers(1, 3), min_size=1, max_size=5),
+    batches=st.lists(st.one_of(st.integers(1, 3), st.sampled_from(["25%", "50%", -1])), min_size=1, max_size=3),
+    budget=st.integers(1, 4),
+    fault=st.sampled_from(["none", "fail_load", "hang"]),
+    orphans=st.sets(st.integers(0, 14), max_size=3),
+    sick=st.sets(st.integers(0, 14), max_size=2),
+    on_failure=st.sampled_from([OnFailure.ROLLBACK, OnFailure.HALT]),
+)
+def test_engine_properties(
+    tmp_path_factory: pytest.TempPathFactory,
+    counts: list[int],
+    batches: list[int | str],
+    budget: int,
+    fault: str,
+    orphans: set[int],
+    sick: set[int],
+    on_failure: OnFailure,
+) -> None:
+    sim = SimFleet(Clock(), counts)
+    refs = list(sim.instances)
+    for i in sick:
+        if i < len(refs):
+            sim.instances[refs[i]].sick = True
+    sim.orphan_on_stop = {refs[i] for i in orphans if i < len(refs)}
+    if fault == "fail_load":
+        sim.fail_load.add("v2")
+    elif fault == "hang":
+        sim.hang.add("v2")
+    policy = replace(POLICY, batches=tuple(batches), max_unavailable=budget, on_failure=on_failure)
+    state, journal = run(tmp_path_factory.mktemp("p"), sim, policy)
+    # It ends, one way or the other.
+    assert state.status in (RolloutStatus.DONE, RolloutStatus.HALTED)
+    # The budget is never exceeded by what the rollout stopped (sick instances count, and block).
+    assert sim.max_down <= max(budget, sum(s.sick for s in sim.instances.values()))
+    # Every instance is visited at most once forward; a healthy release finishes everywhere.
+    forward_stops = [line for line in sim.log if line.startswith("stop")]
+    if fault == "none" and state.status is RolloutStatus.DONE:
+        assert set(sim.releases().values()) == {"v2"}
+    if fault != "none":
+        assert state.status is RolloutStatus.HALTED
+        # Only the failed batch was touched: nothing past it.
+        failed_batch = {r for r in state.current}
+        later = {str(r) for b in state.batches[state.batch_index + 1 :] for u in b for r in u}
+        assert not (later & sim.touched())
+        for ref in failed_batch:
+            inst = state.inst(ref)
+            if on_failure is OnFailure.ROLLBACK and inst.changed:
+                assert inst.phase in (Phase.ROLLED_BACK, Phase.ROLLBACK_FAILED)
+                if inst.phase is Phase.ROLLED_BACK:
+                    assert sim.releases()[str(ref)] == "v1" and sim.serving(sim.instances[ref])
+    # No instance is left stopped unless the engine says why (failed and halted, or rollback failed).
+    for ref, s in sim.instances.items():
+        if s.active != "active":
+            assert state.inst(ref).phase in (Phase.FAILED, Phase.ROLLBACK_FAILED), (ref, state.inst(ref))
+    # The journal holds every step with its outcome.
+    steps = journal.steps("r1")
+    assert all(st_.outcome in ("ok", "failed") for st_ in steps)
+    assert len([st_ for st_ in steps if st_.action == "stop"]) == len(forward_stops)
