@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from fleet.rollout.batches import Batch, InstanceRef, admit, budget_of, plan_batches
-from fleet.rollout.gates import Expect, GateTrack, Probe, Status, start_track
+from fleet.rollout.gates import Check, Expect, GateTrack, Probe, Status, evaluate, start_track
 from fleet.rollout.gates import step as gate_step
 from fleet.rollout.observe import InstanceFacts, Observations
 from fleet.rollout.policy import OnFailure, OrphanPolicy, RolloutPolicy, parse_policy, policy_to_raw
@@ -155,6 +155,11 @@ class RolloutState:
     failing: str = ""  #: set when the current batch failed: why
     last_progress_at: float = 0.0
     waiting: str = ""  #: why the next batch waits (budget)
+    baking_since: float | None = None  #: the canary batch is back in traffic and watched since
+
+    @property
+    def baking(self) -> bool:
+        return self.baking_since is not None
 
     def inst(self, ref: InstanceRef) -> InstanceState:
         return self.instances[ref]
@@ -236,6 +241,8 @@ def decide(state: RolloutState, obs: Observations, now: float) -> Decision:
         state = replace(state, last_progress_at=now)  # Nomad: each healthy instance moves the deadline out
     untouched_ok = state.failing != ""  # a failed batch's untouched instances stay as they are
     if all(instances[r].phase in TERMINAL or (untouched_ok and not instances[r].touched) for r in state.current):
+        if not state.failing and state.batch_index == 0 and p.canary_bake_s > 0:
+            return _bake(state, obs, now)
         return _batch_finished(state, now)
     return Decision(state, tuple(actions), tuple(waits))
 
@@ -299,6 +306,35 @@ def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
             note="",
         )
     return replace(state, instances=instances, failing=why)
+
+
+def _bake(state: RolloutState, obs: Observations, now: float) -> Decision:
+    """The canary batch serves traffic for ``canary_bake_s``; any gate that does not pass fails it.
+
+    Argo Rollouts' analysis with its default ``failureLimit: 0``; no data is not a pass (Flagger).
+    """
+    p = state.policy
+    if state.baking_since is None:
+        return Decision(replace(state, baking_since=now), waits=("canary bake started",))
+    for ref in state.current:
+        inst = state.inst(ref)
+        if inst.phase is not Phase.DONE:
+            continue
+        f = obs.of(ref)
+        probe = f.probe if not f.unreachable else Probe(now, unreachable=f.unreachable)
+        if probe is None:
+            continue
+        checks = evaluate(probe, Expect(inst.model, inst.baseline_restarts, p.metrics))
+        gate, check, detail = checks[-1]
+        if check is not Check.PASS:
+            why = f"{ref}: canary bake: {gate.value} gate: {detail}"
+            failed = replace(state, baking_since=None, last_progress_at=now)
+            failed = _fail_batch(failed, why, now)
+            return decide(failed, obs, now)
+    baked = now - state.baking_since
+    if baked >= p.canary_bake_s:
+        return _batch_finished(replace(state, baking_since=None), now)
+    return Decision(state, waits=(f"canary bake: {baked:.0f}s of {p.canary_bake_s:g}s, all gates green",))
 
 
 def _batch_finished(state: RolloutState, now: float) -> Decision:
@@ -495,6 +531,7 @@ def state_to_dict(state: RolloutState) -> dict[str, Any]:
         "failing": state.failing,
         "last_progress_at": state.last_progress_at,
         "waiting": state.waiting,
+        "baking_since": state.baking_since,
     }
 
 
@@ -515,6 +552,7 @@ def state_from_dict(d: Mapping[str, Any]) -> RolloutState:
         failing=d["failing"],
         last_progress_at=d["last_progress_at"],
         waiting=d["waiting"],
+        baking_since=d.get("baking_since"),
     )
 
 

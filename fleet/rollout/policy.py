@@ -21,6 +21,7 @@ Inventory data, under the key ``rollout`` (group or host data)::
         "unit": "instance",              # or "host"
         "max_unavailable": "25%",
         "soak_s": 30,
+        "canary_bake_s": 0,
         "host_deadline_s": 1800,
         "progress_deadline_s": 3600,
         "drain_timeout_s": 120,
@@ -138,6 +139,7 @@ class RolloutPolicy:
     max_unavailable: Size = "25%"
     whole_host: bool = False  #: allow a batch to take every instance of a host at once
     soak_s: float = 30.0
+    canary_bake_s: float = 0.0  #: after the canary batch is back in traffic, watch its gates this long
     host_deadline_s: float = 1800.0
     progress_deadline_s: float = 3600.0
     drain_timeout_s: float = 120.0
@@ -159,6 +161,7 @@ POLICY_KEYS: dict[str, str] = {
     "max_unavailable": 'int >= 1 or "N%": instances not serving at any time, counting ones already sick',
     "whole_host": "true lets a batch take every instance of a host at once (default false)",
     "soak_s": "seconds all gates must stay green; any failure resets it",
+    "canary_bake_s": "seconds the canary batch is watched after its undrain hook; any failed gate fails it",
     "host_deadline_s": "seconds from an instance's first step to healthy-and-soaked",
     "progress_deadline_s": "seconds without any instance finishing before the rollout halts",
     "drain_timeout_s": "seconds to wait for in-flight requests to reach 0 before SIGTERM",
@@ -359,6 +362,7 @@ def _validate(raw: Mapping[str, Any], c: _Checker, ordering: bool = True) -> Rol
         max_unavailable=c.size("max_unavailable", raw.get("max_unavailable", d.max_unavailable), rest_ok=False),
         whole_host=_bool(c, "whole_host", raw.get("whole_host", d.whole_host)),
         soak_s=c.seconds("soak_s", raw.get("soak_s", d.soak_s)),
+        canary_bake_s=c.seconds("canary_bake_s", raw.get("canary_bake_s", d.canary_bake_s)),
         host_deadline_s=c.seconds("host_deadline_s", raw.get("host_deadline_s", d.host_deadline_s), 1),
         progress_deadline_s=c.seconds("progress_deadline_s", raw.get("progress_deadline_s", d.progress_deadline_s), 1),
         drain_timeout_s=c.seconds("drain_timeout_s", raw.get("drain_timeout_s", d.drain_timeout_s)),
@@ -387,6 +391,10 @@ def _ordering(c: _Checker, p: RolloutPolicy) -> None:
         c.problem("probe_interval_s", p.probe_interval_s, f"must be less than soak_s ({p.soak_s:g})")
     if p.soak_s >= p.host_deadline_s:
         c.problem("soak_s", p.soak_s, f"must be less than host_deadline_s ({p.host_deadline_s:g})")
+    if p.canary_bake_s >= p.progress_deadline_s:
+        c.problem(
+            "canary_bake_s", p.canary_bake_s, f"must be less than progress_deadline_s ({p.progress_deadline_s:g})"
+        )
     if p.host_deadline_s > p.progress_deadline_s:
         c.problem(
             "host_deadline_s", p.host_deadline_s, f"must not exceed progress_deadline_s ({p.progress_deadline_s:g})"
@@ -415,6 +423,7 @@ def policy_to_raw(p: RolloutPolicy) -> dict[str, Any]:
         "max_unavailable": p.max_unavailable,
         "whole_host": p.whole_host,
         "soak_s": p.soak_s,
+        "canary_bake_s": p.canary_bake_s,
         "host_deadline_s": p.host_deadline_s,
         "progress_deadline_s": p.progress_deadline_s,
         "drain_timeout_s": p.drain_timeout_s,

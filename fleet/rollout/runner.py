@@ -31,7 +31,7 @@ def before_of(facts: InstanceFacts | None) -> dict[str, Any]:
 def _shape(state: RolloutState) -> tuple[Any, ...]:
     """What of a state is worth a journal write when no action is taken (not clocks or notes)."""
     phases = tuple((str(r), i.phase.value, i.rolling_back) for r, i in state.instances.items())
-    return (state.status, state.batch_index, state.current, state.failing, phases, len(state.batches))
+    return (state.status, state.batch_index, state.current, state.failing, phases, len(state.batches), state.baking)
 
 
 @dataclass
@@ -51,7 +51,8 @@ class Runner:
         facts: dict[Any, InstanceFacts] = {}
         for ref in refs:
             f = self.executor.facts(ref)
-            if state.current and state.inst(ref).phase is Phase.GATES and not f.unreachable:
+            gating = state.inst(ref).phase is Phase.GATES or (state.baking and state.inst(ref).phase is Phase.DONE)
+            if state.current and gating and not f.unreachable:
                 f = _with_probe(f, self.executor.probe(ref, state.policy))
             facts[ref] = f
         return Observations(self.clock(), facts)

@@ -559,3 +559,26 @@ def test_engine_properties(
     steps = journal.steps("r1")
     assert all(st_.outcome in ("ok", "failed") for st_ in steps)
     assert len([st_ for st_ in steps if st_.action == "stop"]) == len(forward_stops)
+
+
+def test_canary_bake_passes_then_the_rollout_goes_on(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1, 1])
+    start = clock.now
+    state, journal = run(tmp_path, sim, replace(POLICY, canary_bake_s=30))
+    assert state.status is RolloutStatus.DONE
+    h1_drain = next(s for s in journal.steps("r1") if s.instance == "h1/i0")
+    canary_done = next(s for s in journal.steps("r1") if s.action == "hook:undrain" and s.instance == "h0/i0")
+    assert h1_drain.at - canary_done.at >= 30  # the next batch waited for the bake
+    assert clock.now - start >= 30
+
+
+def test_canary_that_fails_during_its_bake_is_rolled_back(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    sim.flap_at.add(clock.now + 40)  # healthy, soaked and undrained by ~+17; then one aborted answer
+    state, _ = run(tmp_path, sim, replace(POLICY, canary_bake_s=60))
+    assert state.status is RolloutStatus.HALTED
+    assert state.reason.startswith("batch 1 failed (h0/i0: canary bake: completion gate: completion finished with")
+    assert sim.releases() == {"h0/i0": "v1", "h1/i0": "v1"}
+    assert "h1/i0" not in sim.touched()
