@@ -8,7 +8,8 @@ Each action is journaled (with what was there before) before the executor takes 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -42,6 +43,7 @@ class Runner:
     sleep: Callable[[float], None] = time.sleep
     should_stop: Callable[[], bool] = lambda: False
     on_event: Callable[[str], None] = lambda _line: None
+    max_parallel: int = 64  #: actions of one tick taken at once (one per instance of the batch)
     ticks: int = field(default=0)
 
     def observe(self, state: RolloutState) -> Observations:
@@ -72,6 +74,18 @@ class Runner:
             return ex.run_hook(action.argv, state.policy.hooks.timeout_s)
         return "ok"
 
+    def _execute_all(self, actions: Sequence[Action], state: RolloutState) -> list[tuple[bool, str]]:
+        def one(action: Action) -> tuple[bool, str]:
+            try:
+                return True, self.execute(action, state)
+            except FleetError as exc:
+                return False, str(exc)
+
+        if len(actions) <= 1 or self.max_parallel <= 1:
+            return [one(a) for a in actions]
+        with ThreadPoolExecutor(max_workers=min(len(actions), self.max_parallel)) as pool:
+            return list(pool.map(one, actions))
+
     def run(self, state: RolloutState) -> RolloutState:
         shape = _shape(state)
         while state.status is RolloutStatus.RUNNING:
@@ -83,14 +97,16 @@ class Runner:
             obs = self.observe(state)
             decision = decide(state, obs, self.clock())
             state = decision.state
+            # Every action of this tick is journaled first, then they run side by side (one per
+            # instance of the batch: a batch restarts together), then their outcomes are recorded.
+            seqs = []
             for action in decision.actions:
                 before = before_of(obs.instances.get(action.ref) if action.ref else None)
-                seq = self.journal.intent(state, action, before, self.clock())
+                seqs.append(self.journal.intent(state, action, before, self.clock()))
                 self.on_event(str(action))
-                try:
-                    detail, ok = self.execute(action, state), True
-                except FleetError as exc:
-                    detail, ok = str(exc), False
+            for seq, action, (ok, detail) in zip(
+                seqs, decision.actions, self._execute_all(decision.actions, state), strict=True
+            ):
                 state = after(state, action, ok, detail, self.clock())
                 self.journal.outcome(seq, state, ok, detail, self.clock())
             if not decision.actions:

@@ -582,3 +582,22 @@ def test_canary_that_fails_during_its_bake_is_rolled_back(tmp_path: Path) -> Non
     assert state.reason.startswith("batch 1 failed (h0/i0: canary bake: completion gate: completion finished with")
     assert sim.releases() == {"h0/i0": "v1", "h1/i0": "v1"}
     assert "h1/i0" not in sim.touched()
+
+
+def test_a_batch_restarts_together(tmp_path: Path) -> None:
+    """The two instances of batch 2 are stopped at the same time (each waits for the other)."""
+    import threading
+
+    sim = SimFleet(Clock(), [1, 1, 1])
+    both = threading.Barrier(2, timeout=10)
+    original = sim.stop_unit
+
+    def stop(ref: InstanceRef) -> None:
+        if ref.host != "h0":
+            both.wait()  # raises BrokenBarrierError if the stops were taken one after the other
+        original(ref)
+
+    sim.stop_unit = stop  # type: ignore[method-assign]
+    state, journal = run(tmp_path, sim, replace(POLICY, batches=(1, 2)))
+    assert state.status is RolloutStatus.DONE, state.reason
+    assert all(s.outcome == "ok" for s in journal.steps("r1"))
