@@ -190,7 +190,8 @@ def admit(
     reasons: list[str] = []
     for u in batch:
         after = out | set(u)
-        ok = len(after) <= budget
+        # Restarting what is already down costs nothing (Kubernetes' cleanupUnhealthyReplicas).
+        ok = len(after) <= budget or set(u) <= out
         if not ok and not reasons:
             shown = ", ".join(str(r) for r in down_elsewhere[:5]) + (" ..." if len(down_elsewhere) > 5 else "")
             reasons.append(

@@ -132,6 +132,10 @@ def test_admit_sick_member_of_the_batch_costs_nothing_extra() -> None:
     refs = fleet(1, 1)
     a = admit(((refs[0],),), [refs[0]], 1, {"h0": 1, "h1": 1})
     assert a.admitted == ((refs[0],),)
+    # even when the fleet is already over its budget: restarting a sick instance loses nothing
+    refs = fleet(1, 1, 1)
+    a = admit(((refs[0],), (refs[1],)), refs, 1, {"h0": 1, "h1": 1, "h2": 1})
+    assert a.admitted == ((refs[0],), (refs[1],))
 
 
 def test_admit_keeps_one_serving_instance_per_host() -> None:
@@ -194,14 +198,17 @@ def test_rollout_loop_never_exceeds_budget(
         batch = queue.pop(0)
         a = admit(batch, down, budget, per_host)
         if a.blocked:
-            assert len(down - {r for u in batch for r in u}) >= budget or "no serving instance" in a.reason
+            costs = all(len(down | set(u)) > budget and not set(u) <= down for u in batch)
+            assert costs or "no serving instance" in a.reason
             if not heal:
                 return  # the engine waits, then halts at the progress deadline
             down = set()  # the sick instances recover; try again
             queue.insert(0, batch)
             continue
         stopped = {r for u in a.admitted for r in u}
-        assert len(down | stopped) <= budget
+        # never more out of service than the budget, unless that many were down already (then
+        # only instances already down may restart: it costs nothing)
+        assert len(down | stopped) <= max(budget, len(down))
         visited.extend(stopped)
         down -= stopped  # restarted and healthy again
         if a.deferred:
