@@ -2,9 +2,9 @@
 
 Thin I/O over the standard library's HTTP client, every request bounded by a timeout:
 ``GET /health``, ``GET /v1/models``, one ``POST /v1/completions`` with a tiny ``max_tokens``,
-and ``GET /metrics`` parsed with prometheus_client's own text parser
-(``prometheus_client.parser.text_string_to_metric_families``; vLLM writes its metrics with
-prometheus_client, ``vllm/v1/metrics/loggers.py``). Answers become ``gates`` data; verdicts are
+and ``GET /metrics`` parsed with prometheus_client's own text parser through
+``fleet.monitor.scrape`` (vLLM writes its metrics with prometheus_client,
+``vllm/v1/metrics/loggers.py``; names from ``fleet.monitor.metric_names``). Answers become ``gates`` data; verdicts are
 not made here.
 
 The API key is read from the instance's secret reference (``env:NAME`` or ``file:/path`` on the
@@ -24,14 +24,15 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from fleet.errors import FleetError
 from fleet.inventory.spec import SecretRef
+from fleet.monitor.metric_names import V0_33_0
+from fleet.monitor.scrape import ScrapeError, parse_metrics
 from fleet.rollout.gates import (
     CompletionAnswer,
     HttpAnswer,
@@ -43,8 +44,8 @@ from fleet.rollout.gates import (
 )
 from fleet.rollout.policy import RolloutPolicy
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+RUNNING = V0_33_0.running
+WAITING = V0_33_0.waiting
 
 
 class SecretError(FleetError):
@@ -71,13 +72,11 @@ def read_secret(ref: SecretRef) -> str:
     return value
 
 
-def parse_samples(text: str) -> tuple[Sample, ...]:
-    """Every sample of a Prometheus text exposition, under its exposed name (``_total`` etc.)."""
-    out: list[Sample] = []
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.append((s.name, tuple(sorted(s.labels.items())), float(s.value)))
-    return tuple(out)
+def parse_samples(text: str, families: Collection[str] | None = None) -> tuple[Sample, ...]:
+    """The samples of a Prometheus text exposition (only ``families`` when given), under their
+    exposed names (``_total`` etc.); parsed by ``fleet.monitor.scrape`` (prometheus_client)."""
+    scrape = parse_metrics(text, 0.0, families)
+    return tuple((name, labels, value) for name, series in scrape.samples.items() for labels, value in series)
 
 
 @dataclass(frozen=True)
@@ -160,19 +159,20 @@ class InstanceProber:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             return CompletionAnswer(r.status, "not an OpenAI completion", r.elapsed_s)
 
-    def metrics(self) -> MetricsAnswer:
+    def metrics(self, families: Collection[str] | None = None) -> MetricsAnswer:
+        """``/metrics``, parsed (only ``families`` when given: parsing is most of a scrape's cost)."""
         r = self._request("/metrics")
         if r.status != 200:
             return MetricsAnswer(r.status, r.error, r.elapsed_s)
         try:
-            samples = parse_samples(r.body.decode("utf-8", "replace"))
-        except ValueError as exc:
-            return MetricsAnswer(None, f"/metrics is not Prometheus text format: {exc}", r.elapsed_s)
+            samples = parse_samples(r.body.decode("utf-8", "replace"), families)
+        except ScrapeError as exc:
+            return MetricsAnswer(None, f"/metrics: {exc}", r.elapsed_s)
         return MetricsAnswer(r.status, "", r.elapsed_s, samples=samples)
 
     def in_flight(self) -> float | None:
         """Requests running + waiting, from ``/metrics``; None when it gives no answer."""
-        m = self.metrics()
+        m = self.metrics((RUNNING, WAITING))
         running, waiting = m.value(RUNNING), m.value(WAITING)
         if running is None or waiting is None:
             return None
@@ -191,7 +191,7 @@ class InstanceProber:
         if models.status != 200 or model not in models.ids:
             return Probe(at, unit=unit, health=health, models=models)
         completion = self.completion(model, policy.completion.prompt, policy.completion.max_tokens)
-        metrics = self.metrics() if policy.metrics else None
+        metrics = self.metrics({t.name for t in policy.metrics}) if policy.metrics else None
         return Probe(at, unit=unit, health=health, models=models, completion=completion, metrics=metrics)
 
 
