@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.errors import FleetError
-from fleet.rollout.engine import Act, Action, Phase, RolloutState, RolloutStatus, after, decide
+from fleet.rollout.engine import Act, Action, Phase, RolloutState, RolloutStatus, after, decide, resume
+from fleet.rollout.errors import JournalError
 from fleet.rollout.executor import Executor
 from fleet.rollout.gates import Probe
 from fleet.rollout.journal import Journal
@@ -124,3 +125,23 @@ class Runner:
 
 def _with_probe(f: InstanceFacts, probe: Probe) -> InstanceFacts:
     return replace(f, probe=probe)
+
+
+def open_rollout(journal: Journal, state: RolloutState, *, takeover: bool = False) -> RolloutState:
+    """Take the fleet's lock and journal a new rollout, before anything is touched."""
+    journal.acquire(state.fleet, state.id, takeover=takeover)
+    journal.begin(state)
+    return state
+
+
+def reopen_rollout(journal: Journal, rollout_id: str, now: float, *, takeover: bool = False) -> RolloutState:
+    """``--resume``: the journaled state of a rollout that did not finish, under the fleet's lock,
+    with its clocks restarted; the runner then re-observes every instance."""
+    state = journal.latest_state(rollout_id)
+    if state.status is not RolloutStatus.RUNNING:
+        raise JournalError(
+            f"rollout {rollout_id} is {state.status.value} ({state.reason}); nothing to resume. "
+            "Start a new rollout, or `fleet rollback` to the last good release"
+        )
+    journal.acquire(state.fleet, rollout_id, takeover=takeover)
+    return resume(state, now)

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from fleet.rollout.batches import InstanceRef
-from fleet.rollout.engine import Phase, RolloutStatus, new_rollout, resume
+from fleet.rollout.engine import Phase, RolloutStatus, new_rollout
 from fleet.rollout.errors import JournalError, LockHeld
 from fleet.rollout.journal import Journal, new_rollout_id
-from fleet.rollout.runner import Runner
+from fleet.rollout.runner import Runner, reopen_rollout
 from tests.lab.polling import wait_for
 from tests.unit.test_rollout_engine import POLICY, Clock, SimFleet, targets
 
@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(
     from pathlib import Path
     from fleet.rollout.engine import new_rollout
     from fleet.rollout.journal import Journal
-    from fleet.rollout.runner import Runner
+    from fleet.rollout.runner import Runner, open_rollout, reopen_rollout
     from tests.unit.test_rollout_engine import POLICY, Clock, SimFleet, targets
 
     db, marker, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
@@ -37,8 +37,7 @@ CHILD = textwrap.dedent(
     clock = Clock()
     sim = SimFleet(clock, [1, 1])
     state = new_rollout("crash-1", "lab", "rollout", targets(sim), POLICY, clock.now)
-    journal.acquire("lab", state.id)
-    journal.begin(state)
+    open_rollout(journal, state)
     if mode == "hold":
         marker.write_text("locked")
         time.sleep(600)
@@ -79,26 +78,28 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
         LockHeld, match=r"fleet lab has a stale lock: rollout crash-1 by .* \(pid \d+\), started .* ago"
     ):
         journal.acquire("lab", "crash-1")
-    journal.acquire("lab", "crash-1", takeover=True)
+    clock = Clock()
+    state = reopen_rollout(journal, "crash-1", clock.now, takeover=True)
+    assert state.last_progress_at == clock.now  # clocks restart: the downtime does not count
     # The step in flight was journaled before it was taken, with what was there before; no outcome.
     steps = journal.steps("crash-1")
     assert [s.action for s in steps] == ["hook:drain", "stop"]
     assert steps[0].outcome == "ok" and steps[1].outcome is None
     assert steps[1].before == {"release": "v1", "model": "llama-8b", "unit": "active/running", "unreachable": ""}
-    state = journal.latest_state("crash-1")
     assert state.status is RolloutStatus.RUNNING and state.inst(InstanceRef("h0", "i0")).phase is Phase.STOP
     assert journal.last_unfinished("lab") == "crash-1"
     # Resume against the hosts' true state (the stop never happened): the stop is taken again, the
     # drain hook (done) is not, and the rollout finishes.
-    clock = Clock()
     sim = SimFleet(clock, [1, 1])
-    final = Runner(sim, journal, clock=clock, sleep=clock.sleep).run(resume(state, clock.now))
+    final = Runner(sim, journal, clock=clock, sleep=clock.sleep).run(state)
     assert final.status is RolloutStatus.DONE, final.reason
     assert sim.log[:3] == ["stop h0/i0", "flip v2 h0/i0", "start h0/i0"]
     assert set(sim.releases().values()) == {"v2"}
     journal.release("lab", "crash-1")
     assert journal.lock_owner("lab") is None
     assert journal.history("lab")[0].status == "done"
+    with pytest.raises(JournalError, match=r"rollout crash-1 is done .*nothing to resume"):
+        reopen_rollout(journal, "crash-1", 0.0)
 
 
 def test_second_rollout_refused_while_the_first_holds_the_lock(tmp_path: Path) -> None:
