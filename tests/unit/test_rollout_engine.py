@@ -530,11 +530,12 @@ def test_engine_properties(
     elif fault == "hang":
         sim.hang.add("v2")
     policy = replace(POLICY, batches=tuple(batches), max_unavailable=budget, on_failure=on_failure)
+    sick_before = sum(s.sick for s in sim.instances.values())
     state, journal = run(tmp_path_factory.mktemp("p"), sim, policy)
     # It ends, one way or the other.
     assert state.status in (RolloutStatus.DONE, RolloutStatus.HALTED)
     # The budget is never exceeded by what the rollout stopped (sick instances count, and block).
-    assert sim.max_down <= max(budget, sum(s.sick for s in sim.instances.values()))
+    assert sim.max_down <= max(budget, sick_before)
     # Every instance is visited at most once forward; a healthy release finishes everywhere.
     forward_stops = [line for line in sim.log if line.startswith("stop")]
     if fault == "none" and state.status is RolloutStatus.DONE:
