@@ -146,6 +146,7 @@ def fail(
 
 def _register_commands() -> None:
     """Attach the commands, one module per verb (imported late: they import the library)."""
+    from fleet.cli.audit import audit
     from fleet.cli.deploy import deploy
     from fleet.cli.history import history
     from fleet.cli.lab import lab
@@ -159,6 +160,7 @@ def _register_commands() -> None:
     main.add_command(monitor)
     main.add_command(status)
     main.add_command(history)
+    main.add_command(audit)
 
 
 _register_commands()

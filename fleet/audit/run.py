@@ -1,0 +1,53 @@
+"""``fleet audit`` as a library: probe the hosts of an inventory (I/O), then judge (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fleet.audit.fleet_rules import fleet_findings
+from fleet.audit.report import AuditReport, HostAudit
+from fleet.audit.rules import Expectation, audit_host, unreachable
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
+from fleet.facts.runner import HostUnreachable, Progress, run_fact_on_hosts, targets_from_inventory
+from fleet.inventory.spec import HostSpec, LoadedInventory
+
+
+def expectation(spec: HostSpec) -> Expectation:
+    """What the inventory says the host should have."""
+    gpu = spec.gpu
+    return Expectation(
+        gpu_count=gpu.count if gpu is not None else None,
+        sku=gpu.sku if gpu is not None else None,
+        vllm_version=spec.vllm_version,
+    )
+
+
+def judge(
+    loaded: LoadedInventory, results: Mapping[str, HostFacts | HostUnreachable], seconds: float = 0.0
+) -> AuditReport:
+    """The report for probed hosts: host rules, then fleet rules over each group. Pure."""
+    hosts = []
+    facts: dict[str, HostFacts] = {}
+    groups: dict[str, list[str]] = {}
+    for spec in loaded.hosts:
+        result = results.get(spec.name)
+        for group in spec.groups:
+            groups.setdefault(group, []).append(spec.name)
+        if isinstance(result, HostFacts):
+            facts[spec.name] = result
+            hosts.append(HostAudit(spec.name, result, None, audit_host(spec.name, result, expectation(spec))))
+        else:
+            reason = result.reason if result is not None else "not probed"
+            hosts.append(HostAudit(spec.name, None, reason, [unreachable(spec.name, reason)]))
+    return AuditReport(loaded.path, hosts, fleet_findings(facts, groups), seconds)
+
+
+def probe(
+    loaded: LoadedInventory, progress: Progress | None = None, python: str | None = None, timeout: float = 60.0
+) -> dict[str, HostFacts | HostUnreachable]:
+    """Run the NVML probe on every host of the inventory at once."""
+    targets = targets_from_inventory(loaded.pyinfra, [h.name for h in loaded.hosts])
+    args: dict[str, Any] = {"python": python} if python else {}
+    return run_fact_on_hosts(targets, NvmlProbe, timeout=timeout, progress=progress, **args)

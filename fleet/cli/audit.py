@@ -1,0 +1,77 @@
+"""``fleet audit``: GPU, NVLink, PCIe, driver and health facts of every host, judged."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fleet.audit.findings import Severity
+from fleet.audit.run import judge, probe
+from fleet.cli import console, fail
+from fleet.errors import FleetError
+from fleet.facts.runner import HostUnreachable
+from fleet.inventory.spec import load_inventory
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False), help="Write a self-contained HTML report.")
+@click.option(
+    "--fail-on",
+    default="error",
+    show_default=True,
+    type=click.Choice([s.label for s in Severity]),
+    help="Exit non-zero when a finding is at or above this severity.",
+)
+@click.option("--python", help="Interpreter with nvidia-ml-py on the hosts (default: fleet's venv, else python3).")
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds per host.")
+def audit(
+    inventory: str,
+    limit: tuple[str, ...],
+    as_json: bool,
+    html_file: str | None,
+    fail_on: str,
+    python: str | None,
+    timeout: float,
+) -> None:
+    """Probe every host's GPUs through NVML and check them against their model and their peers.
+
+    Exit code 0 when no finding reaches --fail-on, 1 when one does, 2 on bad input.
+    """
+    try:
+        loaded = load_inventory(inventory, list(limit) or None)
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    started = time.monotonic()
+    if as_json:
+        results = probe(loaded, python=python, timeout=timeout)
+    else:
+        err = Console(stderr=True, highlight=False)
+        with Progress(
+            TextColumn("probing"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+            TimeElapsedColumn(), console=err, transient=True,
+        ) as bar:  # fmt: skip
+            task = bar.add_task("", total=len(loaded.hosts))
+
+            def progress(host: str, result: object) -> None:
+                mark = "unreachable" if isinstance(result, HostUnreachable) else "ok"
+                bar.update(task, advance=1, description=f"{host} {mark}")
+
+            results = probe(loaded, progress=progress, python=python, timeout=timeout)
+    report = judge(loaded, results, time.monotonic() - started)
+    if html_file:
+        Path(html_file).write_text(report.to_html())
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        report.print(console())
+        if html_file:
+            console().print(f"HTML report: {html_file}")
+    raise SystemExit(1 if report.failed(Severity.parse(fail_on)) else 0)
