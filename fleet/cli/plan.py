@@ -1,4 +1,8 @@
-"""``fleet plan``: the serving plan per host, with its reasons. Touches no host."""
+"""``fleet plan``: the serving plan per host, with its reasons. Changes nothing on any host.
+
+GPU facts come from probing the hosts (the NVML probe, read-only) where they answer; a host that
+does not, and every host with ``--offline``, is planned from the inventory's ``gpu`` data.
+"""
 
 from __future__ import annotations
 
@@ -31,10 +35,14 @@ from fleet.secrets import redact_data
     metavar="[PROMETHEUS_URL]",
     help="Plan from observed traffic: read the serving instances (or this Prometheus) and show the change.",
 )
+@click.option("--offline", is_flag=True, help="Do not probe the hosts: plan from the inventory's gpu data.")
 @debug_option
-def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None, observed: str | None) -> None:
-    """The serving plan per host: flags, memory math and reasons. Touches no host.
+def plan(
+    inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None, observed: str | None, offline: bool
+) -> None:
+    """The serving plan per host: flags, memory math and reasons. Changes nothing on any host.
 
+    GPU facts are probed from the hosts that answer (read-only); --offline uses the inventory.
     Exit 0: every host has a plan; 1: some host has none; 2: invalid input (nothing is planned
     or written); 3: a bug in fleet.
     """
@@ -45,11 +53,19 @@ def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path
         return
     from fleet.cli.plan_view import print_plans
     from fleet.inventory.ports import plan_port_problems
-    from fleet.plan.outcomes import outcome_data, plan_file
+    from fleet.inventory.spec import load_inventory
+    from fleet.plan.outcomes import outcome_data, plan_inventory
     from fleet.render.units import host_render_dir, render_host, write_tree
 
+    notes: dict[str, str] = {}
     try:
-        outcomes = plan_file(inventory, list(limit) or None)
+        loaded = load_inventory(inventory, list(limit) or None)
+        probed = None
+        if not offline:
+            from fleet.facts.probed import probe_host_gpus
+
+            probed, notes = probe_host_gpus(loaded)
+        outcomes = plan_inventory(loaded, probed)
     except InventoryError as exc:
         fail(str(exc), as_json, EXIT_INVALID, [p.data() for p in exc.problems])
     except FleetError as exc:
@@ -67,8 +83,10 @@ def plan(inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path
                 ref = str(outcome.spec.api_key_ref) if outcome.spec.api_key_ref else None
                 write_tree(host_render_dir(render_dir, outcome.spec.name), render_host(outcome.plan, None, ref))
     if as_json:
-        click.echo(json.dumps(redact_data({"hosts": [outcome_data(o) for o in outcomes]}), indent=2))
+        click.echo(json.dumps(redact_data({"hosts": [outcome_data(o) for o in outcomes], "not_probed": notes}), indent=2))
     else:
+        for host, note in notes.items():
+            click.echo(f"{host}: {note}; planned from the inventory's gpu data", err=True)
         print_plans(console(), outcomes)
         if render_dir is not None:
             console().print(f"units and env files written under {render_dir}/<host>/", markup=False)

@@ -1,0 +1,35 @@
+"""GPU facts for the planner from live hosts: probe every reachable host, say why others were not.
+
+``fleet plan`` uses these instead of the inventory's ``gpu`` data wherever a host answers; a host
+that cannot be probed (unreachable, no driver, no nvidia-ml-py) keeps the inventory's data, and
+the note says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
+from fleet.facts.runner import HostUnreachable, run_fact_on_hosts, targets_from_inventory
+from fleet.gpus import HostGpus
+from fleet.inventory.spec import LoadedInventory
+
+
+def probe_host_gpus(
+    loaded: LoadedInventory, timeout: float = 20.0, python: str | None = None
+) -> tuple[dict[str, HostGpus], dict[str, str]]:
+    """``({host: probed HostGpus}, {host: why it was not probed})`` for every host of ``loaded``."""
+    targets = targets_from_inventory(loaded.pyinfra, [h.name for h in loaded.hosts])
+    kwargs: dict[str, Any] = {"python": python} if python else {}
+    results = run_fact_on_hosts(targets, NvmlProbe, timeout=timeout, **kwargs)
+    gpus: dict[str, HostGpus] = {}
+    notes: dict[str, str] = {}
+    for name, result in results.items():
+        if isinstance(result, HostUnreachable):
+            notes[name] = f"not probed: {result.reason}"
+        elif isinstance(result, HostFacts) and result.ok and result.gpus:
+            gpus[name] = result.host_gpus()
+        else:
+            notes[name] = f"probe answered {result.status}" + (f" ({result.error_class})" if result.error_class else "")
+    return gpus, notes
