@@ -1,0 +1,136 @@
+"""``fleet audit`` on 1, 4 and 16 lab hosts, side by side with the same probe run through Ansible.
+
+    sudo .venv/bin/python benchmarks/audit_scale.py [--hosts 1 4 16] [--repeat 3] [--ansible PATH]
+
+Brings up a lab of the largest size (H100 SXM hosts), installs nvidia-ml-py on every host from the
+lab's package index, then times, per size, the real CLI (``python -m fleet.cli audit INV --json``,
+process start included) and what an operator does today: the same probe script through
+``ansible all -m script -a '<probe> executable=<python>'`` (ansible-core from PyPI in its own venv,
+``--forks`` = hosts so Ansible gets full parallelism, strict host-key checking, OpenSSH with
+ControlPersist as Ansible configures it). Best of ``--repeat`` interleaved runs (medians printed
+too). The lab is taken down at the end.
+
+Target: 16 hosts within 1.5x of 1 host, and faster than Ansible at every size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pprint
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from fleet.facts.runner import run_command, targets_from_inventory  # noqa: E402
+from fleet.inventory.load import load_pyinfra_inventory  # noqa: E402
+from fleet.lab import lab as lab_ops  # noqa: E402
+
+PROBE = REPO / "fleet" / "facts" / "nvml_probe.py"
+VENV = "/home/fleet/nvml-venv"
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    start = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    took = time.monotonic() - start
+    if done.returncode not in (0, 1):  # 1: the audit found something (fleet) / a host failed (ansible)
+        raise SystemExit(f"{cmd[:3]} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return took
+
+
+def ansible_inventory(hosts: list[tuple[str, dict[str, object]]], path: Path) -> None:
+    lines = ["[lab]"]
+    for name, d in hosts:
+        lines.append(
+            f"{name} ansible_host={d['ssh_hostname']} ansible_port={d['ssh_port']} ansible_user={d['ssh_user']} "
+            f"ansible_ssh_private_key_file={d['ssh_key']} "
+            f"ansible_ssh_common_args='-o UserKnownHostsFile={d['ssh_known_hosts_file']} -o StrictHostKeyChecking=yes'"
+        )
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ansible", default=shutil.which("ansible") or "/tmp/ansible-venv/bin/ansible")
+    args = parser.parse_args()
+    if not Path(args.ansible).exists():
+        raise SystemExit(
+            f"ansible not found at {args.ansible}: python3 -m venv /tmp/ansible-venv && "
+            "/tmp/ansible-venv/bin/pip install ansible-core"
+        )
+    size = max(args.hosts)
+    work = Path(tempfile.mkdtemp(prefix="fleet-audit-bench-"))
+    opts = lab_ops.UpOptions(
+        name="abench", hosts=size, profiles=("h100-sxm-8",), inventory=work / "lab.py", state_root=work / "state"
+    )
+    try:
+        lab_ops.up(opts)
+        inv = load_pyinfra_inventory(opts.inventory)
+        hosts = [(h.name, h.data.dict()) for h in inv]
+        index = hosts[0][1]["pip_index_url"]
+        install = (
+            f"test -x {VENV}/bin/python || python3 -m venv {VENV} && "
+            f"{VENV}/bin/pip install -q --disable-pip-version-check --index-url {index} nvidia-ml-py"
+        )
+        with ThreadPoolExecutor(size) as pool:
+            for rc, _o, err in pool.map(lambda t: run_command(t, install, 300), targets_from_inventory(inv)):
+                assert rc == 0, err
+        env = dict(os.environ, ANSIBLE_HOST_KEY_CHECKING="True", ANSIBLE_PYTHON_INTERPRETER="/usr/bin/python3")
+        rows: list[tuple[int, float, float]] = []
+        medians: list[tuple[int, float, float]] = []
+        for n in args.hosts:
+            fleet_inv = work / f"fleet_{n}.py"
+            fleet_inv.write_text("lab = " + pprint.pformat(hosts[:n], width=100) + "\n")
+            ans_inv = work / f"ansible_{n}.ini"
+            ansible_inventory(hosts[:n], ans_inv)
+            fleet_cmd = [
+                sys.executable,
+                "-m",
+                "fleet.cli",
+                "audit",
+                str(fleet_inv),
+                "--json",
+                "--python",
+                f"{VENV}/bin/python",
+            ]
+            ans_cmd = [args.ansible, "all", "-i", str(ans_inv), "-f", str(n), "-m", "script",
+                       "-a", f"{PROBE} executable={VENV}/bin/python"]  # fmt: skip
+            timed(fleet_cmd)  # warm the page cache of both, not measured
+            timed(ans_cmd, env)
+            f_times, a_times = [], []
+            for _ in range(args.repeat):  # interleaved, so load from elsewhere hits both alike
+                f_times.append(timed(fleet_cmd))
+                a_times.append(timed(ans_cmd, env))
+            rows.append((n, min(f_times), min(a_times)))
+            medians.append((n, statistics.median(f_times), statistics.median(a_times)))
+        base = rows[0][1]
+        print(
+            f"{'hosts':>5} | {'fleet audit (s)':>15} | {'vs 1 host':>9} | "
+            f"{'ansible -m script (s)':>21} | {'fleet faster':>12}"
+        )
+        print("-" * 76)
+        for n, f, a in rows:
+            print(f"{n:>5} | {f:>15.2f} | {f / base:>8.2f}x | {a:>21.2f} | {a / f:>11.1f}x")
+        print(
+            f"best of {args.repeat}; medians (fleet, ansible): "
+            + ", ".join(f"{n}: {f:.2f}/{a:.2f}" for n, f, a in medians)
+        )
+        print("load average at the end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    finally:
+        lab_ops.down(opts.name, opts.state_root)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
