@@ -68,7 +68,7 @@ EXPECTED: dict[str, set[Key]] = {
 def expected_for(profile: str) -> set[Key]:
     if profile in EXPECTED:
         return EXPECTED[profile]
-    if "vm" in profile:  # one GPU passed through to a VM: NVLink invisible, reported as such
+    if "passthrough" in profile:  # one GPU passed through to a VM: NVLink invisible, reported as such
         return {("nvlink-not-visible-vm", "info", 0, None)}
     raise AssertionError(f"lab profile {profile} has no expectation in this test: add one")
 

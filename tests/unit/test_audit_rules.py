@@ -32,11 +32,7 @@ def facts(name: str, change: Callable[[dict[str, Any]], object] | None = None) -
 
 
 def found(f: HostFacts, expect: Expectation = V) -> set[tuple[str, str, int | None, int | None]]:
-    """The findings, without ``nvml-function-missing`` (tested on its own below): the lab profile
-    recordings were made against a lab NVML library that still lacked functions a 580 driver has
-    (re-record with ``python -m tests.fixtures.probe.record`` once it has them)."""
-    return {(x.rule, x.severity.label, x.gpu, x.link) for x in audit_host("h", f, expect)
-            if x.rule != "nvml-function-missing"}  # fmt: skip
+    return {(x.rule, x.severity.label, x.gpu, x.link) for x in audit_host("h", f, expect)}
 
 
 def gpu(i: int, **values: Any) -> Callable[[dict[str, Any]], None]:
@@ -58,13 +54,19 @@ TABLE: list[tuple[str, Callable[[dict[str, Any]], object] | None, Expectation, s
     ("h100-sxm-8-link-down", None, V, {("nvlink-down", "error", 3, 7)}),
     ("h100-sxm-8-gpu-missing", None, V, {("gpu-missing", "error", None, None)}),
     ("h100-sxm-8-gpu-missing", None, Expectation(8, "h100-sxm-80gb", "0.33.0"), {("gpu-missing", "critical", None, None)}),
-    ("h100-sxm-8-pcie-degraded", None, V, {("pcie-width-degraded", "error", 2, None), ("pcie-gen-degraded", "error", 2, None)}),
+    # GPU2 trained at Gen4 x8: the width counts; the generation not, the GPU is idle (clock-event reason GpuIdle)
+    ("h100-sxm-8-pcie-degraded", None, V, {("pcie-width-degraded", "error", 2, None)}),
+    ("h100-sxm-8-pcie-degraded", gpu(2, clock_event_reasons=0), V,
+     {("pcie-width-degraded", "error", 2, None), ("pcie-gen-degraded", "error", 2, None)}),
     ("h100-sxm-8-driver-mismatch", None, V, {("driver-mismatch", "critical", None, None)}),
     ("a100-sxm-8-ecc-errors", None, V, {("ecc-uncorrected", "error", 4, None), ("row-remap-pending", "error", 4, None)}),
     ("rtx4090-2", None, V, {("persistence-off", "warning", 0, None), ("persistence-off", "warning", 1, None)}),
     # a real GPU passed through to a VM: the VM finding only, never "links down"
     ("h100-80gb-hbm3-vm", None, V, {("nvlink-not-visible-vm", "info", 0, None)}),
     ("h200-vm", None, V, {("nvlink-not-visible-vm", "info", 0, None)}),
+    # and the lab profiles that mirror those machines
+    ("h100-sxm-1-passthrough", None, V, {("nvlink-not-visible-vm", "info", 0, None)}),
+    ("h200-sxm-1-passthrough", None, V, {("nvlink-not-visible-vm", "info", 0, None)}),
     # the same GPU with no NVLink answer but not in a VM is a real problem
     # (and one SXM GPU on bare metal is not a baseboard)
     ("h100-80gb-hbm3-vm", gpu(0, virtualization_mode=0), V,

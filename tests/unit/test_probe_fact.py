@@ -34,6 +34,8 @@ CASES = [
     ("rtx4090-2", "ok", None, 2, "NVIDIA GeForce RTX 4090"),
     ("h100-80gb-hbm3-vm", "ok", None, 1, "NVIDIA H100 80GB HBM3"),
     ("h200-vm", "ok", None, 1, "NVIDIA H200"),
+    ("h100-sxm-1-passthrough", "ok", None, 1, "NVIDIA H100 80GB HBM3"),
+    ("h200-sxm-1-passthrough", "ok", None, 1, "NVIDIA H200"),
     ("no-nvml-library", "no-nvml-library", "LibraryNotFound", 0, None),
     ("driver-not-loaded", "driver-not-loaded", "DriverNotLoaded", 0, None),
     ("lib-rm-version-mismatch", "lib-rm-version-mismatch", "LibRmVersionMismatch", 0, None),
@@ -132,3 +134,17 @@ def test_host_gpus_for_the_planner() -> None:
     assert hg.source == "probe" and hg.count == 8
     assert set(hg.islands) == {frozenset({0, 5}), frozenset({1, 2}), frozenset({3, 4}), frozenset({6, 7})}
     assert hg.sku is not None and hg.sku.key == "h100-pcie-80gb"
+
+
+@pytest.mark.parametrize(
+    ("real", "lab"), [("h100-80gb-hbm3-vm", "h100-sxm-1-passthrough"), ("h200-vm", "h200-sxm-1-passthrough")]
+)
+def test_lab_passthrough_profile_probes_like_the_real_machine(real: str, lab: str) -> None:
+    """What the probe concludes on the lab profile equals what it concludes on the real recording."""
+    a, b = NvmlProbe().process(load(real)), NvmlProbe().process(load(lab))
+    (ga,), (gb,) = a.gpus, b.gpus
+    same = ("name", "board_part_number", "memory", "compute_capability", "architecture", "ecc_mode", "persistence",
+            "mig_mode", "virtualization_mode", "nvlinks", "nvlink_error", "pcie", "remapped_rows",
+            "power_limit_mw")  # fmt: skip
+    assert {k: getattr(gb, k) for k in same} == {k: getattr(ga, k) for k in same}
+    assert a.driver_version == b.driver_version and a.cuda_driver_version == b.cuda_driver_version
