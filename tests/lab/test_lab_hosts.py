@@ -14,6 +14,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from fleet.facts.nvml import NvmlProbe, probe_command
 from fleet.lab import cgroups, ssh
 from fleet.lab import lab as lab_ops
 from fleet.lab.mirror import find_mirror
@@ -252,28 +253,6 @@ def test_simulated_gpu_files_in_hosts(lab_fleet: LabFleet) -> None:
         assert out.split() == ["1777", "1"]
 
 
-PROBE = textwrap.dedent("""\
-    import json, pynvml as N
-    N.nvmlInit()
-    hs = [N.nvmlDeviceGetHandleByIndex(i) for i in range(N.nvmlDeviceGetCount())]
-    def links(h):
-        states = []
-        for link in range(64):
-            try:
-                states.append(N.nvmlDeviceGetNvLinkState(h, link))
-            except N.NVMLError:
-                break
-        return states
-    print(json.dumps({
-        "driver": N.nvmlSystemGetDriverVersion(),
-        "names": [N.nvmlDeviceGetName(h) for h in hs],
-        "memory": [N.nvmlDeviceGetMemoryInfo(h).total for h in hs],
-        "links": [links(h) for h in hs],
-        "topo": [[N.nvmlDeviceGetTopologyCommonAncestor(a, b) if a is not b else 0 for b in hs] for a in hs],
-    }))
-    """)
-
-
 @pytest.fixture(scope="session")
 def nvml_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """nvidia-ml-py's wheel, fetched on the control machine with its own pip configuration."""
@@ -295,26 +274,28 @@ def test_pynvml_in_a_host_sees_the_profile(lab_fleet: LabFleet, nvml_wheel: Path
     try:
         with client.open_sftp() as sftp:
             sftp.put(str(nvml_wheel), f"/home/fleet/{nvml_wheel.name}")
-            with sftp.open("/home/fleet/probe.py", "w") as f:
-                f.write(PROBE)
-        rc, out, err = ssh.run(
+        rc, _out, err = ssh.run(
             client,
             f"test -x nvml-venv/bin/python || python3 -m venv nvml-venv && "
-            f"nvml-venv/bin/pip install --quiet --no-index {nvml_wheel.name} && nvml-venv/bin/python probe.py",
+            f"nvml-venv/bin/pip install --quiet --no-index {nvml_wheel.name}",
             timeout=300,
         )
+        assert rc == 0, err
+        # fleet's own probe (the NvmlProbe fact), run the way fleet runs it
+        rc, out, err = ssh.run(client, probe_command("/home/fleet/nvml-venv/bin/python"), timeout=120)
     finally:
         client.close()
     assert rc == 0, err
-    seen = json.loads(out.strip().splitlines()[-1])
+    seen = NvmlProbe().process(out.splitlines())
     gpus = profile.enumerated
-    assert seen["driver"] == profile.driver_version
-    assert seen["names"] == [profile.sku.nvml_name] * len(gpus)
-    assert seen["memory"] == [profile.sku.memory_total] * len(gpus)
-    expected_links = [[int(link.active) for link in profile.links(g.slot)] for g in gpus]
-    assert seen["links"] == expected_links
-    expected_topo = [[profile.pcie_levels[a.slot][b.slot] for b in gpus] for a in gpus]
-    assert seen["topo"] == expected_topo
+    assert seen.status == "ok" and seen.driver_version == profile.driver_version
+    assert [g.name for g in seen.gpus] == [profile.sku.nvml_name] * len(gpus)
+    assert [g.memory.total if g.memory else None for g in seen.gpus] == [profile.sku.memory_total] * len(gpus)
+    expected_links = [[link.active for link in profile.links(g.slot)] for g in gpus]
+    assert [[link.active for link in g.nvlinks] for g in seen.gpus] == expected_links
+    expected_topo = [[profile.pcie_levels[a.slot][b.slot] if a is not b else None for b in gpus] for a in gpus]
+    assert [list(row) for row in seen.common_ancestor] == expected_topo
+    assert set(seen.host_gpus().islands) == set(profile.host_gpus().islands)
 
 
 @pytest.mark.lab
