@@ -130,14 +130,23 @@ def free_memory(facts: HostFacts) -> list[int | None]:
 def host_gpus(facts: HostFacts) -> HostGpus:
     """The planner's view of a probed host: GPUs with memory in use, and islands from the links.
 
-    ``memory_used`` is NVML v2 ``used`` (memory held by processes, without the driver's
-    ``reserved``, which the catalogue's reserve already accounts for).
+    ``memory_used`` is NVML v2 ``used`` (memory held by processes, without the driver's reserve);
+    ``memory_reserved`` is NVML v2 ``reserved`` (the driver's reserve as this host reports it).
     """
     gpus = []
     for g in facts.gpus:
         total = g.memory.total if g.memory else 0
         used = g.memory.used if g.memory else 0
-        gpus.append(Gpu(index=g.index, name=g.name or "GPU", memory_total=total, memory_used=used, uuid=g.uuid or ""))
+        gpus.append(
+            Gpu(
+                index=g.index,
+                name=g.name or "GPU",
+                memory_total=total,
+                memory_used=used,
+                uuid=g.uuid or "",
+                memory_reserved=g.memory.reserved if g.memory else None,
+            )
+        )
     sku = None
     names = {g.name for g in facts.gpus}
     if len(names) == 1:

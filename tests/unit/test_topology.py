@@ -98,3 +98,10 @@ def test_partial_mesh_splits_into_fully_connected_islands() -> None:
 def test_free_memory_is_nvml_v2_free() -> None:
     f = facts("h100-80gb-hbm3-vm")
     assert free_memory(f) == [85017493504]  # total - 480 MiB driver reserve
+
+
+def test_host_gpus_carry_the_probed_reserve_and_use() -> None:
+    hg = facts("h100-80gb-hbm3-vm").host_gpus()
+    (g,) = hg.gpus
+    assert (g.memory_total, g.memory_reserved, g.memory_used) == (85520809984, 503316480, 0)
+    assert hg.source == "probe" and hg.sku is not None and hg.sku.memory_reserved == g.memory_reserved
