@@ -35,7 +35,9 @@ from fleet.lab.nvml import SOURCE as NVML_SOURCE
 from fleet.lab.profiles import PROFILE_DIR, list_profiles, load_profile
 from tests.lab.conftest import TEST_OCTET, bring_up, free_octet, require_lab, test_lab_options
 
-PROBE_VENV = "/home/fleet/nvml-venv"
+#: fleet's venv on a deployed host (``/opt/fleet/vllm``, which has nvidia-ml-py as a vLLM
+#: dependency): the probe's default interpreter, so the CLI runs here without --python
+PROBE_VENV = "/opt/fleet/vllm"
 PYTHON = f"{PROBE_VENV}/bin/python"
 RM_MISMATCH = "h100-sxm-8-rm-mismatch"
 #: Whether the lab's NVML library answers every query the probe makes (as a 580 driver does);
@@ -121,7 +123,7 @@ def audit_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditLab]:
         index = next(iter(inv)).data.get("pip_index_url")
         assert index, "the lab inventory names its package index"
         install = (
-            f"test -x {PYTHON} || python3 -m venv {PROBE_VENV} && "
+            f"sudo -n install -d -o fleet /opt/fleet && (test -x {PYTHON} || python3 -m venv {PROBE_VENV}) && "
             f"{PROBE_VENV}/bin/pip install -q --disable-pip-version-check --index-url {shlex.quote(index)} nvidia-ml-py"
         )
         with ThreadPoolExecutor(len(targets)) as pool:
@@ -137,9 +139,32 @@ def audit_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditLab]:
 
 def fleet_audit(lab: AuditLab, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleet.cli", "audit", str(lab.inventory), "--python", PYTHON, *args],
+        [sys.executable, "-m", "fleet.cli", "audit", str(lab.inventory), *args],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+
+
+@pytest.mark.lab
+def test_plan_uses_probed_facts_and_offline_the_inventory(audit_lab: AuditLab) -> None:
+    """The GPU-missing host: the inventory says 8 GPUs, the probe finds 7; the plan follows the probe."""
+    host = next(h for h, p in audit_lab.profiles.items() if p == "h100-sxm-8-gpu-missing")
+
+    def plan(*extra: str) -> dict[str, Any]:
+        run = subprocess.run(
+            [sys.executable, "-m", "fleet.cli", "plan", str(audit_lab.inventory), "--limit", host, "--json", *extra],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        out: dict[str, Any] = json.loads(run.stdout)
+        return out
+
+    probed, offline = plan(), plan("--offline")
+    (p,), (o,) = probed["hosts"], offline["hosts"]
+    assert p["gpus_source"] == "probe" and probed["not_probed"] == {}
+    assert o["gpus_source"].startswith("catalogue:h100-sxm-80gb")
+    used = {g for i in p["instances"] for g in i["gpus"]} | set(p["idle_gpus"])
+    assert used == set(range(7))
+    assert 7 in {g for i in o["instances"] for g in i["gpus"]} | set(o["idle_gpus"])
 
 
 def keys(findings: list[dict[str, Any]]) -> set[Key]:
