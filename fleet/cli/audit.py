@@ -14,7 +14,7 @@ from fleet.audit.findings import Severity
 from fleet.audit.run import judge, probe
 from fleet.cli import console, fail
 from fleet.errors import FleetError
-from fleet.facts.runner import HostUnreachable
+from fleet.facts.runner import HostUnreachable, targets_from_inventory
 from fleet.inventory.spec import load_inventory
 
 
@@ -47,6 +47,7 @@ def audit(
     """
     try:
         loaded = load_inventory(inventory, list(limit) or None)
+        targets_from_inventory(loaded.pyinfra, [h.name for h in loaded.hosts])  # SSH settings checked up front
     except FleetError as exc:
         fail(str(exc), as_json)
     started = time.monotonic()

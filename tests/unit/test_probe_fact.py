@@ -148,3 +148,38 @@ def test_lab_passthrough_profile_probes_like_the_real_machine(real: str, lab: st
             "power_limit_mw")  # fmt: skip
     assert {k: getattr(gb, k) for k in same} == {k: getattr(ga, k) for k in same}
     assert a.driver_version == b.driver_version and a.cuda_driver_version == b.cuda_driver_version
+
+
+def test_audit_cli_bad_input_is_a_clear_error_before_any_host(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.py"
+    wl = {"p95_input_tokens": 1000, "p95_output_tokens": 100, "prefix_reuse": 0, "target_concurrency": 4}
+    inv.write_text(f"g = [('h1', {{'model': 'm/x', 'workload': {wl}, 'ssh_port': 'twenty-two'}})]\n")
+    run = subprocess.run([sys.executable, "-m", "fleet.cli", "audit", str(inv), "--json"], capture_output=True,
+                         text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 2
+    assert json.loads(run.stdout) == {"error": "host h1: ssh_port='twenty-two': an integer from 1 to 65535"}
+    run = subprocess.run([sys.executable, "-m", "fleet.cli", "audit", str(tmp_path / "nope.py")], capture_output=True,
+                         text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "nope.py" in run.stderr
+
+
+def test_audit_cli_unreachable_host_is_a_critical_finding(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port on loopback with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    inv = tmp_path / "inv.py"
+    wl = {"p95_input_tokens": 1000, "p95_output_tokens": 100, "prefix_reuse": 0, "target_concurrency": 4}
+    inv.write_text(
+        f"g = [('h1', {{'model': 'm/x', 'workload': {wl}, 'ssh_hostname': '127.0.0.1', 'ssh_port': {port}}})]\n"
+    )
+    html = tmp_path / "r.html"
+    run = subprocess.run([sys.executable, "-m", "fleet.cli", "audit", str(inv), "--json", "--html", str(html)],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    report = json.loads(run.stdout)
+    (h,) = report["hosts"]
+    assert not h["reachable"] and str(port) in h["error"]
+    assert [(f["rule"], f["severity"]) for f in h["findings"]] == [("host-unreachable", "critical")]
+    assert report["summary"]["worst"] == "critical" and "unreachable" in html.read_text()
