@@ -53,23 +53,16 @@ def plan(
         return
     from fleet.cli.plan_view import print_plans
     from fleet.inventory.ports import plan_port_problems
-    from fleet.inventory.spec import load_inventory
-    from fleet.plan.outcomes import outcome_data, plan_inventory
+    from fleet.plan.outcomes import outcome_data, plan_fleet
     from fleet.render.units import host_render_dir, render_host, write_tree
 
-    notes: dict[str, str] = {}
     try:
-        loaded = load_inventory(inventory, list(limit) or None)
-        probed = None
-        if not offline:
-            from fleet.facts.probed import probe_host_gpus
-
-            probed, notes = probe_host_gpus(loaded)
-        outcomes = plan_inventory(loaded, probed)
+        fleet_plan = plan_fleet(inventory, list(limit) or None, offline)
     except InventoryError as exc:
         fail(str(exc), as_json, EXIT_INVALID, [p.data() for p in exc.problems])
     except FleetError as exc:
         fail(str(exc), as_json, EXIT_INVALID)
+    outcomes, notes = fleet_plan.outcomes, fleet_plan.not_probed
     invalid = [o for o in outcomes if o.invalid_input and o.problem is not None]
     if invalid:  # a model config.json that cannot be read: input, like the inventory
         fail("\n".join(str(o.problem) for o in invalid), as_json, EXIT_INVALID)
@@ -83,7 +76,8 @@ def plan(
                 ref = str(outcome.spec.api_key_ref) if outcome.spec.api_key_ref else None
                 write_tree(host_render_dir(render_dir, outcome.spec.name), render_host(outcome.plan, None, ref))
     if as_json:
-        click.echo(json.dumps(redact_data({"hosts": [outcome_data(o) for o in outcomes], "not_probed": notes}), indent=2))
+        data = {"hosts": [outcome_data(o) for o in outcomes], "not_probed": notes}
+        click.echo(json.dumps(redact_data(data), indent=2))
     else:
         for host, note in notes.items():
             click.echo(f"{host}: {note}; planned from the inventory's gpu data", err=True)

@@ -129,7 +129,27 @@ def plan_inventory(
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:
+    """Plan an inventory from its own ``gpu`` data (no host is contacted)."""
     return plan_inventory(load_inventory(path, limit))
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """Plans of an inventory's hosts, and why some were planned from the inventory, not a probe."""
+
+    outcomes: list[HostOutcome]
+    not_probed: dict[str, str]  #: host -> why its GPU facts come from the inventory
+
+
+def plan_fleet(path: str | Path, limit: list[str] | None = None, offline: bool = False) -> FleetPlan:
+    """Plan an inventory from probed GPU facts where hosts answer (read-only), else its ``gpu`` data."""
+    loaded = load_inventory(path, limit)
+    if offline:
+        return FleetPlan(plan_inventory(loaded), {})
+    from fleet.facts.probed import probe_host_gpus
+
+    probed, notes = probe_host_gpus(loaded)
+    return FleetPlan(plan_inventory(loaded, probed), notes)
 
 
 # -- data for --json --------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def _explode(*args: object, **kwargs: object) -> None:
 
 
 def test_internal_error_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleet.plan.outcomes.plan_file", _explode)
+    monkeypatch.setattr("fleet.plan.outcomes.plan_fleet", _explode)
     result = CliRunner().invoke(main, ["plan", "inventory/prod.py"])
     assert result.exit_code == 3
     (line,) = result.stderr.strip().splitlines()
@@ -109,7 +109,7 @@ def test_internal_error_is_one_line_and_exit_3(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_debug_prints_the_traceback_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("fleet.plan.outcomes.plan_file", _explode)
+    monkeypatch.setattr("fleet.plan.outcomes.plan_fleet", _explode)
     result = CliRunner().invoke(main, ["--debug", "plan", "inventory/prod.py"])
     assert result.exit_code == 3
     assert CliRunner().invoke(main, ["plan", "inventory/prod.py", "--debug"]).stderr == result.stderr

@@ -157,7 +157,8 @@ def test_audit_cli_bad_input_is_a_clear_error_before_any_host(tmp_path: Path) ->
     run = subprocess.run([sys.executable, "-m", "fleet.cli", "audit", str(inv), "--json"], capture_output=True,
                          text=True, timeout=60, check=False)  # fmt: skip
     assert run.returncode == 2
-    assert json.loads(run.stdout) == {"error": "host h1: ssh_port='twenty-two': an integer from 1 to 65535"}
+    error = json.loads(run.stdout)["error"]
+    assert f"{inv}: host h1: ssh_port='twenty-two'" in error and "integer" in error
     run = subprocess.run([sys.executable, "-m", "fleet.cli", "audit", str(tmp_path / "nope.py")], capture_output=True,
                          text=True, timeout=60, check=False)  # fmt: skip
     assert run.returncode == 2 and "Traceback" not in run.stderr and "nope.py" in run.stderr
