@@ -37,7 +37,6 @@ _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
-_PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _printable(text: str) -> bool:
@@ -123,19 +122,12 @@ def _address(value: str) -> str:
         raise ValueError(f"a host name ({HOST_NAME_RULE}) or an IP address") from None
 
 
-def _profile(value: str) -> str:
-    if not _PROFILE.fullmatch(value):
-        raise ValueError("a lab profile name (letters, digits, '.', '_', '-')")
-    return value
-
-
 ModelId = Annotated[str, AfterValidator(_model)]
 ServedName = Annotated[str, AfterValidator(_served_name)]
 PathText = Annotated[str, AfterValidator(_path)]
 IpAddress = Annotated[str, AfterValidator(_ip)]
 IndexUrl = Annotated[str, AfterValidator(_url)]
 Version = Annotated[str, AfterValidator(_version)]
-ProfileName = Annotated[str, AfterValidator(_profile)]
 Address = Annotated[str, AfterValidator(_address)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -216,7 +208,6 @@ class HostData(BaseModel):
     prefix_caching: bool = True
     allow_pcie_tensor_parallel: bool = False
     shutdown_timeout: Annotated[int, Field(ge=0, le=3600)] = 30
-    lab_profile: ProfileName | None = None
     pip_index_url: IndexUrl | None = None
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None

@@ -115,7 +115,6 @@ class HostSpec:
     prefix_caching: bool = True
     allow_pcie_tensor_parallel: bool = False
     shutdown_timeout: int = 30
-    lab_profile: str | None = None
     pip_index_url: str | None = None
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
@@ -241,8 +240,18 @@ def _close(key: str, known: tuple[str, ...]) -> str | None:
     return lowered[close[0]] if close else None
 
 
+#: Keys fleet once read and no longer does, with what to write instead.
+REMOVED_KEYS = {
+    "lab_profile": "no longer read: a lab host's GPUs are probed like any host's (fleet plan, fleet audit); "
+    "declare gpu: {sku, count, nvlink} for --offline plans",
+}
+
+
 def _typos(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
     for key, value in data.items():
+        if key in REMOVED_KEYS:
+            h.problem(key, value, REMOVED_KEYS[key])
+            continue
         if key in FLEET_KEYS or key in refused or key.startswith(_NOT_OURS_PREFIXES):
             continue
         near = _close(key, FLEET_KEYS)
@@ -383,7 +392,6 @@ def host_spec(
         prefix_caching=valid.prefix_caching,
         allow_pcie_tensor_parallel=valid.allow_pcie_tensor_parallel,
         shutdown_timeout=valid.shutdown_timeout,
-        lab_profile=valid.lab_profile,
         pip_index_url=valid.pip_index_url,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,

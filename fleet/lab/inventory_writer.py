@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleet.lab.base import LOGIN_USER
+from fleet.lab.profiles import load_profile
 from fleet.lab.state import HostRecord, LabDir, LabState
 
 if TYPE_CHECKING:
@@ -38,6 +39,17 @@ FLEET_LAB_DEFAULTS: dict[str, Any] = {
 }
 
 
+def declared_gpus(profile: str) -> dict[str, Any]:
+    """What an operator would declare for the machine a profile simulates: GPU model, count, fabric.
+
+    Only ``--offline`` plans read it; otherwise a lab host's GPUs are probed through its NVML like
+    any host's. A faulty profile (a GPU missing) declares the machine as built, so the probe and the
+    audit show the difference.
+    """
+    p = load_profile(profile)
+    return {"sku": p.sku.key, "count": len(p.slots), "nvlink": p.fabric.value}
+
+
 def host_data(
     lab: LabDir, state: LabState, host: HostRecord, pip_index_url: str | None = None, apt: AptRepo | None = None
 ) -> dict[str, Any]:
@@ -49,7 +61,7 @@ def host_data(
         "ssh_key": str(lab.control_key),
         "ssh_known_hosts_file": str(lab.known_hosts),
         "ssh_strict_host_key_checking": "yes",
-        "lab_profile": host.profile,
+        "gpu": declared_gpus(host.profile),
         "bind_address": host.address,
         **FLEET_LAB_DEFAULTS,
     }

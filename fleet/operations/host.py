@@ -52,13 +52,9 @@ def _spec(name: str, data: Mapping[str, Any]) -> HostSpec:
 
 
 def fabric_of(spec: HostSpec) -> Fabric:
-    """The host's NVLink fabric as the inventory declares it (gpu entry, or the lab profile)."""
+    """The host's NVLink fabric as the inventory declares it (its gpu entry)."""
     if spec.gpu is not None:
         return spec.gpu.nvlink
-    if spec.lab_profile is not None:
-        from fleet.lab.profiles import load_profile
-
-        return load_profile(spec.lab_profile).fabric
     return Fabric.NONE
 
 

@@ -1,7 +1,7 @@
 """``fleet plan`` as a library: inventory in, one plan (or one problem) per host out.
 
-Touches no host. GPU facts come from, in order: the inventory's ``gpu`` entry, the host's lab
-profile (``lab_profile``, for lab hosts), or a probe result handed in by the caller.
+GPU facts come from a probe of the host where it answers (``plan_fleet``; read-only), else from
+the inventory's ``gpu`` entry. Planning itself touches no host.
 """
 
 from __future__ import annotations
@@ -40,14 +40,6 @@ def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> Ho
         return probed[spec.name]
     if spec.gpu is not None:
         return spec.gpu.host_gpus()
-    if spec.lab_profile is not None:
-        from fleet.lab.profiles import load_profile
-
-        try:
-            gpus = load_profile(spec.lab_profile).host_gpus()
-            return dataclasses.replace(gpus, source=f"lab_profile:{spec.lab_profile}")
-        except (ValueError, OSError) as exc:
-            raise PlanError(PlanProblem(spec.name, f"lab_profile {spec.lab_profile!r}: {exc}")) from exc
     raise PlanError(
         PlanProblem(
             spec.name,

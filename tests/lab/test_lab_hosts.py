@@ -229,7 +229,9 @@ def test_inventory_loads_with_pyinfra_and_connects_strictly(lab_fleet: LabFleet)
         assert data["ssh_key"] == str(d.control_key)
         assert data["ssh_known_hosts_file"] == str(d.known_hosts)
         assert data["ssh_strict_host_key_checking"] == "yes"
-        assert data["lab_profile"] == h.profile
+        assert "lab_profile" not in data  # GPUs are probed; gpu is what --offline plans from
+        profile = load_profile(h.profile)
+        assert data["gpu"] == {"sku": profile.sku.key, "count": len(profile.slots), "nvlink": profile.fabric.value}
         assert data["model"] == "meta-llama/Llama-3.1-8B-Instruct"
         assert data["vllm_version"] == "0.33.0" and data["port"] == 8000
         assert data["workload"]["target_concurrency"] == 32

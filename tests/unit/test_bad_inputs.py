@@ -67,7 +67,7 @@ CASES = [
          ["bind_address=", "IPv4 or IPv6"]),
     Case("bind address any string", "injection", host('"bind_address": "everywhere"'), ["bind_address='everywhere'"]),
     Case("vllm version with a space", "injection", host('"vllm_version": "0.33.0 --x"'), ["a release version"]),
-    Case("lab profile path", "injection", host('"lab_profile": "../../etc/passwd"'), ["lab profile name"]),
+    Case("lab profile (removed key)", "silent", host('"lab_profile": "../../etc/passwd"'), ["no longer read"]),
     Case("pip index not a url", "injection", host('"pip_index_url": "not a url"'), ["pip_index_url='not a url'"]),
     Case("pip index file scheme", "injection", host('"pip_index_url": "file:///etc"'), ["http:// or https://"]),
     # -- secrets: refused, never echoed ------------------------------------------------------------

@@ -67,7 +67,6 @@ FIELDS = [
     "allow_pcie_tensor_parallel",
     "shutdown_timeout",
     "pip_index_url",
-    "lab_profile",
     "ssh_port",
     "ssh_hostname",
     "Port",

@@ -135,12 +135,19 @@ def test_a_host_defined_twice_must_agree(tmp_path: Path) -> None:
         load_inventory(write(tmp_path, differ))
 
 
-def test_lab_profile_and_ssh_fields_still_load(tmp_path: Path) -> None:
+def test_lab_profile_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    data = f"{{'model': 'm/x', 'workload': {WL}, 'lab_profile': 'h100-sxm-8'}}"
+    with pytest.raises(InventoryError) as err:
+        load_inventory(write(tmp_path, f"lab = [('h1', {data})]\n"))
+    message = str(err.value)
+    assert "lab_profile='h100-sxm-8': no longer read" in message and "gpu: {sku, count, nvlink}" in message
+
+
+def test_ssh_fields_load(tmp_path: Path) -> None:
     ssh = "'ssh_port': 2222, 'ssh_hostname': '127.0.0.5'"
-    data = f"{{'model': 'm/x', 'workload': {WL}, 'lab_profile': 'h100-sxm-8', {ssh}}}"
+    data = f"{{'model': 'm/x', 'workload': {WL}, {ssh}}}"
     spec = load_inventory(write(tmp_path, f"lab = [('h1', {data})]\n")).host("h1")
-    assert (spec.lab_profile, spec.ssh_port, spec.ssh_hostname, spec.machine) == (
-        "h100-sxm-8",
+    assert (spec.ssh_port, spec.ssh_hostname, spec.machine) == (
         2222,
         "127.0.0.5",
         "127.0.0.5",

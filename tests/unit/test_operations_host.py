@@ -31,9 +31,12 @@ def test_driver_defaults_to_the_vllm_release_driver_and_nvswitch_gets_fabric_man
     assert sxm is not None and sxm.version == "580.95.05" and sxm.fabric_manager
     pcie = host_deploy.driver_settings("gpu-1", {**data, "gpu": {"sku": "l40s-48gb", "count": 4}})
     assert pcie is not None and not pcie.fabric_manager
-    forced = host_deploy.driver_settings("gpu-1", {**data, "nvidia_fabric_manager": False, "lab_profile": "h100-sxm-8"})
+    forced = host_deploy.driver_settings(
+        "gpu-1", {**data, "nvidia_fabric_manager": False, "gpu": {"sku": "h100-sxm-80gb", "count": 8}}
+    )
     assert forced is not None and not forced.fabric_manager
-    assert host_deploy.driver_settings("gpu-1", {**data, "lab_profile": "h100-sxm-8"}).fabric_manager  # type: ignore[union-attr]
+    typical = host_deploy.driver_settings("gpu-1", {**data, "gpu": {"sku": "h100-sxm-80gb", "count": 8}})
+    assert typical is not None and typical.fabric_manager  # the SKU's typical fabric is NVSwitch
 
 
 @pytest.mark.parametrize(
@@ -75,7 +78,9 @@ def test_releases_kept_refuses(value: Any) -> None:
 
 
 def test_rendered_files_come_from_the_plan_with_root_only_env_files() -> None:
-    files = host_deploy.rendered_files("gpu-1", {**BASE, "lab_profile": "rtx4090-2"}, host_deploy.HostPaths())
+    files = host_deploy.rendered_files(
+        "gpu-1", {**BASE, "gpu": {"sku": "rtx-4090-24gb", "count": 2}}, host_deploy.HostPaths()
+    )
     units = [f for f in files if f.path.endswith(".service")]
     envs = [f for f in files if f.path.endswith(".env")]
     assert units and len(units) == len(envs)
