@@ -3,10 +3,14 @@
 Lab hosts install vLLM the way an air-gapped fleet would, from a mirror:
 ``pip install --index-url <url> vllm==0.33.0``. The index holds exactly what a deploy needs:
 
-* the lab's vLLM stand-in (``lab/vllm-standin``), built with ``pip wheel --no-deps``; its
-  in-tree build backend vendors fleet's vLLM argument surface into the wheel;
-* ``nvidia-ml-py==13.615.71``, fetched once with ``pip download --no-deps --only-binary=:all:``
-  through this machine's own pip configuration (no index host is named here).
+* the lab's vLLM stand-in, built with ``pip wheel --no-deps`` from its source: ``lab/vllm-standin``
+  in a fleet checkout, or the same files shipped inside the fleet package as
+  ``fleet/lab/standin_src`` (so an installed fleet can run ``fleet lab up``); its in-tree build
+  backend vendors fleet's vLLM argument surface into the wheel;
+* the wheels the stand-in and a deploy need (``DEPLOY_REQUIREMENTS``: nvidia-ml-py,
+  prometheus_client, setproctitle), fetched once with ``pip download --no-deps
+  --only-binary=:all:`` for the lab hosts' Python (Debian bookworm's 3.11) through this
+  machine's own pip configuration (no index host is named here).
 
 Layout under ``<lab_dir>/index/``: ``files/`` (wheels), ``simple/`` (PEP 503 pages with
 ``#sha256=`` fragments and ``data-requires-python``), ``server.pid``, ``server.port``,
@@ -23,6 +27,7 @@ import email.parser
 import hashlib
 import html
 import os
+import platform
 import re
 import shutil
 import signal
@@ -42,16 +47,27 @@ from fleet.lab.errors import LabError
 from fleet.lab.locks import file_lock
 from fleet.operations.layout import NVML_PY_REQUIREMENT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STANDIN_DIR = REPO_ROOT / "lab" / "vllm-standin"
+FLEET_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = FLEET_DIR.parent
+#: The stand-in's source: the checkout's ``lab/vllm-standin`` or the copy shipped in the package.
+CHECKOUT_STANDIN_DIR = REPO_ROOT / "lab" / "vllm-standin"
+PACKAGED_STANDIN_DIR = FLEET_DIR / "lab" / "standin_src"
+STANDIN_DIR = CHECKOUT_STANDIN_DIR if (CHECKOUT_STANDIN_DIR / "pyproject.toml").is_file() else PACKAGED_STANDIN_DIR
 #: Files outside the stand-in's directory that go into its wheel (the vendored surface).
 STANDIN_EXTRA_INPUTS = (
-    REPO_ROOT / "fleet" / "plan" / "vllm_surface.py",
-    REPO_ROOT / "fleet" / "plan" / "data" / "vllm" / "serve-args-0.33.0.json",
+    FLEET_DIR / "plan" / "vllm_surface.py",
+    FLEET_DIR / "plan" / "data" / "vllm" / "serve-args-0.33.0.json",
 )
 STANDIN_DIST = "vllm"
-#: Third-party wheels a lab deploy installs next to the stand-in.
-DEPLOY_REQUIREMENTS: tuple[str, ...] = (NVML_PY_REQUIREMENT,)
+#: Third-party wheels a lab deploy installs: the stand-in's dependencies (vLLM 0.33.0 requires
+#: ``prometheus_client>=0.18.0`` and ``setproctitle`` too) and fleet's NVML probe's.
+DEPLOY_REQUIREMENTS: tuple[str, ...] = (
+    NVML_PY_REQUIREMENT,
+    "prometheus_client==0.26.0",
+    "setproctitle==1.3.8",
+)
+#: The lab hosts' Python (``python3`` of Debian bookworm, the lab's base): wheels are fetched for it.
+HOST_PYTHON = (3, 11)
 BIND_HOST = "127.0.0.1"
 START_TIMEOUT_S = 15.0
 
@@ -86,7 +102,8 @@ def standin_source_hash() -> str:
     """SHA-256 over the stand-in's sources and the vendored surface: one build's identity."""
     digest = hashlib.sha256()
     for path in _standin_inputs():
-        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+        rel = path.relative_to(STANDIN_DIR) if path.is_relative_to(STANDIN_DIR) else Path("fleet/plan", path.name)
+        digest.update(str(rel).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -127,17 +144,34 @@ def build_standin_wheel(out_dir: Path) -> Path:
     return target
 
 
-def _wheel_matches(path: Path, requirement: str) -> bool:
+def _wheel_matches(path: Path, requirement: str, python: tuple[int, int]) -> bool:
     name, _, version = requirement.partition("==")
-    parts = path.name.split("-")
-    return len(parts) >= 2 and normalize(parts[0]) == normalize(name) and parts[1] == version
+    parts = path.name[: -len(".whl")].split("-")
+    if len(parts) < 5 or normalize(parts[0]) != normalize(name) or parts[1] != version:
+        return False
+    python_tags = parts[-3].split(".")
+    return any(tag.startswith("py3") or tag == f"cp{python[0]}{python[1]}" for tag in python_tags)
 
 
-def fetch_wheels(out_dir: Path, requirements: Sequence[str] = DEPLOY_REQUIREMENTS) -> list[Path]:
+def _target_args(python: tuple[int, int]) -> list[str]:
+    """``pip download`` options that pick wheels for a CPython ``python`` on this architecture."""
+    machine = platform.machine()
+    tag = f"{python[0]}{python[1]}"
+    args = ["--python-version", f"{python[0]}.{python[1]}", "--implementation", "cp", "--abi", f"cp{tag}"]
+    args += ["--abi", "abi3", "--abi", "none"]
+    for plat in ("manylinux_2_36", "manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1"):
+        args += ["--platform", f"{plat}_{machine}"]
+    return args + ["--platform", "any"]
+
+
+def fetch_wheels(
+    out_dir: Path, requirements: Sequence[str] = DEPLOY_REQUIREMENTS, python: tuple[int, int] = HOST_PYTHON
+) -> list[Path]:
     """Wheels for ``name==version`` requirements, downloaded once into ``out_dir``.
 
     Uses ``pip download`` with this machine's pip configuration, binary wheels only, no deps
-    (the lab's requirements are chosen to have none).
+    (the lab's requirements are chosen to have none), for CPython ``python`` (the lab hosts'
+    by default; pass ``sys.version_info[:2]`` to install on this machine).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -145,23 +179,14 @@ def fetch_wheels(out_dir: Path, requirements: Sequence[str] = DEPLOY_REQUIREMENT
     for requirement in requirements:
         if "==" not in requirement:
             raise LabError(f"lab index requirement {requirement!r} must pin a version (name==version)")
-        matches = [p for p in out_dir.glob("*.whl") if _wheel_matches(p, requirement)]
+        matches = [p for p in out_dir.glob("*.whl") if _wheel_matches(p, requirement, python)]
         if not matches:
             _run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--only-binary=:all:",
-                    "-d",
-                    str(out_dir),
-                    requirement,
-                ],
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                 *_target_args(python), "-d", str(out_dir), requirement],
                 f"downloading {requirement}",
-            )
-            matches = [p for p in out_dir.glob("*.whl") if _wheel_matches(p, requirement)]
+            )  # fmt: skip
+            matches = [p for p in out_dir.glob("*.whl") if _wheel_matches(p, requirement, python)]
         if not matches:
             raise LabError(f"pip download of {requirement} left no matching wheel in {out_dir}")
         found.extend(sorted(matches))

@@ -96,7 +96,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     shim = build_shim(root / "shim").parent
     wheels = root / "wheels"
     build_standin_wheel(wheels)
-    fetch_wheels(wheels)
+    fetch_wheels(wheels, python=sys.version_info[:2])
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run(

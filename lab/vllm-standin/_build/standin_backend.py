@@ -2,7 +2,8 @@
 
 Why not setuptools: building must work on an air-gapped control machine without fetching a
 build backend, and the wheel must carry fleet's vLLM argument surface, which lives outside this
-directory (``fleet/plan/vllm_surface.py`` and ``fleet/plan/data/vllm/serve-args-0.33.0.json``). This
+directory (``fleet/plan/vllm_surface.py`` and ``fleet/plan/data/vllm/serve-args-0.33.0.json``), both in
+a fleet checkout and in an installed fleet (where this directory is ``fleet/lab/standin_src``). This
 backend reads ``[project]`` from ``pyproject.toml``, copies every file under ``src/`` into a
 pure-Python wheel, and adds the surface under ``vllm/_vendor/`` at build time, so there is one
 surface and no hand-written second list. Only the standard library is used.
@@ -18,8 +19,9 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The repository root of fleet when this package is built from the fleet checkout.
-FLEET_ROOT = ROOT.parent.parent
+#: Where fleet's ``plan`` package is: in a fleet checkout the stand-in is ``lab/vllm-standin``;
+#: in an installed fleet it is package data at ``fleet/lab/standin_src``.
+PLAN_DIRS = (ROOT.parent.parent / "fleet" / "plan", ROOT.parent.parent / "plan")
 SURFACE_VERSION = "0.33.0"
 
 
@@ -35,12 +37,13 @@ def _surface_files() -> dict[str, bytes]:
     ``vllm_surface`` finds its data at ``<module dir>/data/vllm/``, so the JSON goes there and
     the module is copied byte for byte.
     """
-    module = FLEET_ROOT / "fleet" / "plan" / "vllm_surface.py"
-    data = FLEET_ROOT / "fleet" / "plan" / "data" / "vllm" / f"serve-args-{SURFACE_VERSION}.json"
+    plan = next((d for d in PLAN_DIRS if (d / "vllm_surface.py").is_file()), PLAN_DIRS[0])
+    module = plan / "vllm_surface.py"
+    data = plan / "data" / "vllm" / f"serve-args-{SURFACE_VERSION}.json"
     if not (module.is_file() and data.is_file()):
         raise FileNotFoundError(
             f"cannot vendor the vLLM argument surface: {module} or {data} is missing "
-            "(build the stand-in from a fleet checkout)"
+            "(build the stand-in from a fleet checkout or an installed fleet)"
         )
     return {
         "vllm/_vendor/__init__.py": b'"""Files copied from fleet at build time; do not edit."""\n',

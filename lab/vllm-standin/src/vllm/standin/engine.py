@@ -6,7 +6,11 @@ is produced every ``token_seconds``. When a running request needs a new block an
 it is preempted (recompute, as in vLLM V1) and goes back to waiting. Generated text is derived
 deterministically from the prompt, so two identical requests give identical answers.
 
-The counters and histograms behind ``/metrics`` live here (see ``metrics.py``).
+Statistics go to ``metrics.Metrics`` (prometheus_client), as vLLM's ``PrometheusStatLogger``.
+
+While the server shuts down (``rejecting``), a new request is finished at once as an abort,
+like ``EngineCore._reject_add_in_shutdown`` (``vllm/v1/engine/core.py``) does: the client gets a
+finished answer with ``finish_reason: "abort"``, not an error.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.standin.metrics import Metrics
 
 _WORD_TEXT = (
     "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
@@ -27,16 +35,6 @@ _WORD_TEXT = (
 )
 WORDS = tuple(_WORD_TEXT.split())
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
-
-#: Buckets of vLLM's ``vllm:time_to_first_token_seconds``.
-TTFT_BUCKETS = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)  # fmt: skip
-#: Buckets of ``vllm:e2e_request_latency_seconds``.
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-               240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
-FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 def count_tokens(text: str) -> int:
@@ -52,28 +50,6 @@ class RequestAborted(Exception):
     """The request was aborted (shutdown without drain, or drain timeout)."""
 
 
-class EngineShuttingDown(Exception):
-    """New requests are rejected while draining."""
-
-
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-
-
 @dataclass
 class Request:
     request_id: str
@@ -81,6 +57,8 @@ class Request:
     prompt_tokens: int
     max_tokens: int
     abort: threading.Event = field(default_factory=threading.Event)
+    arrival: float = field(default_factory=time.monotonic)
+    running_since: float | None = None
     blocks: int = 0
     generated: int = 0
 
@@ -108,13 +86,7 @@ class Engine:
         self.dead = False
         self.hung = False
         self.rejecting = False
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.preemptions = 0
-        self.success = dict.fromkeys(FINISH_REASONS, 0)
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
-        self.started = time.time()
+        self.metrics: Metrics | None = None
         self._ids = 0
 
     # -- state changes from the server -------------------------------------------------
@@ -146,10 +118,18 @@ class Engine:
         with self.cond:
             if self.dead:
                 raise EngineDeadError("EngineCore encountered an issue. See stack trace above for the root cause.")
-            if self.rejecting:
-                raise EngineShuttingDown("The engine is shutting down and does not accept new requests.")
             self._ids += 1
-            return Request(f"cmpl-{self._ids:08x}", prompt, count_tokens(prompt), max_tokens)
+            req = Request(f"cmpl-{self._ids:08x}", prompt, count_tokens(prompt), max_tokens)
+            if self.rejecting:  # _reject_add_in_shutdown: finished as an abort at once
+                req.abort.set()
+            return req
+
+    def oldest_running_seconds(self) -> float:
+        """How long the longest-running request has been scheduled (0 when none)."""
+        now = time.monotonic()
+        with self.cond:
+            starts = [r.running_since for r in self.running if r.running_since is not None]
+        return now - min(starts) if starts else 0.0
 
     def _blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.block_size)
@@ -178,6 +158,7 @@ class Engine:
                 self.waiting.remove(req)
             req.blocks = need
             self.used_blocks += need
+            req.running_since = time.monotonic()
             self.running.append(req)
             self.cond.notify_all()
 
@@ -195,15 +176,19 @@ class Engine:
 
     def generate(self, req: Request) -> Iterator[str]:
         """Yield the request's tokens; raises ``RequestAborted``/``EngineDeadError``."""
-        arrival = time.monotonic()
+        arrival = req.arrival
         rng = random.Random(hashlib.sha256(req.prompt.encode()).digest())
         reason = "error"
+        m = self.metrics
         try:
+            self._check(req)
             self._admit(req)
-            with self.cond:
-                self.prompt_tokens += req.prompt_tokens
+            if m is not None:
+                m.queue_time.observe(time.monotonic() - arrival)
+                m.prompt_tokens.inc(req.prompt_tokens)
+                m.prefix_cache_queries.inc(req.prompt_tokens)
             self._sleep(req, self.prefill_seconds_per_token * req.prompt_tokens)
-            first = True
+            last: float | None = None
             while req.generated < req.max_tokens:
                 while self.hung:  # the "alive but hung" engine: no token ever comes
                     self._sleep(req, 0.1)
@@ -223,16 +208,20 @@ class Engine:
                         preempted = False
                     if not preempted:
                         req.generated += 1
-                        self.generation_tokens += 1
                 if preempted:
-                    with self.cond:
-                        self.preemptions += 1
+                    if m is not None:
+                        m.preemptions.inc()
                     self._release(req)
                     self._admit(req)
                     continue
-                if first:
-                    self.ttft.observe(time.monotonic() - arrival)
-                    first = False
+                now = time.monotonic()
+                if m is not None:
+                    m.generation_tokens.inc()
+                    if last is None:
+                        m.ttft.observe(now - arrival)
+                    else:
+                        m.itl.observe(now - last)
+                last = now
                 yield " " + rng.choice(WORDS)
             reason = "length"
         except RequestAborted:
@@ -240,6 +229,9 @@ class Engine:
             raise
         finally:
             self._release(req)
-            with self.cond:
-                self.success[reason] += 1
-            self.e2e.observe(time.monotonic() - arrival)
+            if m is not None:
+                m.success[reason].inc()
+                m.e2e.observe(time.monotonic() - arrival)
+                m.request_prompt_tokens.observe(req.prompt_tokens)
+                m.request_generation_tokens.observe(req.generated)
+                m.request_max_tokens.observe(req.max_tokens)

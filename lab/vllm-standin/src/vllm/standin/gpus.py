@@ -6,6 +6,12 @@ devices through CUDA; here ``CUDA_VISIBLE_DEVICES`` is mapped to NVML indices as
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (CUDA index order = NVML index order), which is what fleet's
 units set. Like CUDA, entries may be indices or (prefixes of) UUIDs, and the list stops at the
 first entry that names no device.
+
+Memory is what CUDA's ``cudaMemGetInfo`` would answer (vLLM's ``MemorySnapshot.measure`` in
+``vllm/utils/mem_utils.py`` reads it through ``torch.accelerator.get_memory_info``): CUDA's total
+is the board's memory minus the driver's reserve, which NVML reports as v2 ``reserved``
+(``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)``: reserved + used + free = total);
+CUDA's free is NVML v2 ``free``. Where the v2 query is not answered the reserve counts as 0.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ class Gpu:
     nvml_index: int
     uuid: str
     name: str
-    total: int
-    free: int
+    total: int  #: CUDA's total: NVML total − the driver's reserve
+    free: int  #: CUDA's free (NVML v2 free)
     compute_capability: tuple[int, int]
 
 
@@ -74,10 +80,21 @@ def nvml_init() -> Any:
     return pynvml
 
 
+def cuda_memory(pynvml: Any, handle: Any) -> tuple[int, int]:
+    """``(free, total)`` as ``cudaMemGetInfo`` answers: NVML v2, total less the reserve."""
+    try:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        reserved = int(getattr(mem, "reserved", 0))
+    except Exception:  # a library without the v2 query: no reserve known
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        reserved = 0
+    return int(mem.free), int(mem.total) - reserved
+
+
 def gpu_info(pynvml: Any, nvml_index: int, cuda_index: int) -> Gpu:
-    """Facts about one device, memory as NVML reports it right now."""
+    """Facts about one device, memory as CUDA would report it right now."""
     handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
-    mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    free, total = cuda_memory(pynvml, handle)
     try:
         cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
     except Exception:
@@ -87,8 +104,8 @@ def gpu_info(pynvml: Any, nvml_index: int, cuda_index: int) -> Gpu:
         nvml_index=nvml_index,
         uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
         name=_text(pynvml.nvmlDeviceGetName(handle)),
-        total=int(mem.total),
-        free=int(mem.free),
+        total=total,
+        free=free,
         compute_capability=(int(cc[0]), int(cc[1])),
     )
 

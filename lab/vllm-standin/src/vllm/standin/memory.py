@@ -5,13 +5,18 @@ them is wrong, and the lab tests find out which.
 
 Per GPU and per instance:
 
-* ``requested = ceil(total × gpu_memory_utilization)``; start fails when NVML's free memory
-  is below it (checked by each worker on its own GPU).
+* Before measuring, each worker creates what vLLM creates first in ``Worker.init_device``
+  (``vllm/v1/worker/gpu_worker.py``): its CUDA context (527 MiB per process on an H100 and an
+  H200 with driver 580, measured: NVML shows it as the process's memory), NCCL's buffers when
+  TP×PP > 1 and the cuBLAS/cuBLASLt handles. These stay outside the budget below.
+* Then ``MemorySnapshot`` (CUDA's free and total: NVML total − the driver's reserve) and
+  ``request_memory`` (``vllm/v1/worker/utils.py``): ``requested = ceil(total ×
+  gpu_memory_utilization)``; start fails when free memory is below it.
 * ``available_kv = requested − weights − non_torch − activation_peak − cudagraph``, where vLLM
   measures the last three by profiling. Nothing runs here, so they are estimated:
 
-  - ``non_torch``: 0.35 GiB (CUDA context, cuBLAS workspaces; the value in the worked
-    Llama-3.1-8B/H100 log of §2.3), plus 0.25 GiB of NCCL buffers when TP×PP > 1;
+  - ``non_torch``: 0.35 GiB (the non-torch increase in the worked Llama-3.1-8B/H100 log of
+    vllm.md §2.3);
   - ``activation_peak``: the dummy forward pass of ``max_num_batched_tokens`` tokens,
     ``tokens × (2·I/TP + 4·H) × dtype_bytes`` (gate/up projection output plus a few hidden-size
     buffers) plus the sampler's fp32 logits ``max_num_seqs × vocab × 4``. For Llama-3.1-8B on
@@ -36,6 +41,12 @@ from vllm.standin.model import DTYPE_BYTES, ModelArch, weight_bytes_per_gpu
 GiB = 1024**3
 MiB = 1024**2
 NON_TORCH_BYTES = int(0.35 * GiB)
+#: A CUDA context on an H100/H200 (driver 580.159.04): measured as NVML process memory.
+CUDA_CONTEXT_BYTES = 527 * MiB
+#: cuBLAS + cuBLASLt handles and workspaces created before the snapshot (estimate: two 32 MiB
+#: workspaces, PyTorch's Hopper default).
+CUBLAS_BYTES = 64 * MiB
+#: NCCL communicator buffers when TP×PP > 1 (estimate).
 NCCL_BYTES = int(0.25 * GiB)
 CUDAGRAPH_BASE_BYTES = 64 * MiB
 CUDAGRAPH_PER_LAYER_BYTES = 8 * MiB
@@ -123,19 +134,31 @@ def check_kv_heads(arch: ModelArch, tp: int) -> None:
         raise StartupError("AssertionError", f"{arch.num_kv_heads} is not divisible by {tp}")
 
 
+def format_gib(nbytes: int) -> str:
+    """vLLM's ``format_gib`` (``vllm/utils/mem_utils.py``): ``round(b / GiB, 2)`` as text."""
+    return f"{round(nbytes / GiB, 2)}"
+
+
+def baseline_bytes(world_size: int) -> int:
+    """What a worker holds before its memory snapshot: context, cuBLAS, NCCL (TP×PP > 1)."""
+    return CUDA_CONTEXT_BYTES + CUBLAS_BYTES + (NCCL_BYTES if world_size > 1 else 0)
+
+
 def requested_memory(gpu: Gpu, utilization: float) -> int:
+    """``ceil(total × utilization)`` with CUDA's total (``request_memory``)."""
     return math.ceil(gpu.total * utilization)
 
 
 def check_free_memory(gpu: Gpu, utilization: float) -> int:
-    """Each worker's own check at init; returns the requested bytes."""
+    """``request_memory`` in ``vllm/v1/worker/utils.py``: each worker on its own GPU, with the
+    snapshot taken after its context exists; returns the requested bytes."""
     requested = requested_memory(gpu, utilization)
     if gpu.free < requested:
         raise StartupError(
             "ValueError",
-            f"Free memory on device cuda:{gpu.cuda_index} ({gpu.free / GiB:.2f}/{gpu.total / GiB:.2f} GiB) "
+            f"Free memory on device cuda:{gpu.cuda_index} ({format_gib(gpu.free)}/{format_gib(gpu.total)} GiB) "
             f"on startup is less than desired GPU memory utilization ({utilization}, "
-            f"{requested / GiB:.2f} GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+            f"{format_gib(requested)} GiB). Decrease GPU memory utilization or reduce GPU memory used by "
             "other processes.",
         )
     return requested
@@ -218,7 +241,7 @@ def make_plan(args: argparse.Namespace, arch: ModelArch, gpus: list[Gpu], max_mo
     weights = weight_bytes_per_gpu(arch, dtype_bytes, args.quantization, tp * pp)
     activation = tokens * (2 * arch.intermediate_size // tp + 4 * arch.hidden_size) * dtype_bytes
     activation += max_num_seqs * arch.vocab_size * 4
-    non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp * pp > 1 else 0)
+    non_torch = NON_TORCH_BYTES
     cudagraph = 0 if args.enforce_eager else CUDAGRAPH_BASE_BYTES + CUDAGRAPH_PER_LAYER_BYTES * layers_stage
     return Plan(
         model_dtype=model_dtype,

@@ -1,41 +1,53 @@
-"""``vllm serve``: start-up sequence, serving loop, watchdog and SIGTERM shutdown.
+"""``vllm serve``: the API server process: start-up, serving loop, watchdog, shutdown.
 
-Start-up follows vLLM 0.33 (vllm.md §4.1):
+Start-up (``run_server`` in ``vllm/entrypoints/launchers/api_server/entry.py``):
 
-1. bind the port (no ``listen()``), so the port is taken but connections are refused;
-2. build the config: model, ``--max-model-len`` limit, world size vs GPUs, heads vs TP;
-3. start one worker per rank; each checks free memory on its GPU and holds the weights;
-4. "load" for ``load_seconds`` (fault file > ``$FLEET_LAB_LOAD_SECONDS`` > weights per GPU in
-   GiB × ``LOAD_SECONDS_PER_GIB`` + ``LOAD_BASE_SECONDS``, ~2 s for an 8B model on one GPU);
-5. size the KV cache (errors as vLLM), workers grow to the requested memory, log the sizes;
-6. ``listen()``: ``/health`` answers 200.
+1. bind the port without ``listen()`` (``setup_server``): connections are refused while loading;
+2. build the config in this process (``create_engine_config``): model, ``--max-model-len``,
+   world size vs GPUs, heads vs TP; an error here ends the process with that error;
+3. start the ``VLLM::EngineCore`` process (``engine_core.py``), which creates the workers,
+   checks memory, "loads" for ``load_seconds`` (fault file > ``$FLEET_LAB_LOAD_SECONDS`` >
+   weights per GPU in GiB × ``LOAD_SECONDS_PER_GIB`` + ``LOAD_BASE_SECONDS``) and sizes the KV
+   cache; if it fails: ``RuntimeError: Engine core initialization failed...``, exit 1;
+4. ``listen()``: ``/health`` answers 200.
 
-Shutdown on SIGTERM/SIGINT (§4.4): ``--shutdown-timeout 0`` aborts in-flight requests at once;
-``N > 0`` rejects new requests (503) and lets in-flight ones finish for up to N seconds, then
-aborts the rest. Then the listener closes, workers get SIGTERM and the process exits 0. A
-second signal cuts a drain short. If the engine dies (fault, or a worker exits) ``/health``
-answers 503 and the watchdog exits the process with status 1 after
-``$FLEET_LAB_WATCHDOG_SECONDS`` (default 5, vLLM's watchdog period).
+A SIGTERM before the server is up raises ``KeyboardInterrupt("terminated")`` (``_interrupt_init``):
+the engine core is stopped and the exception leaves the process, which Python ends with SIGINT
+(a shell shows exit status 130).
+
+Shutdown (``serve_http`` in ``vllm/entrypoints/launchers/launcher.py``): the first SIGTERM or
+SIGINT triggers it, later ones are ignored. ``--shutdown-timeout 0`` aborts what is in flight;
+``N > 0`` drains: new requests are finished at once as aborts, ``/health`` stays 200, in-flight
+requests run on. The engine core gets SIGTERM and up to N s to finish, then its process tree
+is SIGKILLed (``shutdown`` in ``vllm/v1/utils.py``); then the HTTP server stops; exit 0.
+
+Engine death (the engine core exits, a worker dies, an injected crash, a TP > 1 step hung past
+``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``): ``/health`` answers 503 and the watchdog
+(``watchdog_loop``/``terminate_if_errored``, every 5 s; ``$FLEET_LAB_WATCHDOG_SECONDS``) only
+asks the HTTP server to exit: the process ends with status **0**, so only ``Restart=always``
+brings it back under systemd.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
-import sys
 import threading
 import time
+from http.server import ThreadingHTTPServer
 
 from vllm.standin import faults as faults_mod
 from vllm.standin import gpus as gpus_mod
 from vllm.standin import memory, model
 from vllm.standin.args import model_of
+from vllm.standin.core_client import EngineCoreClient
 from vllm.standin.engine import Engine
 from vllm.standin.log import StartupError, logger, print_startup_error
 from vllm.standin.memory import GiB
+from vllm.standin.metrics import Metrics
 from vllm.standin.server import App, make_server, start_serving
-from vllm.standin.worker import WorkerHandle
 from vllm.version import __version__
 
 LOAD_SECONDS_PER_GIB = 0.1
@@ -50,18 +62,6 @@ def _env_float(name: str, default: float) -> float:
     return float(value) if value not in (None, "") else default
 
 
-class Stop:
-    """Signals received: the first asks for a shutdown, a second one forces it."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.count = 0
-
-    def handler(self, signum: int, frame: object) -> None:
-        self.count += 1
-        self.event.set()
-
-
 def _non_default_args(args: argparse.Namespace, parser_defaults: dict[str, object]) -> dict[str, object]:
     shown: dict[str, object] = {}
     for key, value in sorted(vars(args).items()):
@@ -70,34 +70,51 @@ def _non_default_args(args: argparse.Namespace, parser_defaults: dict[str, objec
     return shown
 
 
+def _interrupt_init(signum: int, frame: object) -> None:
+    """``run_server``'s ``_interrupt_init`` (``entrypoints/launchers/api_server/entry.py``)."""
+    raise KeyboardInterrupt("terminated")
+
+
+class Stop:
+    """``serve_http``'s ``signal_handler`` (``entrypoints/launchers/launcher.py``): the first
+    SIGTERM/SIGINT triggers the shutdown; later ones are ignored."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self.event.is_set():
+            return
+        logger.info("[shutdown] API server: shutdown triggered")
+        self.event.set()
+
+
 class Serve:
-    """One ``vllm serve`` process."""
+    """One ``vllm serve`` process (the API server)."""
 
     def __init__(self, args: argparse.Namespace, defaults: dict[str, object]) -> None:
         self.args = args
         self.defaults = defaults
-        self.workers: list[WorkerHandle] = []
+        self.core: EngineCoreClient | None = None
         self.stop = Stop()
 
-    # -- start-up ----------------------------------------------------------------------
-    def _sleep_or_stop(self, seconds: float) -> bool:
-        """Sleep; ``True`` if a stop signal arrived meanwhile."""
-        return self.stop.event.wait(seconds)
-
     def run(self) -> int:
+        """Exit status; a SIGTERM before the server is up propagates as ``KeyboardInterrupt``."""
         args = self.args
-        signal.signal(signal.SIGTERM, self.stop.handler)
-        signal.signal(signal.SIGINT, self.stop.handler)
+        signal.signal(signal.SIGTERM, _interrupt_init)
         logger.info("vLLM API server version %s", __version__)
         logger.info("non-default args: %s", _non_default_args(args, self.defaults))
         try:
             return self._run()
         except StartupError as err:
-            self._stop_workers()
+            if self.core is not None:
+                self.core.shutdown(5.0)
             print_startup_error(err)
             return 1
         finally:
-            self._stop_workers()
+            # CoreEngineProcManager's finalizer: SIGTERM, 5 s, then kill the tree.
+            if self.core is not None and not self.core.stopping:
+                self.core.shutdown(5.0)
 
     def _run(self) -> int:
         args = self.args
@@ -116,6 +133,7 @@ class Serve:
         for problem in faults.problems:
             logger.warning("Ignoring fault file: %s", problem)
 
+        # create_engine_config, in the API server process: config errors end the process here.
         model_dir = model.resolve_model_dir(name, args.revision)
         arch = model.read_arch(model_dir)
         allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true")
@@ -125,63 +143,61 @@ class Serve:
         memory.check_parallel(arch, tp, pp, len(visible))
         used = visible[: tp * pp]
         plan = memory.make_plan(args, arch, used, max_len)
-        served = (args.served_model_name or [name])[0]
+        served_names = list(args.served_model_name or [name])
         logger.info(
-            "Initializing engine (v0.33.0 lab stand-in) with config: model=%r, dtype=%s, max_seq_len=%s, "
+            "Initializing a V1 LLM engine (v0.33.0 lab stand-in) with config: model=%r, dtype=%s, max_seq_len=%s, "
             "tensor_parallel_size=%d, pipeline_parallel_size=%d, served_model_name=%s",
-            name, plan.model_dtype, plan.max_model_len, tp, pp, served,
+            name, plan.model_dtype, plan.max_model_len, tp, pp, served_names[0],
         )  # fmt: skip
 
-        util = plan.utilization
-        self.workers = [WorkerHandle(rank, gpu, util, plan.weight_bytes) for rank, gpu in enumerate(used)]
-        requested = [w.wait_ready() for w in self.workers]
-        for w in self.workers:
-            logger.info(
-                "Worker TP%d pid=%d on cuda:%d (NVML index %d)", w.rank, w.pid, w.gpu.cuda_index, w.gpu.nvml_index
-            )
-
-        memory.check_kv_heads(arch, tp)
-        if faults.fails_load(name, str(model_dir), served):
-            raise StartupError(
+        # Errors the engine core meets while building and loading the model.
+        model_error = None
+        try:
+            memory.check_kv_heads(arch, tp)
+        except StartupError as err:
+            model_error = [err.kind, err.message]
+        load_error = None
+        if faults.fails_load(name, str(model_dir), *served_names):
+            load_error = [
                 "safetensors_rust.SafetensorError",
                 "Error while deserializing header: MetadataIncompleteBuffer (fault injected by the fleet lab)",
-            )
+            ]
         default_load = LOAD_BASE_SECONDS + LOAD_SECONDS_PER_GIB * plan.weight_bytes / GiB
         load_seconds = faults.load_seconds
         if load_seconds is None:
             load_seconds = _env_float("FLEET_LAB_LOAD_SECONDS", default_load)
-        if self._sleep_or_stop(load_seconds):
-            logger.info("[shutdown] Interrupted during start-up; stopping workers")
-            return 0
-        logger.info("Loading weights took %.2f seconds", load_seconds)
-        logger.info("Model loading took %.4f GiB memory", plan.weight_bytes / GiB)
-
-        memory.size_kv_cache(plan, requested, args.kv_cache_memory_bytes, args.num_gpu_blocks_override)
-        assert plan.max_model_len is not None
-        hold = plan.requested
-        if args.kv_cache_memory_bytes is not None:
-            hold = plan.weight_bytes + plan.non_kv_bytes + plan.cudagraph_bytes + int(args.kv_cache_memory_bytes)
-        for w in self.workers:
-            w.allocate(hold)
-        logger.info("Available KV cache memory: %.2f GiB", plan.available_kv / GiB)
-        logger.info(
-            "GPU KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx",
-            f"{plan.kv_tokens:,}", f"{plan.max_model_len:,}", plan.max_concurrency,
-        )  # fmt: skip
-        return self._serve(server, url, plan, served, str(model_dir if name != str(model_dir) else name), faults)
+        config = {
+            "gpus": [{"cuda_index": g.cuda_index, "nvml_index": g.nvml_index} for g in used],
+            "utilization": plan.utilization,
+            "plan": dataclasses.asdict(plan),
+            "shutdown_timeout": int(args.shutdown_timeout or 0),
+            "load_seconds": load_seconds,
+            "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
+            "num_gpu_blocks_override": args.num_gpu_blocks_override,
+            "model_error": model_error,
+            "load_error": load_error,
+        }
+        self.core = EngineCoreClient(config)
+        ready = self.core.wait_ready()
+        plan.max_model_len = int(ready["max_model_len"])
+        plan.num_blocks = int(ready["num_blocks"])
+        plan.available_kv = int(ready["available_kv"])
+        plan.requested = int(ready["requested"])
+        return self._serve(server, url, plan, served_names, name, faults)
 
     # -- serving -----------------------------------------------------------------------
     def _serve(
         self,
-        server: object,
+        server: ThreadingHTTPServer,
         url: str,
         plan: memory.Plan,
-        served: str,
+        served_names: list[str],
         root: str,
         faults: faults_mod.Faults,
     ) -> int:
         args = self.args
-        assert plan.max_model_len is not None
+        core = self.core
+        assert core is not None and plan.max_model_len is not None
         engine = Engine(
             num_blocks=plan.num_blocks,
             block_size=plan.block_size,
@@ -192,9 +208,6 @@ class Serve:
             ),
         )
         engine.hung = faults.hang_after_load
-        keys = list(args.api_key or [])
-        if not keys and os.environ.get("VLLM_API_KEY"):
-            keys = [os.environ["VLLM_API_KEY"]]
         cache_info = {
             "block_size": str(plan.block_size),
             "cache_dtype": str(args.kv_cache_dtype),
@@ -203,18 +216,34 @@ class Serve:
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(plan.num_blocks),
         }
-        app = App(engine, served, root, plan.max_model_len, keys, cache_info,
-                  access_log=not args.disable_uvicorn_access_log)  # fmt: skip
-        from http.server import ThreadingHTTPServer
 
-        assert isinstance(server, ThreadingHTTPServer)
-        start_serving(server, app)
+        def waiting() -> float:
+            with engine.cond:
+                return float(len(engine.waiting))
+
+        def running() -> float:
+            with engine.cond:
+                return float(len(engine.running))
+
+        engine.metrics = Metrics(served_names[0], plan.max_model_len, cache_info, running, waiting, engine.kv_usage)
+        keys = list(args.api_key or [])
+        if not keys and os.environ.get("VLLM_API_KEY"):
+            keys = [os.environ["VLLM_API_KEY"]]
+        app = App(engine, served_names, root, plan.max_model_len, keys,
+                  access_log=not args.disable_uvicorn_access_log,
+                  load_tracking=bool(args.enable_server_load_tracking))  # fmt: skip
+        core.monitor(engine.kill)
+        signal.signal(signal.SIGTERM, self.stop.handler)
+        signal.signal(signal.SIGINT, self.stop.handler)
         logger.info("Starting vLLM server on %s", url)
+        start_serving(server, app)
         logger.info("Application startup complete.")
         ready_at = time.monotonic()
 
         watchdog = _env_float("FLEET_LAB_WATCHDOG_SECONDS", 5.0)
+        execute_timeout = _env_float("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0)
         crash_at = ready_at + faults.crash_after_seconds if faults.crash_after_seconds is not None else None
+        fatal_sent = False
         dead_since: float | None = None
         next_fault_read = time.monotonic() + 1.0
         while True:
@@ -227,62 +256,48 @@ class Serve:
                 engine.hung = current.hang_after_load
                 if crash_at is None and current.crash_after_seconds is not None:
                     crash_at = now + current.crash_after_seconds
-            if dead_since is None:
-                if crash_at is not None and now >= crash_at:
-                    logger.error("EngineCore encountered a fatal error (fault injected by the fleet lab).")
-                    engine.kill()
-                    dead_since = now
-                for w in self.workers:
-                    if not w.alive():
-                        logger.error("Worker proc VllmWorker-%d died unexpectedly, shutting down executor.", w.rank)
-                        engine.kill()
-                        dead_since = now
-                        break
-            elif now - dead_since >= watchdog:
-                logger.error("Engine core is dead; the API server shuts down (watchdog).")
+            if not fatal_sent and crash_at is not None and now >= crash_at:
+                core.inject_fatal("RuntimeError", "CUDA error: an illegal memory access was encountered "
+                                                  "(fault injected by the fleet lab)")  # fmt: skip
+                fatal_sent = True
+            # MultiprocExecutor.collective_rpc waits VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS for a
+            # step; UniProcExecutor (TP 1) has no such timeout and stays hung.
+            if not fatal_sent and plan.tp * plan.pp > 1 and engine.oldest_running_seconds() > execute_timeout:
+                core.inject_fatal("TimeoutError", "RPC call to execute_model timed out.")
+                fatal_sent = True
+            if dead_since is None and engine.dead:
+                dead_since = now
+            if dead_since is not None and now - dead_since >= watchdog:
+                # terminate_if_errored only sets server.should_exit: the process then leaves
+                # serve_http and run_server normally, and exits 0.
+                logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
                 server.shutdown()
                 server.server_close()
-                self._stop_workers()
-                sys.stderr.write("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
-                return 1
+                core.shutdown(0)
+                return 0
 
-    def _shutdown(self, server: object, app: App) -> int:
-        from http.server import ThreadingHTTPServer
-
-        assert isinstance(server, ThreadingHTTPServer)
+    def _shutdown(self, server: ThreadingHTTPServer, app: App) -> int:
+        core = self.core
+        assert core is not None
         timeout = int(self.args.shutdown_timeout or 0)
-        mode = "drain" if timeout > 0 else "abort"
-        logger.info("[shutdown] API server: stopping engine client mode=%s timeout=%ds", mode, timeout)
-        app.shutting_down = True
+        mode = "abort" if timeout == 0 else "drain"
+        logger.info("[shutdown] API server: stopping engine client mode=%s timeout=%ss", mode, timeout)
         app.engine.rejecting = True
-        if timeout > 0:
-            logger.info("[shutdown] Engine core: draining %d in-flight request(s)", app.engine.in_flight())
-            deadline = time.monotonic() + timeout
-            self.stop.count = 1
-            while time.monotonic() < deadline and self.stop.count < 2:
-                if app.wait_idle(0.1):
-                    break
-                dead = [w for w in self.workers if not w.alive()]
-                if dead:  # e.g. KillMode=control-group: the workers got SIGTERM too
-                    logger.error("Worker proc VllmWorker-%d died unexpectedly during drain.", dead[0].rank)
-                    app.engine.kill()
-                    break
-        remaining = app.engine.abort_all()
-        if remaining:
-            logger.info("[shutdown] Engine core: aborted %d unfinished request(s)", remaining)
-        else:
-            logger.info("[shutdown] Engine core: no unfinished requests")
+        if timeout == 0:
+            aborted = app.engine.abort_all()
+            if aborted:
+                logger.info("[shutdown] EngineCore: aborting in-flight requests count=%d", aborted)
+        core.shutdown(timeout, unfinished=app.engine.in_flight)
+        if app.engine.in_flight():
+            app.engine.kill()  # force-killed at the deadline: what was left fails
+        app.client_stopped = True
+        logger.info("[shutdown] API server: engine client stopped")
+        logger.info("[shutdown] API server: signalling HTTP server shutdown")
         app.wait_idle(2.0)
         server.shutdown()
         server.server_close()
-        self._stop_workers()
-        logger.info("[shutdown] Workers stopped; shutdown complete")
+        logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
         return 0
-
-    def _stop_workers(self) -> None:
-        for w in self.workers:
-            w.stop()
-        self.workers = []
 
 
 def serve(args: argparse.Namespace, defaults: dict[str, object]) -> int:

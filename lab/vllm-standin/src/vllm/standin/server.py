@@ -3,11 +3,25 @@
 Readiness like vLLM (vllm.md §4.1): the socket is bound at start but ``listen()`` is only called
 once the engine is loaded, so connections are refused while loading; there is no "loading" 503.
 
-Endpoints (§4.2): ``/health`` and ``/ping`` (200 empty; 503 once the engine is dead or the
-server is shutting down), ``/version``, ``/load``, ``/metrics``, ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions`` (also ``"stream": true``). API keys
-(``--api-key`` or ``$VLLM_API_KEY``) are enforced only on ``/v1``, ``/v2``, ``/inference`` and
-``/cohere`` paths: ``401 {"error":"Unauthorized"}``. Keys are never logged.
+Endpoints, as vLLM 0.33.0 answers them:
+
+* ``/health``, ``/ping``: 200 empty, 503 once the engine is dead (``health.py``:
+  ``engine_client.check_health()`` raises ``EngineDeadError``). During a ``--shutdown-timeout``
+  drain it stays 200: only the engine client's shutdown makes it fail.
+* ``/v1/models``: one card per served name, ``root`` = the model argument as given
+  (``BaseModelPath(name=name, model_path=args.model)`` in
+  ``entrypoints/launchers/api_server/app_state.py``; ``show_available_models`` in
+  ``entrypoints/openai/models/serving.py``).
+* ``/load``: ``{"server_load": n}``, counted only with ``--enable-server-load-tracking``
+  (``load_aware_call`` in ``entrypoints/serve/utils/api_utils.py``), else always 0.
+* ``/v1/completions`` and ``/v1/chat/completions`` (also ``"stream": true``); without
+  ``max_tokens`` a completion gets 16 (``CompletionRequest``), a chat the rest of the context,
+  ``max_model_len − prompt tokens`` (``get_max_tokens`` in ``api_utils.py``). An aborted request
+  (shutdown) is a finished answer with ``finish_reason: "abort"``: HTTP 200 when not streaming.
+* ``/version``, ``/metrics`` (prometheus_client exposition).
+
+API keys (``--api-key`` or ``$VLLM_API_KEY``) are enforced only on ``/v1``, ``/v2``,
+``/inference`` and ``/cohere`` paths: ``401 {"error":"Unauthorized"}``. Keys are never logged.
 """
 
 from __future__ import annotations
@@ -25,15 +39,11 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from vllm.standin import metrics
-from vllm.standin.engine import Engine, EngineDeadError, EngineShuttingDown, RequestAborted, count_tokens
+from vllm.standin.engine import Engine, EngineDeadError, RequestAborted, count_tokens
 from vllm.standin.log import logger
 from vllm.version import __version__
 
 PROTECTED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
-#: Chat requests without ``max_tokens`` get at most this many tokens (vLLM would allow up to the
-#: context length; the lab keeps answers short so tests stay fast).
-CHAT_DEFAULT_MAX_TOKENS = 64
 #: vLLM's ``CompletionRequest.max_tokens`` default.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -44,27 +54,29 @@ class App:
     def __init__(
         self,
         engine: Engine,
-        served_name: str,
+        served_names: list[str],
         root: str,
         max_model_len: int,
         api_keys: list[str],
-        cache_info: dict[str, str],
         access_log: bool,
+        load_tracking: bool = False,
     ) -> None:
         self.engine = engine
-        self.served_name = served_name
+        self.served_names = served_names
+        self.served_name = served_names[0]
         self.root = root
         self.max_model_len = max_model_len
         self.api_keys = api_keys
-        self.cache_info = cache_info
         self.access_log = access_log
+        self.load_tracking = load_tracking
+        self.server_load = 0
         self.created = int(time.time())
-        self.shutting_down = False
+        self.client_stopped = False
         self.active = 0
         self.active_lock = threading.Condition()
 
     def healthy(self) -> bool:
-        return not (self.engine.dead or self.shutting_down)
+        return not (self.engine.dead or self.client_stopped)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until no generation request is being handled; ``False`` on timeout."""
@@ -145,7 +157,7 @@ class Handler(BaseHTTPRequestHandler):
             ("GET", "/ping"): self._health,
             ("POST", "/ping"): self._health,
             ("GET", "/version"): lambda: self._json(200, {"version": __version__}),
-            ("GET", "/load"): lambda: self._json(200, {"server_load": self.app.engine.in_flight()}),
+            ("GET", "/load"): lambda: self._json(200, {"server_load": self.app.server_load}),
             ("GET", "/metrics"): self._metrics,
             ("GET", "/v1/models"): self._models,
             ("POST", "/v1/completions"): lambda: self._generate(chat=False),
@@ -163,12 +175,17 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200 if self.app.healthy() else 503)
 
     def _metrics(self) -> None:
-        text = metrics.render(self.app.engine, self.app.served_name, self.app.cache_info)
-        self._send(200, text.encode(), metrics.CONTENT_TYPE)
+        from vllm.standin.metrics import CONTENT_TYPE
+
+        assert self.app.engine.metrics is not None
+        self._send(200, self.app.engine.metrics.render(), CONTENT_TYPE)
 
     def _models(self) -> None:
-        card = {
-            "id": self.app.served_name,
+        self._json(200, {"object": "list", "data": [self._card(name) for name in self.app.served_names]})
+
+    def _card(self, name: str) -> dict[str, Any]:
+        return {
+            "id": name,
             "object": "model",
             "created": self.app.created,
             "owned_by": "vllm",
@@ -192,12 +209,13 @@ class Handler(BaseHTTPRequestHandler):
                 }
             ],
         }
-        self._json(200, {"object": "list", "data": [card]})
 
     # -- generation --------------------------------------------------------------------
     def _generate(self, chat: bool) -> None:
         with self.app.active_lock:
             self.app.active += 1
+            if self.app.load_tracking:
+                self.app.server_load += 1
         try:
             self._generate_inner(chat)
         except (BrokenPipeError, ConnectionResetError):
@@ -205,6 +223,8 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             with self.app.active_lock:
                 self.app.active -= 1
+                if self.app.load_tracking:
+                    self.app.server_load -= 1
                 self.app.active_lock.notify_all()
 
     def _generate_inner(self, chat: bool) -> None:
@@ -214,7 +234,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, _error(f"Invalid request body: {exc}", "BadRequestError", 400))
             return
         model = body.get("model")
-        if model not in (None, self.app.served_name):
+        if model is not None and model not in self.app.served_names:
             self._json(404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
             return
         if chat:
@@ -236,8 +256,8 @@ class Handler(BaseHTTPRequestHandler):
         for text in prompts:
             prompt_tokens = count_tokens(text)
             if max_tokens is None:
-                wanted = COMPLETION_DEFAULT_MAX_TOKENS if not chat else CHAT_DEFAULT_MAX_TOKENS
-                wanted = max(0, min(wanted, self.app.max_model_len - prompt_tokens))
+                model_max = self.app.max_model_len - prompt_tokens
+                wanted = max(0, model_max if chat else min(COMPLETION_DEFAULT_MAX_TOKENS, model_max))
             else:
                 wanted = int(max_tokens)
             if prompt_tokens + wanted > self.app.max_model_len:
@@ -255,9 +275,6 @@ class Handler(BaseHTTPRequestHandler):
             limits.append(wanted)
         try:
             requests = [self.app.engine.new_request(text, n) for text, n in zip(prompts, limits, strict=True)]
-        except EngineShuttingDown as exc:
-            self._json(503, _error(str(exc), "ServiceUnavailableError", 503))
-            return
         except EngineDeadError as exc:
             self._json(500, _error(str(exc), "EngineDeadError", 500))
             return
@@ -268,15 +285,18 @@ class Handler(BaseHTTPRequestHandler):
             return
         choices = []
         for index, req in enumerate(requests):
+            tokens: list[str] = []
+            finish = "length"
             try:
-                text = "".join(self.app.engine.generate(req))
+                for token in self.app.engine.generate(req):
+                    tokens.append(token)
             except RequestAborted:
-                self._json(503, _error("The request was aborted: the server is shutting down.", "AbortedError", 503))
-                return
+                finish = "abort"
             except EngineDeadError as exc:
                 self._json(500, _error(str(exc), "EngineDeadError", 500))
                 return
-            choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": "length", "stop_reason": None}
+            text = "".join(tokens)
+            choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish, "stop_reason": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text, "tool_calls": []}
             else:
@@ -290,7 +310,7 @@ class Handler(BaseHTTPRequestHandler):
                 "id": rid,
                 "object": kind,
                 "created": int(time.time()),
-                "model": self.app.served_name,
+                "model": model or self.app.served_name,
                 "choices": choices,
                 "usage": {
                     "prompt_tokens": prompt_total,

@@ -1,51 +1,54 @@
-"""GPU worker processes: one per TP×PP rank, each "holding" its GPU's memory.
+"""GPU workers: the part of vLLM that holds GPU memory, in-process (TP 1) or one process per rank.
 
-A worker holds memory by writing ``<its pid>.mem`` (one line ``<nvml_index> <bytes>``) into the
+Like vLLM 0.33.0's executors (``vllm/config/parallel.py`` picks ``uni`` when the world size is
+1, ``mp`` otherwise):
+
+* **TP×PP = 1** (``UniProcExecutor``): the worker lives inside the ``VLLM::EngineCore`` process,
+  so the engine core's pid is the one NVML lists as holding the GPU.
+* **TP×PP > 1** (``MultiprocExecutor``, ``vllm/v1/executor/multiproc_executor.py``): one process
+  per rank, titled ``VLLM::Worker_TP<rank>`` (``WorkerProc.setup_proc_title_and_log_prefix``),
+  child of the engine core. Each watches the engine core through a *death pipe*
+  (``monitor_death_pipe``): when the engine core dies the pipe reaches EOF and the worker exits.
+  A worker raises ``SystemExit`` on its own SIGTERM (``WorkerProc.worker_main``'s
+  ``signal_handler``).
+
+A worker "holds" memory by writing ``<pid>.mem`` (one line ``<nvml_index> <bytes>``) into the
 NVML shim's live-state directory (``$FLEET_NVML_STATE_DIR``, default ``/run/fleet-lab/nvml``);
-the shim counts the file as used memory and a compute process while the pid is alive. The file
-is replaced atomically (temp name, then rename) and removed when the worker exits normally. A
-SIGKILLed worker leaves a stale file that the shim ignores because the pid is dead.
+the shim counts it as used memory and a compute process while the pid is alive. The file is
+replaced atomically and removed when the worker exits normally; a SIGKILLed worker leaves a
+stale file that the shim ignores (dead pid).
 
-Like vLLM's multiprocessing workers:
+Memory follows ``Worker.init_device`` (``vllm/v1/worker/gpu_worker.py``): CUDA context, NCCL
+(TP > 1) and cuBLAS handles first, then the snapshot and ``request_memory``; then the weights;
+then the KV cache up to the requested budget.
 
-* a worker checks its own GPU's free memory at init (vLLM's ``request_memory``);
-* a worker exits at once on its own SIGTERM (``SystemExit``), releasing its memory;
-* a worker does **not** watch its parent: if the API server is SIGKILLed the workers stay, as
-  orphans that keep the GPU memory (vllm#55510). That is what systemd ``KillMode`` must handle.
-
-Parent and worker talk over the worker's stdin/stdout, one JSON object per line.
+The engine core talks to a worker process over the worker's stdin/stdout, one JSON object a line.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from vllm.standin import gpus, log
-from vllm.standin.log import StartupError
+from vllm.standin import gpus, log, memory
+from vllm.standin.log import StartupError, logger
+from vllm.standin.proctitle import set_process_title
 
 DEFAULT_STATE_DIR = "/run/fleet-lab/nvml"
 
 
 def state_dir() -> Path:
     return Path(os.environ.get("FLEET_NVML_STATE_DIR") or DEFAULT_STATE_DIR)
-
-
-def _set_comm(name: str) -> None:
-    """Set the kernel thread name (what ``ps -o comm`` shows), as vLLM's setproctitle does."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 class MemFile:
@@ -66,88 +69,153 @@ class MemFile:
             self.path.unlink()
 
 
+class GpuMemory:
+    """One rank's GPU memory, held by the current process."""
+
+    def __init__(self, rank: int, cuda_index: int, nvml_index: int, utilization: float, world_size: int) -> None:
+        self.rank = rank
+        self.cuda_index = cuda_index
+        self.nvml_index = nvml_index
+        self.utilization = utilization
+        self.baseline = memory.baseline_bytes(world_size)
+        self.mem = MemFile(state_dir(), nvml_index)
+        self.requested = 0
+        self.total = 0
+
+    def init_device(self) -> int:
+        """Context + NCCL + cuBLAS, then the snapshot and ``request_memory``; the requested bytes."""
+        pynvml = gpus.nvml_init()
+        self.mem.hold(self.baseline)
+        gpu = gpus.gpu_info(pynvml, self.nvml_index, self.cuda_index)
+        self.total = gpu.total
+        self.requested = memory.check_free_memory(gpu, self.utilization)
+        return self.requested
+
+    def load_weights(self, weights: int) -> None:
+        self.mem.hold(self.baseline + min(weights, self.requested))
+
+    def allocate(self, nbytes: int) -> None:
+        """The KV cache is allocated: the process holds its baseline plus ``nbytes``."""
+        self.mem.hold(self.baseline + nbytes)
+
+    def release(self) -> None:
+        self.mem.release()
+
+
+# -- the worker process (TP×PP > 1) -------------------------------------------------------------
+
+
 def _send(out: IO[str], message: dict[str, Any]) -> None:
     out.write(json.dumps(message) + "\n")
     out.flush()
+
+
+def _watch_death_pipe(fd: int, gpu: GpuMemory) -> None:
+    """``WorkerProc.monitor_death_pipe``: block on the pipe; EOF means the engine core is gone."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 1):
+            pass
+    logger.info("Parent process exited, terminating worker queues")
+    gpu.release()
+    os._exit(0)
 
 
 def worker_main(argv: list[str] | None = None) -> int:
     """Entry point of a worker process (``python -m vllm.standin.worker``)."""
     parser = argparse.ArgumentParser(prog="vllm-worker")
     parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--cuda-index", type=int, required=True)
     parser.add_argument("--nvml-index", type=int, required=True)
     parser.add_argument("--utilization", type=float, required=True)
-    parser.add_argument("--weights", type=int, required=True)
+    parser.add_argument("--death-fd", type=int, required=True)
     opts = parser.parse_args(argv)
 
-    name = f"VllmWorker TP{opts.rank}"
-    logger = log.setup(name)
-    _set_comm(f"VLLM::Worker_TP{opts.rank}")
-    mem = MemFile(state_dir(), opts.nvml_index)
+    name = f"Worker_TP{opts.rank}"
+    log.setup(name)
+    set_process_title(name)
+    gpu = GpuMemory(opts.rank, opts.cuda_index, opts.nvml_index, opts.utilization, opts.world_size)
+    shutdown_requested = threading.Event()
 
-    def on_sigterm(signum: int, frame: object) -> None:
-        raise SystemExit(0)
+    def on_signal(signum: int, frame: object) -> None:
+        if not shutdown_requested.is_set():
+            shutdown_requested.set()
+            raise SystemExit()
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=_watch_death_pipe, args=(opts.death_fd, gpu), daemon=True,
+                     name="DeathPipeMonitor").start()  # fmt: skip
     out = sys.stdout
     try:
-        try:
-            pynvml = gpus.nvml_init()
-            gpu = gpus.gpu_info(pynvml, opts.nvml_index, opts.cuda_index)
-            from vllm.standin.memory import check_free_memory
-
-            requested = check_free_memory(gpu, opts.utilization)
-        except StartupError as err:
-            _send(out, {"error": err.kind, "message": err.message})
-            return 1
-        mem.hold(min(opts.weights, requested))  # weights arrive first
-        _send(out, {"ok": True, "pid": os.getpid(), "requested": requested, "total": gpu.total})
-        logger.info("Worker rank %d on cuda:%d (NVML %d, %s)", opts.rank, gpu.cuda_index, gpu.nvml_index, gpu.name)
         for line in sys.stdin:
             command = json.loads(line)
-            if command.get("cmd") == "allocate":
-                mem.hold(int(command["bytes"]))
-                _send(out, {"ok": True})
-            elif command.get("cmd") == "exit":
-                return 0
-        # stdin closed: the parent is gone. vLLM's workers do not notice; neither do we.
+            cmd = command.get("cmd")
+            try:
+                if cmd == "init":
+                    requested = gpu.init_device()
+                    _send(out, {"ok": True, "requested": requested, "total": gpu.total})
+                elif cmd == "load":
+                    gpu.load_weights(int(command["weights"]))
+                    _send(out, {"ok": True})
+                elif cmd == "allocate":
+                    logger.info("Available KV cache memory: %s GiB", memory.format_gib(int(command["available"])))
+                    gpu.allocate(int(command["bytes"]))
+                    _send(out, {"ok": True})
+            except StartupError as err:
+                logger.error("WorkerProc failed to start.")
+                log.print_startup_error(err)
+                _send(out, {"error": err.kind, "message": err.message})
+                return 1
+        # stdin closed without the death pipe closing: wait for the death pipe or a signal.
         while True:
-            signal.pause()
+            time.sleep(3600)
     finally:
-        mem.release()
+        gpu.release()
 
 
 class WorkerHandle:
-    """The API server's side of one worker process."""
+    """The engine core's side of one worker process."""
 
-    def __init__(self, rank: int, gpu: gpus.Gpu, utilization: float, weights: int) -> None:
+    def __init__(self, rank: int, world_size: int, gpu: gpus.Gpu, utilization: float) -> None:
         self.rank = rank
         self.gpu = gpu
+        death_read, self.death_write = os.pipe()
         self.proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "vllm.standin.worker",
                 f"--rank={rank}",
+                f"--world-size={world_size}",
                 f"--cuda-index={gpu.cuda_index}",
                 f"--nvml-index={gpu.nvml_index}",
                 f"--utilization={utilization}",
-                f"--weights={weights}",
+                f"--death-fd={death_read}",
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             bufsize=1,
+            pass_fds=(death_read,),
         )
-        self.requested = 0
+        os.close(death_read)  # the worker holds the read end; we keep the write end until we die
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
-    def _reply(self, timeout: float) -> dict[str, Any]:
-        assert self.proc.stdout is not None
+    @property
+    def name(self) -> str:
+        return f"VllmWorker-{self.rank}"
+
+    def call(self, message: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(message) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line:
@@ -157,18 +225,6 @@ class WorkerHandle:
         if "error" in reply:
             raise StartupError(str(reply["error"]), str(reply["message"]))
         return reply
-
-    def wait_ready(self, timeout: float = 60.0) -> int:
-        """Wait for the worker's init; returns the bytes it requested (raises its error)."""
-        reply = self._reply(timeout)
-        self.requested = int(reply["requested"])
-        return self.requested
-
-    def allocate(self, nbytes: int) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": "allocate", "bytes": nbytes}) + "\n")
-        self.proc.stdin.flush()
-        self._reply(30.0)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -188,6 +244,8 @@ class WorkerHandle:
             with contextlib.suppress(Exception):
                 if stream is not None:
                     stream.close()
+        with contextlib.suppress(OSError):
+            os.close(self.death_write)
 
 
 if __name__ == "__main__":
