@@ -53,10 +53,24 @@ out = []
 for i in range(N.nvmlDeviceGetCount()):
     h = N.nvmlDeviceGetHandleByIndex(i)
     m = N.nvmlDeviceGetMemoryInfo(h)
+    v2 = N.nvmlDeviceGetMemoryInfo(h, version=N.nvmlMemory_v2)
     procs = {p.pid: p.usedGpuMemory for p in N.nvmlDeviceGetComputeRunningProcesses(h)}
-    out.append({"total": m.total, "used": m.used, "free": m.free, "procs": procs})
+    out.append({"total": m.total, "used": m.used, "free": m.free, "procs": procs,
+                "reserved": v2.reserved, "v2_free": v2.free})
 print(json.dumps(out))
 """
+#: A CUDA context on an H100/H200 with driver 580 (measured through NVML as process memory).
+CUDA_CONTEXT = 527 * 1024**2
+
+
+def cuda_total(gpu: dict[str, Any]) -> int:
+    """What ``cudaMemGetInfo`` calls total: NVML's total less the driver's reserve (v2)."""
+    return int(gpu["total"]) - int(gpu["reserved"])
+
+
+def gib(nbytes: float) -> str:
+    """vLLM's ``format_gib``."""
+    return f"{round(nbytes / GiB, 2)}"
 
 
 # ---- environment ------------------------------------------------------------------------------
@@ -156,7 +170,25 @@ class Server:
         raise AssertionError(f"not ready after {timeout}s:\n{self.log()}")
 
     def workers(self) -> list[int]:
+        """The API server's child processes (the engine core)."""
         return children(self.proc.pid)
+
+    def tree(self) -> dict[int, str]:
+        """Every descendant of the API server: pid → process title (``/proc/<pid>/cmdline``)."""
+        found: dict[int, str] = {}
+        todo = [self.proc.pid]
+        while todo:
+            for pid in children(todo.pop()):
+                found[pid] = title(pid)
+                todo.append(pid)
+        return found
+
+
+def title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().strip()
+    except OSError:
+        return ""
 
 
 def children(pid: int) -> list[int]:
@@ -308,6 +340,20 @@ def _refused(server: Server) -> str:
     return log
 
 
+def _engine_core_refused(server: Server) -> str:
+    """A refusal met in the engine core: vLLM logs the root cause there, then the API server
+    ends with ``RuntimeError: Engine core initialization failed`` (``wait_for_engine_startup``,
+    ``vllm/v1/engine/utils.py``), exit 1."""
+    assert server.wait_exit() == 1
+    log = server.log()
+    assert not server.workers()
+    assert "EngineCore failed to start." in log
+    assert log.rstrip().splitlines()[-1] == (
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}"
+    )
+    return log
+
+
 def test_max_model_len_above_model_limit(run: Callable[..., Server]) -> None:
     # --disable-log-requests is 0.33.0's inverse of --enable-log-requests: accepted, so we get
     # past parsing to the config check.
@@ -334,17 +380,17 @@ def test_tp_must_divide_heads(run: Callable[..., Server]) -> None:
 
 
 def test_tp_must_divide_kv_heads(run: Callable[..., Server]) -> None:
-    log = _refused(run("fleetlab/odd-heads", "-tp", "5", "--max-model-len", "4096"))
-    assert log.rstrip().endswith("AssertionError: 8 is not divisible by 5")
+    log = _engine_core_refused(run("fleetlab/odd-heads", "-tp", "5", "--max-model-len", "4096"))
+    assert "\nAssertionError: 8 is not divisible by 5\n" in log
 
 
 def test_weights_do_not_fit(run: Callable[..., Server]) -> None:
-    log = _refused(run(LLAMA_70B, profile="a10-1"))
+    log = _engine_core_refused(run(LLAMA_70B, profile="a10-1"))
     assert "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`" in log
 
 
 def test_max_model_len_does_not_fit_and_estimate_is_right(run: Callable[..., Server]) -> None:
-    log = _refused(run(LLAMA_8B, profile="a10-1"))
+    log = _engine_core_refused(run(LLAMA_8B, profile="a10-1"))
     match = re.search(
         r"To serve at least one request with the model's max seq len \(131072\), \((\d+\.\d+) GiB KV cache is needed, "
         r"which is larger than the available KV cache memory \((\d+\.\d+) GiB\)\. Based on the available memory, "
@@ -362,22 +408,48 @@ def test_max_model_len_does_not_fit_and_estimate_is_right(run: Callable[..., Ser
     assert "GPU KV cache size:" in ok.log()
     ok.proc.send_signal(signal.SIGTERM)
     assert ok.wait_exit() == 0
-    too_long = _refused(run(LLAMA_8B, "--max-model-len", str(estimate + 16), profile="a10-1"))
+    too_long = _engine_core_refused(run(LLAMA_8B, "--max-model-len", str(estimate + 16), profile="a10-1"))
     assert f"estimated maximum model length is {estimate}." in too_long
 
 
+FREE_MEMORY_RE = re.compile(
+    r"ValueError: Free memory on device cuda:0 \((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than "
+    r"desired GPU memory utilization \(([0-9.]+), (\d+(?:\.\d+)?) GiB\)\. Decrease GPU memory utilization or "
+    r"reduce GPU memory used by other processes\."
+)
+
+
 def test_second_instance_on_same_gpu_lacks_free_memory(lab: Lab, run: Callable[..., Server]) -> None:
+    """``request_memory`` (``vllm/v1/worker/utils.py``): ``ceil(total × util)`` against free memory,
+    both as CUDA reports them (total = NVML total − the driver's reserve, NVML v2)."""
     first = run(LLAMA_8B, "--max-model-len", "8192", profile="a10-1", wait=True)
     gpu = nvml(lab, first, "a10-1")[0]
     second = run(LLAMA_8B, "--max-model-len", "8192", "--gpu-memory-utilization", "0.5", profile="a10-1")
-    log = _refused(second)
-    requested = math.ceil(gpu["total"] * 0.5)
-    assert (
-        f"ValueError: Free memory on device cuda:0 ({gpu['free'] / GiB:.2f}/{gpu['total'] / GiB:.2f} GiB) on startup "
-        f"is less than desired GPU memory utilization (0.5, {requested / GiB:.2f} GiB). Decrease GPU memory "
-        "utilization or reduce GPU memory used by other processes."
-    ) in log
+    log = _engine_core_refused(second)
+    match = FREE_MEMORY_RE.search(log)
+    assert match, log
+    requested = math.ceil(cuda_total(gpu) * 0.5)
+    assert (match[2], match[3], match[4]) == (gib(cuda_total(gpu)), "0.5", gib(requested))
+    # Free memory is measured after the second engine core's own CUDA context exists.
+    assert float(match[1]) * GiB <= gpu["v2_free"] - CUDA_CONTEXT + 0.01 * GiB
     assert first.proc.poll() is None
+
+
+def test_free_memory_is_measured_after_the_cuda_context(lab: Lab, run: Callable[..., Server]) -> None:
+    """vLLM takes its memory snapshot after the worker's CUDA context, NCCL and cuBLAS exist
+    (``Worker.init_device``, ``vllm/v1/worker/gpu_worker.py``): a utilization that fits the free
+    memory seen before start, but not once the context (527 MiB) is there, is refused."""
+    first = run(LLAMA_8B, "--max-model-len", "8192", "--gpu-memory-utilization", "0.5", wait=True)
+    gpu = nvml(lab, first)[0]
+    total = cuda_total(gpu)
+    # Fits what NVML shows free now by 100 MiB; does not fit once a context is subtracted.
+    util = math.floor((gpu["v2_free"] - 100 * 1024**2) / total * 10_000) / 10_000
+    assert math.ceil(total * util) <= gpu["v2_free"]
+    log = _engine_core_refused(run(LLAMA_8B, "--max-model-len", "1024", "--gpu-memory-utilization", str(util)))
+    match = FREE_MEMORY_RE.search(log)
+    assert match, log
+    assert match[3] == str(util)
+    assert float(match[1]) * GiB < gpu["v2_free"] - CUDA_CONTEXT + 0.01 * GiB
 
 
 # ---- serving ----------------------------------------------------------------------------------
@@ -407,9 +479,10 @@ def test_readiness_endpoints_metrics_and_gpu_memory(lab: Lab, run: Callable[...,
     card = json.loads(body)["data"][0]
     assert status == 200
     assert (card["id"], card["max_model_len"], card["owned_by"]) == ("llama-8b", 32768, "vllm")
-    assert card["root"].endswith("snapshots/0123456789abcdef")
+    assert card["root"] == LLAMA_8B  # the model argument as given
 
     metrics0 = http(server.url + "/metrics")[1].decode()
+    assert_parses(metrics0)
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
@@ -454,22 +527,25 @@ def test_readiness_endpoints_metrics_and_gpu_memory(lab: Lab, run: Callable[...,
     assert metric(metrics1, "vllm:request_success_total", finished_reason="length") == 4
     assert metric(metrics1, "vllm:time_to_first_token_seconds_count") == 4
 
-    # GPU memory, seen from another process through pynvml: the worker holds ceil(0.92 × total).
+    # GPU memory, seen from another process through pynvml. TP 1: the worker runs inside the
+    # engine core (UniProcExecutor), which holds its context plus ceil(0.92 × CUDA's total).
     gpus = nvml(lab, server)
     (worker,) = server.workers()
-    requested = math.ceil(gpus[0]["total"] * 0.92)
-    assert gpus[0]["procs"] == {worker: requested}
+    assert title(worker) == "VLLM::EngineCore"
+    requested = math.ceil(cuda_total(gpus[0]) * 0.92)
+    held = gpus[0]["procs"][worker]
+    assert list(gpus[0]["procs"]) == [worker]
+    assert requested + CUDA_CONTEXT <= held < requested + GiB
+    assert "Available KV cache memory: " in server.log()
     assert gpus[0]["free"] == gpus[0]["total"] - gpus[0]["used"]
-    assert gpus[0]["used"] >= requested
     assert all(not g["procs"] for g in gpus[1:])
     print(f"\nstart-to-ready {ready_after:.2f}s (load {1.5}s); 7-token completion {latency * 1000:.0f} ms")
 
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait_exit() == 0
     after = nvml(lab, server)
-    assert not after[0]["procs"] and after[0]["used"] == gpus[0]["used"] - requested
-    assert not alive(worker)
-    assert not list(server.state_dir.glob("*.mem"))
+    assert not after[0]["procs"] and after[0]["used"] == gpus[0]["used"] - held
+    assert not alive(worker)  # --shutdown-timeout 0: the engine core is SIGKILLed at once (stale .mem, dead pid)
 
 
 def test_streaming_and_uuid_selection(lab: Lab, run: Callable[..., Server]) -> None:
@@ -516,42 +592,75 @@ def _running(server: Server) -> float:
     return metric(http(server.url + "/metrics")[1].decode(), "vllm:num_requests_running")
 
 
-def test_sigterm_drains_with_timeout_and_aborts_without(lab: Lab, run: Callable[..., Server]) -> None:
-    env = {"FLEET_LAB_TOKEN_SECONDS": "0.02"}
-    drain = run(LLAMA_8B, "--max-model-len", "4096", "--shutdown-timeout", "20", env=env)
-    abort = run(LLAMA_8B, "--max-model-len", "4096", env={**env, "CUDA_VISIBLE_DEVICES": "1"})
-    drain.wait_ready()
-    abort.wait_ready()
-    drained: list[Any] = []
-    aborted: list[Any] = []
-    threads = [_slow_request(drain, 100, drained), _slow_request(abort, 100, aborted)]
-    assert wait_for(lambda: _running(drain) == 1 and _running(abort) == 1)
+def _late(server: Server) -> tuple[int, Any]:
+    status, body, _ = http(server.url + "/v1/completions", {"prompt": "late", "max_tokens": 5}, timeout=5)
+    return status, json.loads(body)
+
+
+def test_drain_keeps_health_and_finishes_new_requests_as_aborts(lab: Lab, run: Callable[..., Server]) -> None:
+    """``serve_http``'s shutdown (``vllm/entrypoints/launchers/launcher.py``) with a timeout > 0:
+    ``/health`` stays 200 while the engine client drains; a request that arrives meanwhile is
+    finished at once as an abort (``EngineCore._reject_add_in_shutdown``,
+    ``vllm/v1/engine/core.py``): HTTP 200 with ``finish_reason: "abort"``, not a 503; the
+    in-flight request completes; a second SIGTERM is ignored (``signal_handler`` returns when
+    the shutdown event is already set); exit 0."""
+    server = run(LLAMA_8B, "--max-model-len", "4096", "--shutdown-timeout", "20",
+                 env={"FLEET_LAB_TOKEN_SECONDS": "0.02"}, wait=True)  # fmt: skip
+    results: list[Any] = []
+    thread = _slow_request(server, 100, results)
+    assert wait_for(lambda: _running(server) == 1)
     t0 = time.monotonic()
-    drain.proc.send_signal(signal.SIGTERM)
-    abort.proc.send_signal(signal.SIGTERM)
-    # While draining, new requests are turned away.
-    time.sleep(0.2)
-    try:
-        status = http(drain.url + "/v1/completions", {"prompt": "late", "max_tokens": 1}, timeout=5)[0]
-    except OSError:
-        status = -1  # connection refused: equally "not accepted"
-    assert status in (503, -1)
-    for thread in threads:
-        thread.join(30)
-    assert drain.wait_exit() == 0 and abort.wait_exit() == 0
-    status, body, _ = drained[0]
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)  # ignored
+    assert health(server) == 200
+    status, late = _late(server)
+    assert status == 200 and late["choices"][0]["finish_reason"] == "abort"
+    assert late["usage"]["completion_tokens"] == 0
+    assert health(server) == 200
+    thread.join(30)
+    assert server.wait_exit() == 0
+    drain_s = time.monotonic() - t0
+    status, body, _ = results[0]
     assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 100
-    assert time.monotonic() - t0 >= 1.0  # it really waited for ~100 × 20 ms
-    assert isinstance(aborted[0], Exception) or aborted[0][0] != 200
-    assert "[shutdown] API server: stopping engine client mode=drain timeout=20s" in drain.log()
-    assert "[shutdown] API server: stopping engine client mode=abort timeout=0s" in abort.log()
-    assert "aborted 1 unfinished request(s)" in abort.log()
-    assert not list(drain.state_dir.glob("*.mem"))
+    assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+    assert drain_s >= 1.0  # it really waited for ~100 × 20 ms
+    log = server.log()
+    assert "[shutdown] API server: stopping engine client mode=drain timeout=20s" in log
+    assert log.count("[shutdown] API server: shutdown triggered") == 1
+    assert "[shutdown] EngineCore: start mode=drain timeout=20s" in log
+    assert "force killing" not in log
+    assert not list(server.state_dir.glob("*.mem"))
+    print(f"\ndrain of a 100-token request: SIGTERM to exit {drain_s:.2f}s")
 
 
-def test_drain_timeout_aborts_the_rest(run: Callable[..., Server]) -> None:
-    server = run(LLAMA_8B, "--max-model-len", "4096", "--shutdown-timeout", "1",
+def test_sigterm_without_timeout_aborts_in_flight(lab: Lab, run: Callable[..., Server]) -> None:
+    """``--shutdown-timeout 0`` (default): in-flight requests finish as aborts (HTTP 200,
+    ``finish_reason: "abort"``), then the engine core is killed without a grace period
+    (``get_engine_process_shutdown_timeout`` keeps 0, ``shutdown`` in ``vllm/v1/utils.py``)."""
+    server = run(LLAMA_8B, "--max-model-len", "4096", env={"FLEET_LAB_TOKEN_SECONDS": "0.02"}, wait=True)
+    results: list[Any] = []
+    thread = _slow_request(server, 100, results)
+    assert wait_for(lambda: _running(server) == 1)
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    thread.join(30)
+    assert server.wait_exit() == 0
+    print(f"\nabort mode: SIGTERM to exit {time.monotonic() - t0:.2f}s")
+    status, body, _ = results[0]
+    answer = json.loads(body)
+    assert status == 200 and answer["choices"][0]["finish_reason"] == "abort"
+    assert answer["usage"]["completion_tokens"] < 100
+    assert "[shutdown] API server: stopping engine client mode=abort timeout=0s" in server.log()
+    assert not any(g["procs"] for g in nvml(lab, server))
+
+
+def test_drain_deadline_force_kills_the_engine_core(lab: Lab, run: Callable[..., Server]) -> None:
+    """At the ``--shutdown-timeout`` deadline the process manager SIGKILLs the engine core's
+    process tree (``shutdown`` → ``kill_process_tree``); what was still running fails."""
+    server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", "--shutdown-timeout", "1",
                  env={"FLEET_LAB_TOKEN_SECONDS": "0.05"}, wait=True)  # fmt: skip
+    tree = server.tree()
     results: list[Any] = []
     thread = _slow_request(server, 1000, results)
     assert wait_for(lambda: _running(server) == 1)
@@ -561,40 +670,94 @@ def test_drain_timeout_aborts_the_rest(run: Callable[..., Server]) -> None:
     thread.join(10)
     assert 0.9 <= time.monotonic() - t0 < 10
     assert isinstance(results[0], Exception) or results[0][0] != 200
+    assert "[shutdown] Process manager: force killing remaining process EngineCore" in server.log()
+    assert not any(alive(pid) for pid in tree)
+    assert not any(g["procs"] for g in nvml(lab, server))
 
 
-def test_worker_exits_at_once_on_sigterm_and_engine_dies(lab: Lab, run: Callable[..., Server]) -> None:
+def test_sigterm_while_loading_is_a_keyboard_interrupt(lab: Lab, run: Callable[..., Server]) -> None:
+    """Before uvicorn installs its handlers, SIGTERM raises ``KeyboardInterrupt("terminated")``
+    (``run_server``'s ``_interrupt_init``, ``entrypoints/launchers/api_server/entry.py``). Python
+    ends a process that an uncaught KeyboardInterrupt leaves by SIGINT: a shell shows 130."""
+    server = run(LLAMA_8B, "--max-model-len", "4096", env={"FLEET_LAB_LOAD_SECONDS": "30"})
+    assert wait_for(lambda: any(g["procs"] for g in nvml(lab, server)), timeout=20)
+    tree = server.tree()
+    assert list(tree.values()) == ["VLLM::EngineCore"]
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    code = server.wait_exit(timeout=20)
+    print(f"\nSIGTERM while loading: exit after {time.monotonic() - t0:.2f}s")
+    assert code == -signal.SIGINT  # 128 + 2 = 130 in a shell
+    assert "KeyboardInterrupt: terminated" in server.log()
+    assert not any(alive(pid) for pid in tree)
+    assert not any(g["procs"] for g in nvml(lab, server))
+
+
+def test_process_tree_and_titles(lab: Lab, run: Callable[..., Server]) -> None:
+    """API server → ``VLLM::EngineCore`` → ``VLLM::Worker_TP<n>`` (``set_process_title`` in
+    ``vllm/utils/system_utils.py``, called by ``EngineCoreProc.run_engine_core`` and
+    ``WorkerProc.setup_proc_title_and_log_prefix``); with TP > 1 the workers hold the GPUs and
+    each logs its own ``Available KV cache memory``."""
     server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", wait=True)
-    workers = server.workers()
-    assert len(workers) == 2
-    assert {i for i, g in enumerate(nvml(lab, server)) if g["procs"]} == {0, 1}
+    (core,) = server.workers()
+    assert title(core) == "VLLM::EngineCore"
+    workers = children(core)
+    assert sorted(title(pid) for pid in workers) == ["VLLM::Worker_TP0", "VLLM::Worker_TP1"]
+    holders = {pid for g in nvml(lab, server) for pid in g["procs"]}
+    assert holders == set(workers)
+    kv_lines = [line for line in server.log().splitlines() if "Available KV cache memory:" in line]
+    assert sorted(line.split()[0] for line in kv_lines) == ["(Worker_TP0", "(Worker_TP1"]
+
+
+def test_worker_dies_engine_dies_api_server_exits_0(lab: Lab, run: Callable[..., Server]) -> None:
+    """A worker that dies fails the executor (``monitor_workers``,
+    ``vllm/v1/executor/multiproc_executor.py``), the engine core dies, ``/health`` answers 503 and
+    the watchdog (``terminate_if_errored``, ``launcher.py``) only sets ``should_exit``: exit 0."""
+    server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", wait=True)
+    (core,) = server.workers()
+    workers = children(core)
     t0 = time.monotonic()
     os.kill(workers[0], signal.SIGTERM)
     assert wait_for(lambda: not alive(workers[0]), timeout=2, step=0.01)
     print(f"\nworker exit after SIGTERM: {(time.monotonic() - t0) * 1000:.0f} ms")
     assert not (server.state_dir / f"{workers[0]}.mem").exists()
     assert wait_for(lambda: health(server) == 503, timeout=5)
-    assert server.wait_exit() != 0  # the watchdog ends the API server
-    assert "died unexpectedly" in server.log()
+    assert server.wait_exit() == 0
+    assert "died unexpectedly" in server.log() and "EngineCore encountered a fatal error." in server.log()
+    assert not any(alive(pid) for pid in [core, *workers])
     assert not any(g["procs"] for g in nvml(lab, server))
 
 
-def test_orphan_workers_keep_memory_after_sigkill(lab: Lab, run: Callable[..., Server]) -> None:
+def test_engine_core_killed_workers_follow_api_server_exits_0(lab: Lab, run: Callable[..., Server]) -> None:
+    """Workers watch the engine core through a death pipe (``WorkerProc.monitor_death_pipe``):
+    SIGKILL the engine core and they exit; the API server sees the engine core gone
+    (``MPClient``'s ``monitor_engine_cores``), answers 503, and exits 0."""
     server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", wait=True)
-    workers = server.workers()
+    (core,) = server.workers()
+    workers = children(core)
+    os.kill(core, signal.SIGKILL)
+    assert wait_for(lambda: not any(alive(pid) for pid in workers), timeout=5)
+    assert wait_for(lambda: health(server) == 503, timeout=5)
+    assert server.wait_exit() == 0
+    assert not any(g["procs"] for g in nvml(lab, server))
+
+
+def test_engine_core_and_workers_survive_a_sigkilled_api_server(lab: Lab, run: Callable[..., Server]) -> None:
+    """The engine core does not watch the API server: after ``kill -9`` of the API server the
+    engine core and its workers stay, holding GPU memory, until they are killed."""
+    server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096", wait=True)
+    tree = server.tree()
+    (core,) = server.workers()
     before = nvml(lab, server)
     server.proc.kill()
     server.proc.wait()
-    time.sleep(0.5)
-    assert all(alive(pid) for pid in workers)
+    time.sleep(1.0)
+    assert all(alive(pid) for pid in tree)
     orphaned = nvml(lab, server)
-    assert {pid for g in orphaned for pid in g["procs"]} == set(workers)
+    assert {pid for g in orphaned for pid in g["procs"]} == set(tree) - {core}
     assert [g["used"] for g in orphaned] == [g["used"] for g in before]
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-    assert wait_for(lambda: not any(alive(pid) for pid in workers))
-    # The stale .mem files stay, but the shim ignores dead pids.
-    assert len(list(server.state_dir.glob("*.mem"))) == 2
+    os.kill(core, signal.SIGKILL)  # the workers follow through the death pipe
+    assert wait_for(lambda: not any(alive(pid) for pid in tree), timeout=5)
     assert not any(g["procs"] for g in nvml(lab, server))
 
 
@@ -607,8 +770,8 @@ def _faults(server_dir: Path, data: dict[str, Any]) -> None:
 
 def test_fault_fail_load(tmp_path: Path, run: Callable[..., Server]) -> None:
     _faults(tmp_path, {"fail_load": [LLAMA_8B]})
-    log = _refused(run(LLAMA_8B, "--max-model-len", "4096"))
-    assert "SafetensorError" in log.strip().splitlines()[-1]
+    log = _engine_core_refused(run(LLAMA_8B, "--max-model-len", "4096"))
+    assert "\nsafetensors_rust.SafetensorError: " in log
     assert not list((tmp_path / "nvml-state").glob("*.mem"))
 
 
@@ -618,21 +781,109 @@ def test_fault_load_seconds(tmp_path: Path, run: Callable[..., Server]) -> None:
     assert server.wait_ready() >= 2.0
 
 
-def test_fault_hang_after_load(tmp_path: Path, run: Callable[..., Server]) -> None:
+def test_hung_tp1_stays_hung_with_health_200(tmp_path: Path, run: Callable[..., Server]) -> None:
+    """TP 1 runs the model in the engine core (``UniProcExecutor``): a hung step has no timeout,
+    ``/health`` stays 200 and requests never finish."""
     _faults(tmp_path, {"hang_after_load": True})
-    server = run(LLAMA_8B, "--max-model-len", "4096", wait=True)
+    server = run(LLAMA_8B, "--max-model-len", "4096", env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1"}, wait=True)
     assert http(server.url + "/health")[0] == 200
     with pytest.raises(TimeoutError):
-        http(server.url + "/v1/completions", {"prompt": "anyone?", "max_tokens": 2}, timeout=1)
+        http(server.url + "/v1/completions", {"prompt": "anyone?", "max_tokens": 2}, timeout=2.5)
+    assert http(server.url + "/health")[0] == 200
     text = http(server.url + "/metrics")[1].decode()
     assert metric(text, "vllm:num_requests_running") == 1
     assert metric(text, "vllm:generation_tokens_total") == 0
+    assert server.proc.poll() is None
 
 
-def test_fault_crash_after_seconds(lab: Lab, tmp_path: Path, run: Callable[..., Server]) -> None:
+def test_hung_tp2_step_past_execute_timeout_kills_the_engine(tmp_path: Path, run: Callable[..., Server]) -> None:
+    """TP > 1 (``MultiprocExecutor.collective_rpc``) waits ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``
+    for a step, then ``TimeoutError`` kills the engine core: ``/health`` 503, then exit 0."""
+    _faults(tmp_path, {"hang_after_load": True})
+    server = run(LLAMA_8B, "-tp", "2", "--max-model-len", "4096",
+                 env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1"}, wait=True)  # fmt: skip
+    results: list[Any] = []
+    thread = _slow_request(server, 2, results)
+    assert wait_for(lambda: health(server) == 503, timeout=10)
+    assert server.wait_exit() == 0
+    thread.join(10)
+    assert isinstance(results[0], Exception) or results[0][0] != 200
+    assert "TimeoutError: RPC call to execute_model timed out." in server.log()
+
+
+def test_fault_crash_after_seconds_exits_0(lab: Lab, tmp_path: Path, run: Callable[..., Server]) -> None:
     _faults(tmp_path, {"crash_after_seconds": 1})
     server = run(LLAMA_8B, "--max-model-len", "4096", wait=True)
     assert http(server.url + "/health")[0] == 200
     assert wait_for(lambda: health(server) == 503, timeout=5)
-    assert server.wait_exit() == 1
+    assert server.wait_exit() == 0  # like vLLM: the watchdog only stops the HTTP server
+    assert "EngineCore encountered a fatal error." in server.log()
     assert not any(g["procs"] for g in nvml(lab, server))
+
+
+# ---- smaller API behaviours --------------------------------------------------------------------
+
+
+def test_models_load_and_chat_defaults(run: Callable[..., Server]) -> None:
+    """``/v1/models`` lists every served name with ``root`` = the model argument
+    (``app_state.py``: ``BaseModelPath(name=name, model_path=args.model)``); ``/load`` stays 0
+    without ``--enable-server-load-tracking`` (``load_aware_call``); a chat without ``max_tokens``
+    may use the rest of the context (``get_max_tokens``, ``entrypoints/serve/utils/api_utils.py``)."""
+    env = {"FLEET_LAB_TOKEN_SECONDS": "0.001", "FLEET_LAB_PREFILL_SECONDS_PER_TOKEN": "0"}
+    server = run(LLAMA_8B, "--served-model-name", "a", "b", "--max-model-len", "64", env=env, wait=True)
+    slow_env = {"FLEET_LAB_TOKEN_SECONDS": "0.02", "CUDA_VISIBLE_DEVICES": "1"}
+    cards = json.loads(http(server.url + "/v1/models")[1])["data"]
+    assert [(c["id"], c["root"]) for c in cards] == [("a", LLAMA_8B), ("b", LLAMA_8B)]
+    chat = {"model": "b", "messages": [{"role": "user", "content": "hello there"}]}
+    answer = json.loads(http(server.url + "/v1/chat/completions", chat)[1])
+    usage = answer["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == 64
+    assert answer["choices"][0]["finish_reason"] == "length"
+    results: list[Any] = []
+    slow = run(LLAMA_8B, "--max-model-len", "4096", env=slow_env, wait=True)
+    thread = _slow_request(slow, 50, results)
+    assert wait_for(lambda: _running(slow) == 1)
+    assert json.loads(http(slow.url + "/load")[1]) == {"server_load": 0}
+    thread.join(10)
+    tracked = run(LLAMA_8B, "--max-model-len", "4096", "--enable-server-load-tracking",
+                  env={**slow_env, "CUDA_VISIBLE_DEVICES": "2"}, wait=True)  # fmt: skip
+    thread = _slow_request(tracked, 50, results)
+    assert wait_for(lambda: json.loads(http(tracked.url + "/load")[1]) == {"server_load": 1})
+    thread.join(10)
+    assert json.loads(http(tracked.url + "/load")[1]) == {"server_load": 0}
+
+
+def assert_parses(text: str) -> dict[str, Any]:
+    """prometheus_client's own parser reads every family, each with samples."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families and all(f.samples for f in families.values()), [n for n, f in families.items() if not f.samples]
+    return families
+
+
+def test_metrics_are_prometheus_client_output(run: Callable[..., Server]) -> None:
+    """Written by prometheus_client like vLLM's ``PrometheusStatLogger``
+    (``vllm/v1/metrics/loggers.py``): counters typed ``counter`` under their base name, exposed as
+    ``_total`` plus a ``_created`` series; ``request_success`` has every ``FinishReason``
+    (``vllm/v1/engine/__init__.py``), ``repetition`` included."""
+    server = run(LLAMA_8B, "--served-model-name", "m", "--max-model-len", "4096", wait=True)
+    http(server.url + "/v1/completions", {"prompt": "count me", "max_tokens": 3})
+    text = http(server.url + "/metrics")[1].decode()
+    assert "# TYPE vllm:num_preemptions_total counter" in text  # prometheus_client's text format
+    families = assert_parses(text)
+    counters = {"vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
+                "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"}  # fmt: skip
+    for name in counters:
+        family = families[name]
+        assert family.type == "counter", name
+        assert {sample.name for sample in family.samples} == {name + "_total"}, name
+        assert families[name + "_created"].samples, name  # prometheus_client's _created series
+    reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+    assert reasons == {"stop", "length", "abort", "error", "repetition"}
+    assert families["vllm:time_to_first_token_seconds"].type == "histogram"
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert families[name].type == "gauge"
+        assert families[name].samples[0].labels == {"model_name": "m", "engine": "0"}
+    total = [s for s in families["vllm:generation_tokens"].samples if s.name.endswith("_total")]
+    assert total[0].value == 3
