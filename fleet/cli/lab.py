@@ -20,8 +20,8 @@ from rich.table import Table
 
 from fleet.lab import lab as lab_ops
 from fleet.lab.errors import LabError
-from fleet.lab.inventory_writer import DEFAULT_INVENTORY
-from fleet.lab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT
+from fleet.lab.inventory_writer import default_inventory
+from fleet.lab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT, LabDir
 
 _err = Console(stderr=True, highlight=False)
 
@@ -80,9 +80,8 @@ def lab() -> None:
 @click.option(
     "--inventory",
     type=click.Path(path_type=Path, dir_okay=False),
-    default=DEFAULT_INVENTORY,
-    show_default=True,
-    help="pyinfra inventory file to write.",
+    default=None,
+    help="pyinfra inventory file to write [default: <state root>/<lab>/inventory.py, printed].",
 )
 @click.option("--ssh-port", type=click.IntRange(1, 65535), default=22, show_default=True, help="sshd port in hosts.")
 @click.option("--octet", type=click.IntRange(1, 254), default=None, help="Use addresses 127.0.OCTET.x.")
@@ -96,7 +95,7 @@ def up(
     profiles: tuple[str, ...],
     name: str,
     mirror: str | None,
-    inventory: Path,
+    inventory: Path | None,
     ssh_port: int,
     octet: int | None,
     bare: bool,
@@ -104,6 +103,10 @@ def up(
     as_json: bool,
 ) -> None:
     """Start the lab's hosts (idempotent: running hosts stay, missing ones start)."""
+    try:
+        inventory = inventory or default_inventory(LabDir(name, state_root))
+    except LabError as exc:
+        _fail(str(exc), as_json)
     opts = lab_ops.UpOptions(
         name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
         inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port, bare=bare,
@@ -133,6 +136,7 @@ def up(
         table.add_row(h.name, h.address, h.profile, what)
     Console(highlight=False).print(table)
     _err.print(f"inventory: {result.inventory}  ({result.seconds:.1f} s)")
+    _err.print(f"next: fleet plan {result.inventory}")
 
 
 @lab.command()

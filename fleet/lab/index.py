@@ -161,7 +161,7 @@ def _target_args(python: tuple[int, int]) -> list[str]:
     args += ["--abi", "abi3", "--abi", "none"]
     for plat in ("manylinux_2_36", "manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1"):
         args += ["--platform", f"{plat}_{machine}"]
-    return args + ["--platform", "any"]
+    return [*args, "--platform", "any"]
 
 
 def fetch_wheels(

@@ -1,4 +1,9 @@
-"""Write the lab's pyinfra inventory (``inventory/lab.py`` by default).
+"""Write the lab's pyinfra inventory.
+
+``fleet lab up`` writes it into the lab's state directory (``<state root>/<lab>/inventory.py``,
+``/var/lib/fleet-lab/lab/inventory.py`` by default) and prints the path: a generated file that
+names this machine's lab addresses and key paths has no place in a checkout, where ``git add``
+would pick it up. ``--inventory PATH`` writes it elsewhere; ``fleet lab down`` removes it.
 
 pyinfra's Python inventory format: every module-level list not starting with ``_`` is a group;
 its items are ``(host name, host data)`` tuples. The file holds one group, ``lab``. Every host
@@ -20,7 +25,9 @@ from fleet.lab.state import HostRecord, LabDir, LabState
 if TYPE_CHECKING:
     from fleet.lab.apt_repo import AptRepo
 
+#: Where library callers write when they name no path (``UpOptions``); the CLI uses ``default_inventory``.
 DEFAULT_INVENTORY = Path("inventory/lab.py")
+INVENTORY_NAME = "inventory.py"
 GROUP = "lab"
 HEADER = "# Written by `fleet lab up` for lab {name!r}; `fleet lab down` removes it. Do not edit."
 
@@ -37,6 +44,11 @@ FLEET_LAB_DEFAULTS: dict[str, Any] = {
     },
     "api_key_ref": "env:FLEET_LAB_API_KEY",
 }
+
+
+def default_inventory(lab: LabDir) -> Path:
+    """The inventory ``fleet lab up`` writes when not told where: in the lab's state directory."""
+    return (lab.root / INVENTORY_NAME).absolute()
 
 
 def declared_gpus(profile: str) -> dict[str, Any]:

@@ -42,7 +42,7 @@ def test_unit_follows_the_restart_protocol(plan: HostPlan) -> None:
     assert "KillMode=mixed" in unit  # SIGTERM to the API server only; workers killed after the drain
     assert "TimeoutStopSec=75" in unit  # longer than --shutdown-timeout 45
     assert "--shutdown-timeout 45" in unit
-    assert "Restart=on-failure" in unit and "LimitNOFILE=65535" in unit
+    assert "Restart=always" in unit and "LimitNOFILE=65535" in unit
     assert "ExecStart=/opt/fleet/vllm/bin/vllm serve meta-llama/Llama-3.1-70B-Instruct" in unit
     assert "EnvironmentFile=/etc/fleet/vllm-1.env" in unit
     assert "Environment=CUDA_VISIBLE_DEVICES=4,5,6,7" in unit

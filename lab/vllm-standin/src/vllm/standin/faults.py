@@ -15,7 +15,7 @@ or empty file means no faults. Keys (all optional)::
 * ``hang_after_load``: the server comes up and ``/health`` is 200, but no request ever produces
   a token (the "alive but hung" engine); requests wait until the client gives up.
 * ``crash_after_seconds``: N seconds after the server is ready the engine dies: in-flight
-  requests fail, ``/health`` answers 503, and the watchdog then exits the process non-zero.
+  requests fail, ``/health`` answers 503, and the watchdog then ends the process (status 0).
 * ``load_seconds``: how long loading takes (wins over ``$FLEET_LAB_LOAD_SECONDS``).
 
 The file is read at start and re-read every second while serving, so ``hang_after_load`` and
