@@ -545,7 +545,8 @@ def test_readiness_endpoints_metrics_and_gpu_memory(lab: Lab, run: Callable[...,
     assert server.wait_exit() == 0
     after = nvml(lab, server)
     assert not after[0]["procs"] and after[0]["used"] == gpus[0]["used"] - held
-    assert not alive(worker)  # --shutdown-timeout 0: the engine core is SIGKILLed at once (stale .mem, dead pid)
+    assert not alive(worker)  # --shutdown-timeout 0: the engine core is SIGKILLed at once
+    assert not list(server.state_dir.glob("*.mem"))
 
 
 def test_streaming_and_uuid_selection(lab: Lab, run: Callable[..., Server]) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from vllm.standin.engine_core import PROCESS_NAME
 from vllm.standin.log import StartupError, logger
+from vllm.standin.worker import state_dir
 
 
 def descendants(pid: int) -> list[int]:
@@ -50,13 +51,21 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_process_tree(pid: int) -> None:
-    """``kill_process_tree``: SIGKILL all descendants, then the process itself."""
-    for child in descendants(pid):
+    """``kill_process_tree``: SIGKILL all descendants, then the process itself.
+
+    A real driver frees a killed process's memory; here the killed processes' ``<pid>.mem``
+    records are removed too, so a later process that reuses a pid is not taken for a holder.
+    """
+    killed = descendants(pid)
+    for child in killed:
         with contextlib.suppress(ProcessLookupError):
             logger.warning("[shutdown] force killing sub process pid %d", child)
             os.kill(child, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    for gone in [pid, *killed]:
+        with contextlib.suppress(OSError):
+            (state_dir() / f"{gone}.mem").unlink()
 
 
 class EngineCoreClient:
