@@ -90,11 +90,11 @@ def _locked(root: Path) -> AbstractContextManager[None]:
 
 
 def _standin_inputs() -> list[Path]:
-    files = [
-        p
-        for p in sorted(STANDIN_DIR.rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc" and "build" not in p.parts
-    ]
+    def wanted(path: Path) -> bool:
+        parts = path.relative_to(STANDIN_DIR).parts  # not the absolute path: a venv may sit under "build/"
+        return path.is_file() and "__pycache__" not in parts and "build" not in parts and path.suffix != ".pyc"
+
+    files = [p for p in sorted(STANDIN_DIR.rglob("*")) if wanted(p)]
     return files + list(STANDIN_EXTRA_INPUTS)
 
 
