@@ -150,8 +150,7 @@ class EngineCoreClient:
                 self.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while self.alive() and time.monotonic() < deadline:
-            if unfinished is not None:
-                self.report_unfinished(unfinished())
+            self.report_unfinished(unfinished() if unfinished is not None else 0)
             time.sleep(0.05)
         if self.alive():
             logger.warning("[shutdown] Process manager: force killing remaining processes count=1")

@@ -104,6 +104,8 @@ class State:
     shutdown: threading.Event = field(default_factory=threading.Event)
     signal_name: str = ""
     unfinished: int = 0
+    reports: int = 0  #: how many counts the API server sent
+    eof: bool = False  #: the API server is gone: nobody is waiting for an answer
     fatal: list[str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -118,8 +120,11 @@ def _read_commands(state: State) -> None:
                 continue
             if command.get("cmd") == "unfinished":
                 state.unfinished = int(command["n"])
+                state.reports += 1
             elif command.get("cmd") == "fatal":
                 state.fatal = [str(command["kind"]), str(command["message"])]
+    with state.lock:
+        state.eof = True
 
 
 def _send(message: dict[str, Any]) -> None:
@@ -184,6 +189,7 @@ def run(config: Config) -> int:
     threading.Thread(target=_read_commands, args=(state,), daemon=True, name="EngineCoreInput").start()
 
     mode_logged = False
+    reports_at_signal = 0
     try:
         while True:
             time.sleep(0.05)
@@ -198,7 +204,7 @@ def run(config: Config) -> int:
                 print_startup_error(StartupError("RuntimeError", "Executor failed."))
                 return 1
             with state.lock:
-                fatal, unfinished = state.fatal, state.unfinished
+                fatal, unfinished, reports, eof = state.fatal, state.unfinished, state.reports, state.eof
             if fatal is not None:
                 logger.error("EngineCore encountered a fatal error.")
                 print_startup_error(StartupError(*fatal))
@@ -214,7 +220,10 @@ def run(config: Config) -> int:
                             unfinished, config.shutdown_timeout,
                         )  # fmt: skip
                     mode_logged = True
-                if unfinished == 0:
+                    reports_at_signal = reports
+                # Done once a count sent after the signal says nothing is left (the scheduler
+                # runs in the API server), or when the API server is gone.
+                if (unfinished == 0 and reports > reports_at_signal) or eof:
                     logger.info("[shutdown] EngineCore: request processing complete; starting resource teardown")
                     executor.shutdown()
                     logger.info("[shutdown] EngineCore: exiting busy loop")
