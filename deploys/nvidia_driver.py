@@ -1,6 +1,6 @@
 """pyinfra deploy: the NVIDIA driver (and fabric manager on NVSwitch hosts), pinned and held.
 
-    pyinfra inventory/lab.py deploys/nvidia_driver.py
+    pyinfra /var/lib/fleet-lab/lab/inventory.py deploys/nvidia_driver.py
 
 Reports hosts that need a reboot (``/var/run/reboot-required``); it never reboots them.
 """

@@ -1,6 +1,6 @@
 """pyinfra deploy: a vLLM serving host from bare to installed (driver, release venv, units).
 
-    pyinfra inventory/lab.py deploys/vllm_host.py
+    pyinfra /var/lib/fleet-lab/lab/inventory.py deploys/vllm_host.py
 
 Each host's data drives it (see ``fleet.operations.host``). Commands run with sudo. It installs
 and enables but does not start or restart the units: ``fleet deploy`` does that after its

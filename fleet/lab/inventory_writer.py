@@ -25,8 +25,6 @@ from fleet.lab.state import HostRecord, LabDir, LabState
 if TYPE_CHECKING:
     from fleet.lab.apt_repo import AptRepo
 
-#: Where library callers write when they name no path (``UpOptions``); the CLI uses ``default_inventory``.
-DEFAULT_INVENTORY = Path("inventory/lab.py")
 INVENTORY_NAME = "inventory.py"
 GROUP = "lab"
 HEADER = "# Written by `fleet lab up` for lab {name!r}; `fleet lab down` removes it. Do not edit."

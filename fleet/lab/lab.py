@@ -50,7 +50,9 @@ class UpOptions:
     hosts: int = 2
     profiles: Sequence[str] = (DEFAULT_PROFILE,)
     mirror: str | None = None
-    inventory: Path = inventory_writer.DEFAULT_INVENTORY
+    #: Where the lab's inventory is written. None: ``inventory.py`` in the lab's state directory
+    #: (never inside a checkout, where ``git add`` would pick it up).
+    inventory: Path | None = None
     state_root: Path = DEFAULT_STATE_ROOT
     cache_dir: Path = base_mod.DEFAULT_CACHE_DIR
     octet: int | None = None
@@ -177,7 +179,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     shim = build_shim(opts.cache_dir / "nvml")
     state.hosts = desired
     state.base = str(base_path)
-    state.inventory = str(opts.inventory.resolve())
+    inventory = opts.inventory or inventory_writer.default_inventory(lab)
+    state.inventory = str(inventory.resolve())
     lab.save(state)  # recorded before anything starts, so `down` can clean up a failed `up`
     _prepare_keys(lab, state, desired)
 
@@ -211,8 +214,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         apt = ensure_apt_repo(lab.root, shim)
         progress(f"signed apt repository at {apt.url}{apt.dist_path}/")
     text = inventory_writer.render_inventory(lab, state, index_url, apt)
-    inventory_writer.write_inventory(opts.inventory, text)
-    result.inventory = opts.inventory
+    inventory_writer.write_inventory(Path(state.inventory), text)
+    result.inventory = Path(state.inventory)
     result.seconds = time.monotonic() - t0
     return result
 
