@@ -1,8 +1,9 @@
 """fleet's planner against the lab's vLLM stand-in: two independent implementations of vLLM's
 memory arithmetic must agree on every plan we would deploy.
 
-The planner (``fleet/planner.py``) and the stand-in (``lab/vllm-standin``) are written apart from
-the same facts (``shared/reference/vllm.md``); neither imports the other. For each case the
+The planner (``fleet/plan/planner.py``) and the stand-in (``lab/vllm-standin``) are written apart
+from the same facts (vLLM 0.33.0's ``vllm/v1/worker/gpu_worker.py`` and
+``vllm/v1/core/kv_cache_utils.py``); neither imports the other. For each case the
 planner's argv is started as a real ``vllm serve`` of the stand-in on the simulated GPUs of the
 same lab profile: a plan must start (no memory refusal), and the KV tokens vLLM reports must be
 close to the plan's. A plan the planner refuses must be refused by the stand-in too.

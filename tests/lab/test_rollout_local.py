@@ -203,7 +203,8 @@ def test_orphaned_engine_found_through_nvml_and_stopped(tmp_path: Path, fleet: P
     assert state.status is RolloutStatus.DONE, state.reason
     kill = next(s for s in journal.steps("local-1") if s.action == "kill")
     assert kill.instance == "h0/vllm-0"
-    # comm is cut at 15 characters by the kernel, as ps shows it
-    assert f"pid {worker[0]} (VLLM::Worker_TP) holding" in kill.detail and "on GPU 0" in kill.detail
+    # With TP 1 vLLM runs the model inside VLLM::EngineCore (the uni executor), so the engine core
+    # holds the GPU; comm is cut at 15 characters by the kernel, as ps shows it.
+    assert f"pid {worker[0]} (VLLM::EngineCor) holding" in kill.detail and "on GPU 0" in kill.detail
     assert f"kill h0/vllm-0 {worker}" in fleet.log
     assert [serving(fleet, r) for r in REFS] == [("llama-v2",), ("llama-v2",)]
