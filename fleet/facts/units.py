@@ -1,0 +1,209 @@
+"""The vLLM units on a host as systemd sees them, and the release the ``current`` link selects.
+
+One shell command per host (pyinfra fact style: ``command()`` and a pure ``process()``):
+
+* every ``fleet-vllm-*.service`` unit file installed or unit loaded (``systemctl list-unit-files``
+  and ``systemctl list-units --all``), then ``systemctl show`` of each: ``ActiveState``,
+  ``SubState``, ``NRestarts``, ``MainPID``, ``ExecMainStartTimestamp`` and
+  ``ActiveEnterTimestamp`` (``--timestamp=unix``: ``@<seconds>``, systemd >= 248) with their
+  ``...Monotonic`` twins (microseconds of CLOCK_MONOTONIC) as a fallback for older systemd
+  (systemd.exec(5), org.freedesktop.systemd1(5) "Properties");
+* the host's clocks now (``date +%s.%N`` and ``/proc/uptime``), so uptime needs no clock sync
+  between the control machine and the host;
+* ``readlink <root>/current`` and the release's marker file (``.fleet-release.json``, written last
+  by ``fleet.operations.vllm.release``: it names the vLLM version), or, for a release without a
+  marker, ``<root>/current/bin/vllm --version``.
+
+Reading unit properties needs no privileges, so the fact runs as the SSH login user.
+
+**Example:**
+
+.. code:: python
+
+    units = host.get_fact(VllmUnits)
+    units["units"]["fleet-vllm-0.service"]["active_state"], units["vllm_version"]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import TypedDict
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from fleet.facts.releases import MARKER
+
+DEFAULT_ROOT = "/opt/fleet/vllm"
+UNIT_GLOB = "fleet-vllm-*.service"
+_UNIT = re.compile(r"^fleet-vllm-\d{1,4}\.service$")
+_PROPS = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "NRestarts",
+    "MainPID",
+    "ExecMainStartTimestamp",
+    "ExecMainStartTimestampMonotonic",
+    "ActiveEnterTimestamp",
+    "ActiveEnterTimestampMonotonic",
+)
+
+
+class UnitInfo(TypedDict):
+    load_state: str | None
+    active_state: str | None
+    sub_state: str | None
+    restarts: int | None
+    main_pid: int | None
+    uptime_seconds: float | None  #: since the main process started (active units only)
+
+
+class UnitsDict(TypedDict):
+    units: dict[str, UnitInfo]  #: by unit name
+    current: str | None  #: what ``<root>/current`` points at, as the link says
+    release: str | None  #: the release id (last path element of ``current``)
+    vllm_version: str | None  #: from the release marker, else ``vllm --version``
+
+
+def units_command(root: str = DEFAULT_ROOT) -> str:
+    r = shlex.quote(root)
+    glob = shlex.quote(UNIT_GLOB)
+    props = ",".join(_PROPS)
+    return (
+        'echo "now $(date +%s.%N) $(cut -d" " -f1 /proc/uptime)"; '
+        f'echo "current $(readlink {r}/current 2>/dev/null)"; '
+        f"if [ -f {r}/current/{MARKER} ]; then "
+        f'echo "marker $(tr -d "\\n" < {r}/current/{MARKER})"; '
+        f'elif [ -x {r}/current/bin/vllm ]; then echo "version $(timeout 20 {r}/current/bin/vllm --version 2>/dev/null '
+        f'| tail -n1)"; fi; '
+        f"for u in $( {{ systemctl list-unit-files --no-legend --plain {glob} 2>/dev/null; "
+        f"systemctl list-units --all --no-legend --plain {glob} 2>/dev/null; }} | cut -d' ' -f1 | sort -u); do "
+        f'systemctl show --timestamp=unix -p {props} "$u" 2>/dev/null '
+        f'|| systemctl show -p {props} "$u"; echo "end"; done | sed "s/^/unit /"'
+    )
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def _unix(value: str | None) -> float | None:
+    """``@1790000000`` (``--timestamp=unix``) -> seconds; empty or another format -> None."""
+    if value and value.startswith("@"):
+        try:
+            return float(value[1:])
+        except ValueError:
+            return None
+    return None
+
+
+def unit_uptime(props: dict[str, str], now_unix: float | None, now_monotonic: float | None) -> float | None:
+    """Seconds since the unit's main process started (else since it became active); pure.
+
+    ``None`` when the unit is not active or no timestamp can be read.
+    """
+    if props.get("ActiveState") not in ("active", "reloading", "deactivating"):
+        return None
+    for name in ("ExecMainStartTimestamp", "ActiveEnterTimestamp"):
+        started = _unix(props.get(name))
+        if started is not None and now_unix is not None:
+            return max(0.0, now_unix - started)
+        mono = _int(props.get(name + "Monotonic"))
+        if mono and now_monotonic is not None:
+            return max(0.0, now_monotonic - mono / 1e6)
+    return None
+
+
+def _unit(props: dict[str, str], now_unix: float | None, now_mono: float | None) -> UnitInfo:
+    pid = _int(props.get("MainPID"))
+    return {
+        "load_state": props.get("LoadState") or None,
+        "active_state": props.get("ActiveState") or None,
+        "sub_state": props.get("SubState") or None,
+        "restarts": _int(props.get("NRestarts")),
+        "main_pid": pid or None,
+        "uptime_seconds": unit_uptime(props, now_unix, now_mono),
+    }
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def process_units(output: list[str]) -> UnitsDict:
+    """Parse the command's output (pure; unknown lines are ignored)."""
+    result: UnitsDict = {"units": {}, "current": None, "release": None, "vllm_version": None}
+    now_unix = now_mono = None
+    props: dict[str, str] = {}
+    blocks: list[dict[str, str]] = []
+    for line in output:
+        kind, _, rest = line.partition(" ")
+        if kind == "now":
+            parts = rest.split()
+            now_unix = _float(parts[0]) if parts else None
+            now_mono = _float(parts[1]) if len(parts) > 1 else None
+        elif kind == "current":
+            link = rest.strip().rstrip("/")
+            result["current"] = link or None
+            result["release"] = link.rsplit("/", 1)[-1] if link else None
+        elif kind == "marker":
+            try:
+                marker = json.loads(rest)
+            except ValueError:
+                marker = None
+            if isinstance(marker, dict) and isinstance(marker.get("vllm_version"), str):
+                result["vllm_version"] = marker["vllm_version"][:64]
+        elif kind == "version" and rest.strip():
+            result["vllm_version"] = rest.strip().split()[-1][:64]
+        elif kind == "unit":
+            if rest == "end":
+                blocks.append(props)
+                props = {}
+            elif "=" in rest:
+                key, _, value = rest.partition("=")
+                props[key] = value
+    for block in blocks:
+        name = block.get("Id", "")
+        if _UNIT.match(name):
+            result["units"][name] = _unit(block, now_unix, now_mono)
+    return result
+
+
+class VllmUnits(FactBase[UnitsDict]):
+    """
+    The ``fleet-vllm-*.service`` units of a host (state, restarts, uptime, main PID) and the
+    vLLM release ``<root>/current`` selects:
+
+    .. code:: python
+
+        {
+            "units": {"fleet-vllm-0.service": {"load_state": "loaded", "active_state": "active",
+                      "sub_state": "running", "restarts": 0, "main_pid": 4242,
+                      "uptime_seconds": 3600.5}},
+            "current": "releases/vllm-0.33.0-py3.11.2-0123abcd4567",
+            "release": "vllm-0.33.0-py3.11.2-0123abcd4567",
+            "vllm_version": "0.33.0",
+        }
+
+    + root: where fleet's vLLM releases live (default ``/opt/fleet/vllm``)
+    """
+
+    @override
+    def command(self, root: str = DEFAULT_ROOT) -> str:
+        return units_command(root)
+
+    @staticmethod
+    @override
+    def default() -> UnitsDict:
+        return {"units": {}, "current": None, "release": None, "vllm_version": None}
+
+    @override
+    def process(self, output: list[str]) -> UnitsDict:
+        return process_units(output)

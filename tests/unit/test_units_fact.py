@@ -1,0 +1,129 @@
+"""The units fact's pure ``process()`` on recorded output, its uptime arithmetic, and the combined
+status probe's split (units, then the NVML probe)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from fleet.facts.hoststatus import SEPARATOR, HostStatusProbe, split_output
+from fleet.facts.units import VllmUnits, process_units, unit_uptime, units_command
+
+RELEASE = "vllm-0.33.0-py3.11.2-5f0c3e2a9b11"
+
+#: ``VllmUnits().command()`` on a deployed lab host (Debian 12, systemd 252), one unit running
+#: and one stopped with ``systemctl stop``.
+RECORDED = f"""\
+now 1795384540.172740823 3960.26
+current releases/{RELEASE}
+marker {{  "id": "{RELEASE}",  "vllm_version": "0.33.0",  "python": "3.11.2"}}
+unit Id=fleet-vllm-0.service
+unit LoadState=loaded
+unit ActiveState=active
+unit SubState=running
+unit NRestarts=0
+unit MainPID=1234
+unit ExecMainStartTimestamp=@1795384420
+unit ExecMainStartTimestampMonotonic=3840120000
+unit ActiveEnterTimestamp=@1795384420
+unit ActiveEnterTimestampMonotonic=3840121000
+unit end
+unit Id=fleet-vllm-1.service
+unit LoadState=loaded
+unit ActiveState=inactive
+unit SubState=dead
+unit NRestarts=0
+unit MainPID=0
+unit ExecMainStartTimestamp=@1795384421
+unit ExecMainStartTimestampMonotonic=3840990000
+unit ActiveEnterTimestamp=@1795384421
+unit ActiveEnterTimestampMonotonic=3840991000
+unit end
+""".splitlines()
+
+
+def test_recorded_output() -> None:
+    got = VllmUnits().process(RECORDED)
+    assert got["current"] == f"releases/{RELEASE}" and got["release"] == RELEASE
+    assert got["vllm_version"] == "0.33.0"
+    u0, u1 = got["units"]["fleet-vllm-0.service"], got["units"]["fleet-vllm-1.service"]
+    assert u0 == {
+        "load_state": "loaded",
+        "active_state": "active",
+        "sub_state": "running",
+        "restarts": 0,
+        "main_pid": 1234,
+        "uptime_seconds": pytest.approx(120.17, abs=0.01),
+    }
+    assert u1["active_state"] == "inactive" and u1["uptime_seconds"] is None and u1["main_pid"] is None
+
+
+def test_nothing_deployed() -> None:
+    got = process_units(["now 1795384540.1 3960.26", "current "])
+    assert got == {"units": {}, "current": None, "release": None, "vllm_version": None}
+
+
+def test_version_from_vllm_when_the_release_has_no_marker() -> None:
+    got = process_units([f"current /opt/fleet/vllm/releases/{RELEASE}/", "version 0.33.0"])
+    assert got["release"] == RELEASE and got["vllm_version"] == "0.33.0"
+
+
+def test_a_bad_marker_and_foreign_units_are_ignored() -> None:
+    lines = ["marker {not json", "unit Id=other.service", "unit ActiveState=active", "unit end", "garbage"]
+    got = process_units(lines)
+    assert got["vllm_version"] is None and got["units"] == {}
+
+
+def test_restart_count_and_a_missing_unit_file() -> None:
+    lines = ["unit Id=fleet-vllm-2.service", "unit LoadState=not-found", "unit ActiveState=inactive",
+             "unit NRestarts=7", "unit end"]  # fmt: skip
+    info = process_units(lines)["units"]["fleet-vllm-2.service"]
+    assert info["load_state"] == "not-found" and info["restarts"] == 7
+
+
+OLD_SYSTEMD = {
+    "ActiveState": "active",
+    "ExecMainStartTimestamp": "Sun 2026-11-22 21:00:00 UTC",
+    "ExecMainStartTimestampMonotonic": "3000000000",
+}
+NEVER_STARTED = {"ActiveState": "active", "ExecMainStartTimestamp": "", "ExecMainStartTimestampMonotonic": "0"}
+
+
+@pytest.mark.parametrize(
+    ("props", "now_unix", "now_mono", "expected"),
+    [
+        ({"ActiveState": "active", "ExecMainStartTimestamp": "@100"}, 160.5, None, 60.5),
+        # ExecMainStart missing (older systemd, no --timestamp=unix): the monotonic twin
+        (OLD_SYSTEMD, 5000.0, 3100.0, 100.0),
+        ({"ActiveState": "active", "ActiveEnterTimestamp": "@100"}, 130.0, None, 30.0),
+        ({"ActiveState": "activating", "ExecMainStartTimestamp": "@100"}, 130.0, None, None),
+        ({"ActiveState": "inactive", "ExecMainStartTimestamp": "@100"}, 130.0, None, None),
+        (NEVER_STARTED, 130.0, 50.0, None),
+        ({"ActiveState": "active", "ExecMainStartTimestamp": "@200"}, 130.0, None, 0.0),  # clock skew: never negative
+    ],
+)
+def test_uptime(props: dict[str, str], now_unix: float | None, now_mono: float | None, expected: float | None) -> None:
+    assert unit_uptime(props, now_unix, now_mono) == expected
+
+
+def test_the_commands_are_valid_shell_and_quote_the_root() -> None:
+    cmd = units_command("/opt/my fleet/vllm")
+    assert "'/opt/my fleet/vllm'/current" in cmd
+    for text in (cmd, HostStatusProbe().command()):
+        assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+
+
+def test_the_combined_command_runs_units_then_the_probe() -> None:
+    cmd = HostStatusProbe().command()
+    assert cmd.index("systemctl show") < cmd.index(SEPARATOR) < cmd.index("FLEET_NVML_PROBE_EOF")
+    assert split_output(["a", SEPARATOR, "b"]) == (["a"], ["b"])
+    assert split_output(["a"]) == (["a"], [])
+
+
+def test_a_failed_probe_keeps_the_units() -> None:
+    got = HostStatusProbe().process([*RECORDED, SEPARATOR, "not json"])
+    assert got.gpus is None and got.gpu_error and "not JSON" in got.gpu_error
+    assert got.units["units"]["fleet-vllm-0.service"]["active_state"] == "active"
+    got = HostStatusProbe().process(RECORDED)
+    assert got.gpus is None and got.gpu_error == "the NVML probe printed nothing"
