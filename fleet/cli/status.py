@@ -45,11 +45,37 @@ def _notes(row: InstanceStatus) -> Text:
     return Text("; ".join(row.problems) or "ok", style="yellow" if row.problems else "green")
 
 
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    s = int(seconds)
+    if s < 3600:
+        return f" {s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f" {s // 3600}h{s % 3600 // 60:02d}m"
+    return f" {s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _unit_cell(row: InstanceStatus) -> Text:
+    unit = row.unit
+    if unit is None:
+        return Text("n/a", style="dim")
+    style = "green" if unit.active else "red"
+    return Text(unit.state + _uptime(unit.uptime_seconds), style=style)
+
+
+def _release_cell(row: InstanceStatus) -> str:
+    unit = row.unit
+    if unit is None or unit.release is None:
+        return "-"
+    return unit.release
+
+
 def status_table(rows: list[InstanceStatus], interval: float) -> Table:
     table = Table(title=f"fleet status (rates over the last {interval:g}s)", header_style="bold")
     for col in ("host", "inst", "model", "health", "vLLM", "KV", "run/wait", "preempt", "req/s",
-                "TTFT p50/p99", "e2e p50/p99", "unit", "GPU mem"):  # fmt: skip
-        table.add_column(col, no_wrap=col not in ("host", "model"))
+                "TTFT p50/p99", "e2e p50/p99", "unit", "restarts", "release", "GPU mem"):  # fmt: skip
+        table.add_column(col, no_wrap=col not in ("host", "model", "release"))
     table.add_column("notes", overflow="fold")
     for row in rows:
         t, iv = row.target, row.interval
@@ -68,11 +94,14 @@ def status_table(rows: list[InstanceStatus], interval: float) -> Table:
             _num(iv.requests_per_second if iv else None, "{:.1f}"),
             _red_if(_pair(iv.ttft_p50, iv.ttft_p99) if iv else "-", row, "TTFT"),
             _red_if(_pair(iv.e2e_p50, iv.e2e_p99) if iv else "-", row, "e2e"),
-            unit.state if unit else Text("n/a", style="dim"),
+            _unit_cell(row),
+            _red_if(_num(unit.restarts if unit else None), row, "restarted"),
+            _release_cell(row),
             Text("n/a", style="dim") if gpu is None else f"{gpu / 2**30:.1f} GiB",
             _notes(row),
         )
-    table.caption = "unit and GPU mem: n/a until SSH facts (systemd, NVML) are read"
+    if any(r.unit is None for r in rows):
+        table.caption = "unit and GPU mem: n/a without SSH facts (--no-ssh)"
     return table
 
 
@@ -83,15 +112,22 @@ def status_table(rows: list[InstanceStatus], interval: float) -> Table:
               help="Seconds between the two scrapes that rates and percentiles come from.")  # fmt: skip
 @click.option("--timeout", type=click.FloatRange(0.1, 120), default=3.0, show_default=True, help="Per request.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--ssh/--no-ssh", default=True, show_default=True,
+              help="Also read systemd units, the release and NVML over SSH (one round trip per host).")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def status(inventory: str, limit: tuple[str, ...], interval: float, timeout: float, watch: bool, as_json: bool) -> None:
-    """What every planned vLLM instance is doing now: /health, /version and two /metrics scrapes.
+def status(
+    inventory: str, limit: tuple[str, ...], interval: float, timeout: float, watch: bool, ssh: bool, as_json: bool
+) -> None:
+    """What every planned vLLM instance is doing now: /health, /version and two /metrics scrapes
+    over HTTP and, at the same time, over SSH: unit state, uptime and restarts (systemd), the
+    release, and GPU memory in use (NVML).
 
-    Unit state, uptime and GPU memory need SSH facts and show n/a for now. Exit status 1 when an
-    instance is not ready or breaks an alert threshold, 2 when the inventory is invalid.
+    Exit status 1 when an instance is not ready, its unit is not active, its host is unreachable
+    or it breaks an alert threshold; 2 when the inventory is invalid.
     """
     from fleet.inventory.spec import load_inventory
-    from fleet.monitor.status import collect, status_data
+    from fleet.monitor.hoststate import observe, ssh_targets
+    from fleet.monitor.status import status_data
     from fleet.monitor.targets import targets_from_outcomes
     from fleet.monitor.thresholds import load_thresholds
     from fleet.plan.outcomes import plan_inventory
@@ -101,6 +137,7 @@ def status(inventory: str, limit: tuple[str, ...], interval: float, timeout: flo
         thresholds = load_thresholds(loaded)
         outcomes = plan_inventory(loaded)
         targets = targets_from_outcomes(outcomes, loaded)
+        hosts = ssh_targets(loaded.pyinfra, targets) if ssh else []
     except FleetError as exc:
         fail(str(exc), as_json)
     unplanned = [o.spec.name for o in outcomes if o.plan is None]
@@ -110,17 +147,17 @@ def status(inventory: str, limit: tuple[str, ...], interval: float, timeout: flo
         fail("--watch is for people; use --json without it (or call it in a loop)", as_json)
     if watch:
         out = console()
-        rows, latest = collect(targets, thresholds, interval, timeout)
+        rows, latest = observe(targets, hosts, thresholds, interval, timeout)
         try:
             with Live(status_table(rows, interval), console=out, auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
-                    rows, latest = collect(targets, thresholds, interval, timeout, previous=latest)
+                    rows, latest = observe(targets, hosts, thresholds, interval, timeout, previous=latest)
                     stamp = Text(time.strftime("%H:%M:%S") + "  Ctrl-C to stop", style="dim")
                     live.update(Group(status_table(rows, interval), stamp), refresh=True)
         except KeyboardInterrupt:
             return
-    rows, _ = collect(targets, thresholds, interval, timeout)
+    rows, _ = observe(targets, hosts, thresholds, interval, timeout)
     if as_json:
         data = {"instances": [status_data(r) for r in rows], "hosts_without_plan": unplanned}
         click.echo(json.dumps(data, indent=2))

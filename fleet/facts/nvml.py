@@ -25,9 +25,9 @@ from pyinfra.api.facts import FactBase
 
 from fleet.facts.hostfacts import HostFacts, parse_probe_output
 
-#: Interpreters tried in order when none is given: the venv fleet deploys vLLM into (it has
-#: nvidia-ml-py, a vLLM dependency), then the system's python3.
-DEFAULT_PYTHONS = ("/opt/fleet/vllm/bin/python", "python3")
+#: Interpreters tried in order when none is given: the release of vLLM fleet deployed (its venv
+#: has nvidia-ml-py, pinned next to vLLM), the venv of older layouts, then the system's python3.
+DEFAULT_PYTHONS = ("/opt/fleet/vllm/current/bin/python", "/opt/fleet/vllm/bin/python", "python3")
 _END = "FLEET_NVML_PROBE_EOF"
 
 

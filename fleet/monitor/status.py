@@ -6,9 +6,9 @@ refused while loading or stopped: vLLM does not listen until loaded), ``/version
 difference: ``fleet.monitor.intervals``). All instances are read in parallel; an instance or host
 that cannot be reached is a row that says so, never an exception.
 
-The SSH side (unit state and uptime from systemd, the installed release's venv, GPU memory in use
-from NVML) fills the ``unit``/``gpu`` fields through a fact runner; until one is wired in those
-fields are ``None`` and shown as such.
+The SSH side (unit state and uptime from systemd, the installed release, GPU memory in use from
+NVML) comes from ``fleet.monitor.hoststate`` as :class:`UnitFacts` per instance; without it (a
+library caller passing no ``units``) those fields are ``None`` and shown as such.
 """
 
 from __future__ import annotations
@@ -41,11 +41,19 @@ class Health(StrEnum):
 class UnitFacts:
     """What the host's systemd and NVML say about one instance (from the SSH fact runner)."""
 
-    state: str  #: systemd ActiveState/SubState, e.g. "active/running"
+    state: str  #: systemd ActiveState/SubState ("active/running"), "not installed" or "unreachable"
     uptime_seconds: float | None
     restarts: int | None  #: systemd NRestarts
-    venv: str | None
-    gpu_memory_used: int | None  #: bytes, summed over the instance's GPUs
+    venv: str | None  #: what the host's ``current`` release link points at
+    gpu_memory_used: int | None  #: bytes, summed over the instance's processes on its GPUs
+    release: str | None = None  #: the release id ``current`` selects
+    vllm_version: str | None = None  #: the installed release's vLLM version
+    main_pid: int | None = None
+    detail: str = ""  #: why a value is missing (SSH or NVML error)
+
+    @property
+    def active(self) -> bool:
+        return self.state.startswith("active/")
 
 
 @dataclass(frozen=True)
@@ -101,8 +109,14 @@ def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
         ):
             if q is not None and q.value is not None and q.value > limit:
                 out.append(f"{label} {q.value:.2f}s > {limit:g}s")
-    if status.unit is not None and status.unit.restarts is not None and status.unit.restarts > th.restarts:
-        out.append(f"unit restarted {status.unit.restarts} times")
+    unit = status.unit
+    if unit is not None:
+        if unit.state == "unreachable":
+            out.append(f"host unreachable over SSH: {unit.detail}")
+        elif not unit.active:
+            out.append(f"unit {status.target.unit} is {unit.state}")
+        if unit.restarts is not None and unit.restarts > th.restarts:
+            out.append(f"unit restarted {unit.restarts} times")
     return tuple(out)
 
 
@@ -135,6 +149,18 @@ def from_scrapes(
 
 def _with_problems(status: InstanceStatus, th: Thresholds) -> InstanceStatus:
     return replace(status, problems=problems_of(status, th))
+
+
+def attach_units(
+    rows: list[InstanceStatus], units: Mapping[str, UnitFacts], thresholds: Mapping[str, Thresholds] | None = None
+) -> list[InstanceStatus]:
+    """The rows with each instance's SSH facts filled in and its problems recomputed (pure)."""
+    thresholds = thresholds or {}
+    th = Thresholds()
+    return [
+        _with_problems(replace(r, unit=units.get(r.target.instance, r.unit)), thresholds.get(r.target.host, th))
+        for r in rows
+    ]
 
 
 # -- I/O ----------------------------------------------------------------------------------------------
@@ -277,7 +303,11 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
             "uptime_seconds": row.unit.uptime_seconds,
             "restarts": row.unit.restarts,
             "venv": row.unit.venv,
+            "release": row.unit.release,
+            "installed_vllm_version": row.unit.vllm_version,
+            "main_pid": row.unit.main_pid,
             "gpu_memory_used_bytes": row.unit.gpu_memory_used,
+            "detail": row.unit.detail,
         },
         "problems": list(row.problems),
         "ok": row.ok,

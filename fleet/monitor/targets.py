@@ -26,6 +26,7 @@ class Target:
     address: str
     port: int
     vllm_version: str
+    gpus: tuple[int, ...] = ()  #: the NVML indices of the instance's GPUs (the plan's)
 
     @property
     def instance(self) -> str:
@@ -84,6 +85,7 @@ def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventor
                     address=host_address(inventory, spec),
                     port=inst.port,
                     vllm_version=spec.vllm_version,
+                    gpus=inst.gpus,
                 )
             )
     return out

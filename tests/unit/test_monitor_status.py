@@ -160,10 +160,16 @@ def test_status_cli_rows_for_instances_that_do_not_answer(tmp_path: Path) -> Non
         cmd = [sys.executable, "-m", "fleet.cli", "status", str(inv), "--interval", "0.2"]
         result = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, timeout=60)
         human = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+        no_ssh = subprocess.run([*cmd, "--json", "--no-ssh"], capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 1, result.stderr
     (row,) = json.loads(result.stdout)["instances"]
     assert (row["host"], row["health"], row["ok"]) == ("e1", "not listening", False)
-    assert row["unit"] is None and row["interval"] is None
+    assert row["interval"] is None
+    # no SSH server that knows us there: the SSH side says so in the row
+    assert row["unit"]["state"] == "unreachable" and row["unit"]["detail"], row["unit"]
+    assert any("unreachable over SSH" in p for p in row["problems"])
+    (row,) = json.loads(no_ssh.stdout)["instances"]
+    assert no_ssh.returncode == 1 and row["unit"] is None and row["problems"] == []
     assert human.returncode == 1 and "not listening" in human.stdout and "Traceback" not in human.stderr
 
 

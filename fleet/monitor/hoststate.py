@@ -1,0 +1,126 @@
+"""The SSH side of ``fleet status``: systemd units, the installed release and NVML, per instance.
+
+:func:`read_hosts` runs :class:`fleet.facts.hoststatus.HostStatusProbe` on every host at once
+(one SSH round trip each, strict host keys); :func:`unit_facts` turns the answers into one
+:class:`fleet.monitor.status.UnitFacts` per planned instance (pure, table-tested). A host that
+cannot be reached gives every instance on it a ``state="unreachable"`` with the reason.
+
+GPU memory in use by an instance is the sum of NVML's per-process ``usedGpuMemory``
+(``nvmlDeviceGetComputeRunningProcesses``) over the instance's GPUs, counting only processes in
+that instance's systemd unit when the probe could read the process's cgroup (so another
+process on the same GPU is not charged to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.hoststatus import HostStatus, HostStatusProbe
+from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
+from fleet.facts.units import UnitsDict
+from fleet.monitor.scrape import Scrape
+from fleet.monitor.status import InstanceStatus, UnitFacts, attach_units, collect
+from fleet.monitor.targets import Target
+from fleet.monitor.thresholds import Thresholds
+
+HostAnswer = HostStatus | HostUnreachable
+
+
+def gpu_memory_of(target: Target, gpus: HostFacts | None) -> int | None:
+    """Bytes the instance's processes hold on its GPUs (pure); ``None`` when NVML could not say."""
+    if gpus is None:
+        return None
+    wanted = set(target.gpus)
+    total = 0
+    seen = False
+    for gpu in gpus.gpus:
+        if wanted and gpu.index not in wanted:
+            continue
+        if gpu.processes is None:
+            continue
+        seen = True
+        for proc in gpu.processes:
+            if proc.unit is not None and proc.unit != target.unit:
+                continue
+            if not wanted and proc.unit is None:
+                continue
+            total += proc.used_memory or 0
+    return total if seen else None
+
+
+def _state(info: Mapping[str, Any] | None) -> str:
+    if info is None:
+        return "not installed"
+    if info.get("load_state") == "not-found":
+        return "not installed"
+    return f"{info.get('active_state') or '?'}/{info.get('sub_state') or '?'}"
+
+
+def _venv(units: UnitsDict, root: str) -> str | None:
+    link = units["current"]
+    if not link:
+        return None
+    return link if link.startswith("/") else f"{root.rstrip('/')}/{link}"
+
+
+def unit_facts(
+    targets: Iterable[Target], answers: Mapping[str, HostAnswer], root: str = "/opt/fleet/vllm"
+) -> dict[str, UnitFacts]:
+    """One ``UnitFacts`` per instance (by ``Target.instance``) from each host's answer (pure)."""
+    out: dict[str, UnitFacts] = {}
+    for t in targets:
+        answer = answers.get(t.host)
+        if answer is None:
+            continue
+        if isinstance(answer, HostUnreachable):
+            out[t.instance] = UnitFacts("unreachable", None, None, None, None, detail=answer.reason)
+            continue
+        units = answer.units
+        info = units["units"].get(t.unit)
+        state = _state(info)
+        out[t.instance] = UnitFacts(
+            state=state,
+            uptime_seconds=info["uptime_seconds"] if info else None,
+            restarts=info["restarts"] if info else None,
+            venv=_venv(units, root),
+            gpu_memory_used=gpu_memory_of(t, answer.gpus),
+            release=units["release"],
+            vllm_version=units["vllm_version"],
+            main_pid=info["main_pid"] if info else None,
+            detail=answer.gpu_error or "",
+        )
+    return out
+
+
+def ssh_targets(inventory: Any, targets: Iterable[Target]) -> list[SshTarget]:
+    """The SSH targets of the hosts that have planned instances, from the pyinfra inventory."""
+    from fleet.facts.runner import targets_from_inventory
+
+    return targets_from_inventory(inventory, {t.host for t in targets})
+
+
+def read_hosts(hosts: list[SshTarget], timeout: float = 20.0, root: str = "/opt/fleet/vllm") -> dict[str, HostAnswer]:
+    """Run the status probe on every host in parallel: host name -> answer (never raises)."""
+    return run_fact_on_hosts(hosts, HostStatusProbe, timeout=timeout, root=root)
+
+
+def observe(
+    targets: list[Target],
+    hosts: list[SshTarget],
+    thresholds: Mapping[str, Thresholds] | None = None,
+    interval: float = 2.0,
+    timeout: float = 3.0,
+    previous: Mapping[str, Scrape] | None = None,
+    ssh_timeout: float = 20.0,
+) -> tuple[list[InstanceStatus], dict[str, Scrape]]:
+    """``collect`` over HTTP and :func:`read_hosts` over SSH at the same time, merged into rows."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        ssh = pool.submit(read_hosts, hosts, ssh_timeout) if hosts else None
+        rows, latest = collect(targets, thresholds, interval, timeout, previous=previous)
+        answers = ssh.result() if ssh is not None else {}
+    if ssh is None:
+        return rows, latest
+    return attach_units(rows, unit_facts(targets, answers), thresholds), latest
