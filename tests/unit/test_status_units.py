@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet.facts.hostfacts import GpuProcess, HostFacts
-from fleet.facts.hoststatus import HostStatus
+from fleet.facts.hoststatus import HostStatus, HostStatusProbe
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable
 from fleet.facts.units import process_units
@@ -17,7 +17,7 @@ from fleet.monitor.status import Health, InstanceStatus, UnitFacts, attach_units
 from fleet.monitor.targets import Target
 from fleet.monitor.thresholds import Thresholds
 
-from .test_units_fact import RECORDED, RELEASE
+from .test_units_fact import RECORDED, RELEASE, UNITS_PART
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 GiB = 2**30
@@ -45,15 +45,23 @@ def test_units_release_and_gpu_memory_per_instance() -> None:
             1: [P(999, 3 * GiB, "other", "someone-else.service")],
         }
     )
-    answer = HostStatus(process_units(RECORDED), gpus, None)
+    answer = HostStatus(process_units(UNITS_PART), gpus, None)
     got = unit_facts([T0, T1], {"h1": answer})
     u0, u1 = got["h1/vllm-0"], got["h1/vllm-1"]
-    assert u0.state == "active/running" and u0.active and u0.restarts == 0 and u0.main_pid == 1234
+    assert u0.state == "active/running" and u0.active and u0.restarts == 0 and u0.main_pid == 901
     assert u0.release == RELEASE and u0.vllm_version == "0.33.0"
     assert u0.venv == f"/opt/fleet/vllm/releases/{RELEASE}"
     assert u0.gpu_memory_used == 21 * GiB  # engine core and worker, both in the unit's cgroup
     assert u1.state == "inactive/dead" and not u1.active and u1.uptime_seconds is None
     assert u1.gpu_memory_used == 0  # a foreign process on its GPU is not charged to it
+
+
+def test_recorded_lab_answer() -> None:
+    """A lab host after ``systemctl stop fleet-vllm-1.service``: the running instance is charged
+    what its engine core holds on GPU 0, the stopped one nothing."""
+    got = unit_facts([T0, T1], {"h1": HostStatusProbe().process(RECORDED)})
+    assert got["h1/vllm-0"].gpu_memory_used == 23197227418 and got["h1/vllm-0"].state == "active/running"
+    assert got["h1/vllm-1"].gpu_memory_used == 0 and got["h1/vllm-1"].state == "inactive/dead"
 
 
 def test_gpu_memory_edge_cases() -> None:
@@ -72,7 +80,7 @@ def test_unreachable_host_and_a_unit_that_is_not_installed() -> None:
     t2 = target("h2", 0, (0,))
     t3 = target("h1", 5, (0,))
     answers = {"h2": HostUnreachable("h2", "cannot reach 10.0.0.2:22: timed out"),
-               "h1": HostStatus(process_units(RECORDED), None, "NVML: no-nvml-library: not found")}  # fmt: skip
+               "h1": HostStatus(process_units(UNITS_PART), None, "NVML: no-nvml-library: not found")}  # fmt: skip
     got = unit_facts([T0, t2, t3], answers)
     assert got["h2/vllm-0"].state == "unreachable" and "timed out" in got["h2/vllm-0"].detail
     assert got["h1/vllm-5"].state == "not installed" and got["h1/vllm-5"].gpu_memory_used is None

@@ -4,47 +4,24 @@ status probe's split (units, then the NVML probe)."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from fleet.facts.hoststatus import SEPARATOR, HostStatusProbe, split_output
 from fleet.facts.units import VllmUnits, process_units, unit_uptime, units_command
 
-RELEASE = "vllm-0.33.0-py3.11.2-5f0c3e2a9b11"
-
-#: ``VllmUnits().command()`` on a deployed lab host (Debian 12, systemd 252), one unit running
-#: and one stopped with ``systemctl stop``.
-RECORDED = f"""\
-now 1795384540.172740823 3960.26
-current releases/{RELEASE}
-marker {{  "id": "{RELEASE}",  "vllm_version": "0.33.0",  "python": "3.11.2"}}
-unit Id=fleet-vllm-0.service
-unit LoadState=loaded
-unit ActiveState=active
-unit SubState=running
-unit NRestarts=0
-unit MainPID=1234
-unit ExecMainStartTimestamp=@1795384420
-unit ExecMainStartTimestampMonotonic=3840120000
-unit ActiveEnterTimestamp=@1795384420
-unit ActiveEnterTimestampMonotonic=3840121000
-unit end
-unit Id=fleet-vllm-1.service
-unit LoadState=loaded
-unit ActiveState=inactive
-unit SubState=dead
-unit NRestarts=0
-unit MainPID=0
-unit ExecMainStartTimestamp=@1795384421
-unit ExecMainStartTimestampMonotonic=3840990000
-unit ActiveEnterTimestamp=@1795384421
-unit ActiveEnterTimestampMonotonic=3840991000
-unit end
-""".splitlines()
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "status"
+#: ``HostStatusProbe().command()`` run on a lab host (Debian 12, systemd 252, 2x RTX 4090) that
+#: ``fleet deploy`` took to serving, after ``systemctl stop fleet-vllm-1.service``: the units part,
+#: the separator, then the NVML probe's JSON line.
+RECORDED = (FIXTURES / "lab-rtx4090-2-one-stopped.txt").read_text().splitlines()
+UNITS_PART = RECORDED[: RECORDED.index(SEPARATOR)]
+RELEASE = "vllm-0.33.0-py3.11.2-3cd450f82eb9"
 
 
 def test_recorded_output() -> None:
-    got = VllmUnits().process(RECORDED)
+    got = VllmUnits().process(UNITS_PART)
     assert got["current"] == f"releases/{RELEASE}" and got["release"] == RELEASE
     assert got["vllm_version"] == "0.33.0"
     u0, u1 = got["units"]["fleet-vllm-0.service"], got["units"]["fleet-vllm-1.service"]
@@ -53,10 +30,19 @@ def test_recorded_output() -> None:
         "active_state": "active",
         "sub_state": "running",
         "restarts": 0,
-        "main_pid": 1234,
-        "uptime_seconds": pytest.approx(120.17, abs=0.01),
+        "main_pid": 901,
+        "uptime_seconds": pytest.approx(5.12, abs=0.01),  # now 1795384974.12 - ExecMainStart @1795384969
     }
-    assert u1["active_state"] == "inactive" and u1["uptime_seconds"] is None and u1["main_pid"] is None
+    assert u1["active_state"] == "inactive" and u1["sub_state"] == "dead"
+    assert u1["uptime_seconds"] is None and u1["main_pid"] is None
+    assert set(got["units"]) == {"fleet-vllm-0.service", "fleet-vllm-1.service"}
+
+
+def test_recorded_combined_output() -> None:
+    got = HostStatusProbe().process(RECORDED)
+    assert got.gpu_error is None and got.gpus is not None
+    procs = [(g.index, [(p.pid, p.unit) for p in g.processes or ()]) for g in got.gpus.gpus]
+    assert procs == [(0, [(909, "fleet-vllm-0.service")]), (1, [])]  # the engine core of the running one
 
 
 def test_nothing_deployed() -> None:
@@ -122,8 +108,8 @@ def test_the_combined_command_runs_units_then_the_probe() -> None:
 
 
 def test_a_failed_probe_keeps_the_units() -> None:
-    got = HostStatusProbe().process([*RECORDED, SEPARATOR, "not json"])
+    got = HostStatusProbe().process([*UNITS_PART, SEPARATOR, "not json"])
     assert got.gpus is None and got.gpu_error and "not JSON" in got.gpu_error
     assert got.units["units"]["fleet-vllm-0.service"]["active_state"] == "active"
-    got = HostStatusProbe().process(RECORDED)
+    got = HostStatusProbe().process(UNITS_PART)
     assert got.gpus is None and got.gpu_error == "the NVML probe printed nothing"
