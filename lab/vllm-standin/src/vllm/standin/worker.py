@@ -62,6 +62,9 @@ class MemFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{os.getpid()}.mem.tmp")
         tmp.write_text(f"{self.nvml_index} {int(nbytes)}\n")
+        # What the driver accounts is visible to every user through NVML (nvidia-smi as any user),
+        # whatever the unit's UMask: readable by all, like the driver's own state.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, self.path)
 
     def release(self) -> None:
