@@ -1,0 +1,147 @@
+"""``fleet status`` on a lab fleet that ``fleet deploy`` took from bare hosts to serving: the HTTP
+side (health, model, metrics) and the SSH side (systemd unit state and uptime, the release, GPU
+memory through the lab's NVML) in one view; a stopped unit and a host whose sshd is down are rows
+that say so, and the exit status is then non-zero.
+
+The tests run in order on one deployed fleet (each later one breaks a little more).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.lab import lab as lab_ops
+from fleet.lab import ssh
+
+from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
+from .deploying import REPO_ROOT
+
+pytestmark = pytest.mark.lab
+
+FLEET = Path(sys.executable).parent / "fleet"
+CONFIG = REPO_ROOT / "fleet" / "data" / "models" / "meta-llama" / "Llama-3.1-8B-Instruct" / "config.json"
+HUB = "/var/lib/vllm/hf/hub/models--meta-llama--Llama-3.1-8B-Instruct"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def run_on(lab: LabFleet, index: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
+    h = lab.state.hosts[index]
+    client = ssh.connect(h.address, lab.state.ssh_port, lab.dir.control_key, lab.dir.known_hosts)
+    try:
+        return ssh.run(client, command, timeout=timeout)
+    finally:
+        client.close()
+
+
+def place_model_config(lab: LabFleet, index: int) -> None:
+    """The model's config where vLLM's Hugging Face cache finds it (model download is not fleet's yet)."""
+    rc, _out, err = run_on(
+        lab,
+        index,
+        f"sudo useradd --system --home-dir /var/lib/vllm --create-home --shell /usr/sbin/nologin --user-group vllm "
+        f"&& sudo -u vllm mkdir -p {HUB}/snapshots/main {HUB}/refs && echo main | sudo -u vllm tee {HUB}/refs/main "
+        f"&& echo {base64.b64encode(CONFIG.read_bytes()).decode()} | base64 -d "
+        f"| sudo -u vllm tee {HUB}/snapshots/main/config.json >/dev/null",
+    )
+    assert rc == 0, err
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
+    """Two lab hosts (2x RTX 4090 each) deployed with ``fleet deploy``; taken down pass or fail."""
+    require_lab()
+    root = tmp_path_factory.mktemp("status-lab")
+    octet = free_octet(os.getpid() + 29, avoid=frozenset({TEST_OCTET}))
+    opts = replace(test_lab_options(root, f"ps{os.getpid()}", octet, 2, ("rtx4090-2", "rtx4090-2")))
+    try:
+        lab = LabFleet(opts, bring_up(opts))
+        for i in range(2):
+            place_model_config(lab, i)
+        proc = subprocess.run(
+            [str(FLEET), "deploy", str(opts.inventory), "--json", "--health-timeout", "180"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield lab
+    finally:
+        lab_ops.down(opts.name, opts.state_root)
+
+
+def fleet_status(lab: LabFleet, *args: str) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [str(FLEET), "status", str(lab.opts.inventory), "--json", "--interval", "1", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON (rc {proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}") from None
+    return proc.returncode, data
+
+
+def rows_of(data: dict[str, Any], host: str) -> list[dict[str, Any]]:
+    return [r for r in data["instances"] if r["host"] == host]
+
+
+def test_every_instance_is_active_with_uptime_release_model_health_and_gpu_memory(served: LabFleet) -> None:
+    rc, data = fleet_status(served)
+    rows = data["instances"]
+    assert len(rows) == 4, rows  # two instances (one per GPU) on each host
+    assert {r["host"] for r in rows} == {h.name for h in served.state.hosts}
+    for r in rows:
+        unit = r["unit"]
+        assert r["health"] == "ready", r
+        assert r["model"] == MODEL and r["vllm_version"].startswith("0.33.0"), r  # the stand-in: 0.33.0+fleetlab.1
+        assert unit["state"] == "active/running", r
+        assert unit["uptime_seconds"] is not None and 0 < unit["uptime_seconds"] < 3600, unit
+        assert unit["restarts"] == 0 and unit["main_pid"], unit
+        assert unit["release"] and unit["release"].startswith("vllm-0.33.0-"), unit
+        assert unit["venv"] == f"/opt/fleet/vllm/releases/{unit['release']}", unit
+        assert unit["installed_vllm_version"] == "0.33.0", unit  # the release marker's pin
+        assert unit["gpu_memory_used_bytes"] > 2**30, unit  # the stand-in holds weights + KV cache
+        assert r["problems"] == [], r
+    # each instance is charged its own GPU's memory, not the host's total
+    a, b = rows_of(data, served.state.hosts[0].name)
+    assert a["unit"]["main_pid"] != b["unit"]["main_pid"]
+    assert rc == 0, data
+
+
+def test_a_stopped_unit_is_inactive_and_the_exit_status_says_so(served: LabFleet) -> None:
+    rc, _out, err = run_on(served, 0, "sudo systemctl stop fleet-vllm-1.service")
+    assert rc == 0, err
+    rc, data = fleet_status(served)
+    assert rc == 1, data
+    host0 = served.state.hosts[0].name
+    stopped = next(r for r in data["instances"] if r["instance"] == f"{host0}/vllm-1")
+    assert stopped["unit"]["state"] == "inactive/dead" and stopped["unit"]["uptime_seconds"] is None, stopped
+    assert stopped["unit"]["gpu_memory_used_bytes"] == 0, stopped  # KillMode reaped everything
+    assert stopped["health"] == "not listening" and not stopped["ok"]
+    assert any("fleet-vllm-1.service is inactive/dead" in p for p in stopped["problems"]), stopped
+    others = [r for r in data["instances"] if r is not stopped]
+    assert all(r["ok"] and r["unit"]["state"] == "active/running" for r in others), others
+
+
+def test_a_host_without_sshd_is_a_row_that_says_unreachable(served: LabFleet) -> None:
+    host1 = served.state.hosts[1].name
+    # The command's own session survives sshd's stop (it lives in its own scope).
+    rc, _out, err = run_on(served, 1, "sudo systemctl stop ssh.socket ssh.service; true")
+    assert rc == 0, err
+    rc, data = fleet_status(served)
+    assert rc == 1, data
+    for r in rows_of(data, host1):
+        assert r["unit"]["state"] == "unreachable", r
+        assert "cannot reach" in r["unit"]["detail"] or "SSH" in r["unit"]["detail"], r
+        assert any("unreachable over SSH" in p for p in r["problems"]), r
+        assert r["health"] == "ready"  # vLLM still serves; only the SSH side is gone
+    host0_rows = rows_of(data, served.state.hosts[0].name)
+    assert {r["unit"]["state"] for r in host0_rows} == {"active/running", "inactive/dead"}
