@@ -41,7 +41,7 @@ def _red_if(text: str, row: InstanceStatus, word: str) -> Text:
 
 def _notes(row: InstanceStatus) -> Text:
     if row.health is not Health.READY:
-        return Text(row.detail, style="red")
+        return Text("; ".join([row.detail, *row.problems]), style="red")
     return Text("; ".join(row.problems) or "ok", style="yellow" if row.problems else "green")
 
 
