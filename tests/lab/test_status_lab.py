@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +116,25 @@ def test_every_instance_is_active_with_uptime_release_model_health_and_gpu_memor
     a, b = rows_of(data, served.state.hosts[0].name)
     assert a["unit"]["main_pid"] != b["unit"]["main_pid"]
     assert rc == 0, data
+
+
+def test_watch_refreshes_with_the_ssh_side_until_ctrl_c(served: LabFleet) -> None:
+    env = {**os.environ, "COLUMNS": "250"}
+    proc = subprocess.Popen(
+        [str(FLEET), "status", str(served.opts.inventory), "--watch", "--interval", "1"],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        time.sleep(6)  # the first view and a few refreshes
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert "Ctrl-C to stop" in out  # refreshed at least once
+    assert out.count("active/running") >= 4 and "GiB" in out and "vllm-0.33.0-" in out, out[-3000:]
 
 
 def test_a_stopped_unit_is_inactive_and_the_exit_status_says_so(served: LabFleet) -> None:
