@@ -152,6 +152,7 @@ def _register_commands() -> None:
     from fleet.cli.lab import lab
     from fleet.cli.monitor import monitor
     from fleet.cli.plan import plan
+    from fleet.cli.rollout import restart, rollback, rollout
     from fleet.cli.status import status
 
     main.add_command(plan)
@@ -161,6 +162,9 @@ def _register_commands() -> None:
     main.add_command(status)
     main.add_command(history)
     main.add_command(audit)
+    main.add_command(restart)
+    main.add_command(rollout)
+    main.add_command(rollback)
 
 
 _register_commands()

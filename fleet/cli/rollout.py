@@ -1,0 +1,428 @@
+"""``fleet restart``, ``fleet rollout`` and ``fleet rollback``: the rolling engine on a serving fleet.
+
+Thin: the inventory is read by ``fleet.rollout.fleet_inventory``, the work is
+``fleet.rollout.runner.Runner`` over ``fleet.rollout.ssh_executor.SshExecutor``; this module
+only turns options into a policy, shows progress and says what to do next.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
+from fleet.errors import FleetError
+from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, new_rollout, resume
+from fleet.rollout.errors import LockHeld
+from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
+from fleet.rollout.journal import Journal, default_path, new_rollout_id
+from fleet.rollout.observe import Observations
+from fleet.rollout.runner import Runner, open_rollout
+from fleet.rollout.ssh_executor import SshExecutor
+
+EXIT_STOPPED = 1
+
+
+def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    opts = [
+        click.option("--batches", help='Batch sizes: "1,2,25%" (the first is the canary; -1: the rest).'),
+        click.option("--max-unavailable", help='Instances allowed not serving at once: a count or "N%".'),
+        click.option("--soak", "soak_s", type=float, help="Seconds every gate must stay green."),
+        click.option("--canary-bake", "canary_bake_s", type=float, help="Seconds the canary batch is watched."),
+        click.option("--on-failure", type=click.Choice(["rollback", "halt"]), help="What a failed batch does."),
+        click.option("--health-timeout", type=float, help="Seconds an instance may take to load (the health gate)."),
+        click.option("--probe-interval", "probe_interval_s", type=float, help="Seconds between gate probes."),
+        click.option("--gates-over-ssh", multiple=True, help="Probe this host's gates with curl on it (repeatable)."),
+        click.option("--take-over", is_flag=True, help="Take over a stale lock (its owner is gone)."),
+        click.option("--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
+                     help="The journal database (default: $FLEET_JOURNAL or ~/.local/state/fleet/journal.sqlite)."),
+        click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
+    ]  # fmt: skip
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def _size(text: str) -> int | str:
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else text
+
+
+def overrides_of(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy overrides the command line gives (validated by ``parse_policy``, named "command line")."""
+    out: dict[str, Any] = {}
+    if opts.get("batches"):
+        out["batches"] = [_size(b) for b in str(opts["batches"]).split(",") if b.strip()]
+    if opts.get("max_unavailable"):
+        out["max_unavailable"] = _size(str(opts["max_unavailable"]))
+    for key in ("soak_s", "canary_bake_s", "probe_interval_s"):
+        if opts.get(key) is not None:
+            out[key] = opts[key]
+    if opts.get("on_failure"):
+        out["on_failure"] = opts["on_failure"]
+    if opts.get("health_timeout") is not None:
+        out["timeouts.health"] = opts["health_timeout"]
+    return out
+
+
+# ---- the run, for people --------------------------------------------------------------------------
+
+
+class _Stop:
+    """Ctrl-C (or SIGTERM) asks the runner to stop between steps; the step in progress finishes."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self.note: Callable[[str], None] = lambda _m: None
+
+    def __call__(self) -> bool:
+        return self.asked
+
+    def handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        self.note(f"{signal.Signals(signum).name}: stopping after the step in progress (again to abort at once)")
+
+
+@contextmanager
+def _signals(stop: _Stop) -> Iterator[None]:
+    old = {s: signal.signal(s, stop.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _view(state: RolloutState, now: float) -> Table:
+    batch = f"batch {state.batch_index + 1}/{len(state.batches)}" if state.current else "between batches"
+    title = f"fleet {state.kind} {state.id}: {batch}" + (f" ({state.waiting})" if state.waiting else "")
+    if state.failing:
+        title += f" [red]failing: {escape(state.failing)}[/]"
+    table = Table(title=title, title_justify="left")
+    for col in ("host", "instance", "step", "release", "waiting on", "for"):
+        table.add_column(col)
+    for ref in state.current:
+        i = state.inst(ref)
+        waited = "" if i.phase in TERMINAL else f"{max(0.0, now - i.phase_since):.0f}s"
+        step = i.phase.value + (" (rolling back)" if i.rolling_back else "")
+        table.add_row(ref.host, ref.instance, step, i.release, escape(i.note), waited)
+    return table
+
+
+class LiveRunner(Runner):
+    """The runner, remembering the state it last observed for the live view."""
+
+    last: RolloutState | None = None
+
+    def observe(self, state: RolloutState) -> Observations:
+        self.last = state
+        return super().observe(state)
+
+
+def _run(
+    state: RolloutState,
+    executor: SshExecutor,
+    journal: Journal,
+    as_json: bool,
+    resumed: bool,
+) -> RolloutState:
+    stop = _Stop()
+    err = Console(stderr=True, highlight=False)
+    live_on = not as_json and err.is_terminal
+    events: list[str] = []
+
+    def event(line: str) -> None:
+        events.append(line)
+        if not as_json:
+            err.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(line)}", soft_wrap=True)
+
+    runner = LiveRunner(executor, journal, should_stop=stop, on_event=event)
+    stop.note = event
+    if not as_json:
+        what = "resuming" if resumed else "starting"
+        n, b = len(state.instances), len(state.batches)
+        err.print(f"{what} {state.kind} {state.id}: {n} instance(s) in {b} batch(es)")
+    with _signals(stop):
+        if live_on:
+            with Live(console=err, refresh_per_second=2, transient=True) as live:
+
+                def on_event(line: str) -> None:
+                    event(line)
+                    live.update(_live(runner, state))
+
+                runner.on_event = on_event
+
+                def tick(seconds: float) -> None:
+                    live.update(_live(runner, state))
+                    time.sleep(seconds)
+
+                runner.sleep = tick
+                final = runner.run(state)
+        else:
+            final = runner.run(state)
+    return final
+
+
+def _live(runner: LiveRunner, initial: RolloutState) -> Group:
+    return Group(_view(runner.last or initial, time.time()), Text(""))
+
+
+def _summary(state: RolloutState) -> dict[str, Any]:
+    return {
+        "id": state.id,
+        "fleet": state.fleet,
+        "kind": state.kind,
+        "status": state.status.value,
+        "reason": state.reason,
+        "instances": [
+            {
+                "instance": str(ref),
+                "phase": i.phase.value,
+                "release_before": i.previous_release,
+                "release": i.release,
+                "failure": i.failure,
+                "rollback_failure": i.rollback_failure,
+            }
+            for ref, i in state.instances.items()
+        ],
+        "next": next_steps(state),
+    }
+
+
+def next_steps(state: RolloutState) -> list[str]:
+    """What the on-call does next, in words and commands."""
+    if state.status is RolloutStatus.RUNNING:
+        return [f"stopped between steps; resume with: fleet rollout --resume {state.id}"]
+    if state.status is RolloutStatus.DONE:
+        out = [f"every instance is healthy; `fleet history {state.id}` lists every step"]
+        if state.kind == "rollout":
+            out.append(f"to undo it: fleet rollback {state.id}")
+        return out
+    out = [f"halted: {state.reason}", f"`fleet history {state.id}` lists every step and its outcome"]
+    stuck = [i for i in state.instances.values() if i.rollback_failure]
+    if stuck:
+        for i in stuck:
+            out.append(
+                f"{i.ref} is not serving ({i.rollback_failure}): check `journalctl -u fleet-{i.ref.instance}.service` "
+                f"on {i.ref.host}, then `fleet rollback {state.id}` to try the previous release again"
+            )
+    elif any(i.rolling_back for i in state.instances.values()):
+        out.append(
+            "the failed batch is back on the release it ran before; later batches were not touched. Fix the cause "
+            "(the failure above), then run it again"
+        )
+    return out
+
+
+def _report(state: RolloutState, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(_summary(state), indent=2))
+    else:
+        table = Table(title=f"fleet {state.kind} {state.id}: {state.status.value}", title_justify="left")
+        for col in ("instance", "result", "release before", "release now", "why"):
+            table.add_column(col)
+        for ref, i in state.instances.items():
+            why = i.rollback_failure or i.failure or i.note
+            table.add_row(str(ref), i.phase.value, i.previous_release or "-", i.release, escape(why))
+        out = console()
+        out.print(table)
+        for line in next_steps(state):
+            out.print(escape(line), soft_wrap=True)
+    sys.exit(0 if state.status is RolloutStatus.DONE else EXIT_SOME_HOSTS)
+
+
+def _journal(path: Path | None) -> Journal:
+    p = path or default_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return Journal(p)
+
+
+def _start(
+    fleet: RolloutFleet,
+    kind: str,
+    targets_of: Callable[[SshExecutor], list[Target]],
+    opts: Mapping[str, Any],
+) -> None:
+    """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
+    as_json = bool(opts["as_json"])
+    try:
+        policy = fleet.policy(overrides_of(opts))
+        executor = fleet.executor(opts["gates_over_ssh"])
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    with _journal(opts["journal_path"]) as journal:
+        now = time.time()
+        rollout_id = new_rollout_id(now)
+        try:
+            journal.acquire(fleet.name, rollout_id, takeover=bool(opts["take_over"]))
+        except LockHeld as exc:
+            fail(str(exc), as_json, code=EXIT_INVALID)
+        try:
+            try:
+                targets = targets_of(executor)
+                state = open_rollout(journal, new_rollout(rollout_id, fleet.name, kind, targets, policy, now))
+            except FleetError as exc:
+                fail(str(exc), as_json)
+            final = _run(state, executor, journal, as_json, resumed=False)
+        finally:
+            journal.release(fleet.name, rollout_id)
+            executor.close()
+    _report(final, as_json)
+
+
+def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
+    return {h: executor.links(h)[0] for h in hosts}
+
+
+# ---- commands -------------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, exists=True))
+@click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
+@_policy_options
+def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
+    """Restart every instance, batch by batch, behind the health gates (no configuration change).
+
+    The on-call restart: each instance is drained, stopped, checked for GPUs left held (an
+    orphaned engine is named and stopped), started on the release it runs, and gated. A failure
+    halts the restart. Exit status 0 when every instance is healthy, 1 when it halted or was
+    stopped (the message says how to resume), 2 on invalid input or a held lock.
+    """
+    try:
+        fleet = load_fleet(inventory, limit)
+    except FleetError as exc:
+        fail(str(exc), bool(opts["as_json"]))
+    opts.setdefault("on_failure", None)
+    if not opts["on_failure"]:
+        opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
+    _start(fleet, "restart", lambda ex: fleet.targets(_current_releases(ex, fleet.hosts), restart=True), opts)
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False, exists=True), required=False)
+@click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
+@click.option("--release", help="Roll every instance onto this installed vLLM release (a name under releases/).")
+@click.option("--resume", "resume_id", is_flag=False, flag_value="", default=None,
+              help="Resume a rollout that did not finish (the last one, or the ID given).")  # fmt: skip
+@_policy_options
+def rollout(
+    inventory: str | None, limit: tuple[str, ...], release: str | None, resume_id: str | None, **opts: Any
+) -> None:
+    """Roll the fleet onto a release, batch by batch, behind the health gates; or resume one.
+
+    ``--release R`` switches each instance to the installed release R (the ``current`` link) and
+    restarts it; the first batch is the canary, a failed batch goes back to the release it ran
+    (a link flip and a restart) and the rollout halts. ``--resume [ID]`` reads every host's true
+    state and finishes (or rolls back) a rollout whose control process died or was stopped.
+    """
+    as_json = bool(opts["as_json"])
+    if resume_id is not None:
+        _resume(resume_id, opts)
+        return
+    if inventory is None or not release:
+        fail(
+            "give an INVENTORY and --release NAME (an installed release), or --resume [ID]. "
+            "Applying new serving settings from the inventory is `fleet deploy` then `fleet restart`",
+            as_json,
+        )
+    try:
+        fleet = load_fleet(inventory, limit)
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    chosen = release
+    _start(fleet, "rollout", lambda _ex: fleet.targets(dict.fromkeys(fleet.hosts, chosen), restart=False), opts)
+
+
+def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
+    as_json = bool(opts["as_json"])
+    with _journal(opts["journal_path"]) as journal:
+        rid = resume_id or next((r.id for r in journal.history(None, 200) if r.status == "running"), None)
+        if not rid:
+            fail("no unfinished rollout in the journal (`fleet history` lists them)", as_json, code=EXIT_SOME_HOSTS)
+        try:
+            saved = journal.latest_state(rid)
+            if saved.status is not RolloutStatus.RUNNING:
+                fail(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume", as_json)
+            hosts = sorted({r.host for r in saved.instances})
+            fleet = load_fleet(saved.fleet, hosts)
+            executor = fleet.executor(opts["gates_over_ssh"])
+            journal.acquire(saved.fleet, rid, takeover=bool(opts["take_over"]))
+        except FleetError as exc:
+            fail(str(exc), as_json, code=EXIT_INVALID)
+        try:
+            final = _run(resume(saved, time.time()), executor, journal, as_json, resumed=True)
+        finally:
+            journal.release(saved.fleet, rid)
+            executor.close()
+    _report(final, as_json)
+
+
+@click.command()
+@click.argument("target", required=False)
+@click.option("--limit", multiple=True, help="With an INVENTORY: only these hosts or groups.")
+@_policy_options
+def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
+    """Go back to the last good release: a link flip and a restart per instance, no reinstall.
+
+    TARGET is a rollout ID (every instance it changed goes back to the release it ran before) or
+    an INVENTORY (every host goes to its ``previous`` release link). Without TARGET: the last
+    rollout in the journal.
+    """
+    as_json = bool(opts["as_json"])
+    if target is not None and Path(target).is_file():
+        try:
+            fleet = load_fleet(target, limit)
+        except FleetError as exc:
+            fail(str(exc), as_json)
+
+        def previous(ex: SshExecutor) -> list[Target]:
+            links = {h: ex.links(h) for h in fleet.hosts}
+            none = [h for h, (_c, p) in links.items() if not p]
+            if none:
+                raise FleetError(f"no previous release on {', '.join(none)} (no previous link): nothing to go back to")
+            return fleet.targets({h: p for h, (_c, p) in links.items()}, restart=False)
+
+        _start(fleet, "rollback", previous, opts)
+        return
+    with _journal(opts["journal_path"]) as journal:
+        rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
+        if not rid:
+            fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
+                 as_json)  # fmt: skip
+        try:
+            saved = journal.latest_state(rid)
+        except FleetError as exc:
+            fail(str(exc), as_json)
+    back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
+    if not back:
+        fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
+    try:
+        fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
+    except FleetError as exc:
+        fail(str(exc), as_json)
+
+    def before(_ex: SshExecutor) -> list[Target]:
+        return [
+            Target(ref, str(i.previous_release), i.previous_model or i.target.model, i.target.port)
+            for ref, i in back.items()
+            if ref in fleet.instances
+        ]
+
+    _start(fleet, "rollback", before, opts)

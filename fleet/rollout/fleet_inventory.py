@@ -1,0 +1,95 @@
+"""A serving fleet as the rollout engine sees it, read from an inventory: its instances (one per
+systemd unit ``fleet deploy`` installed), how to reach each host, the API keys and the policy.
+
+Everything is checked here, before any host is touched: a bad inventory, a bad ``rollout``
+setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
+the file, host and field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import FleetError
+from fleet.facts.runner import SshTarget
+from fleet.inventory.spec import load_inventory
+from fleet.operations import host as host_deploy
+from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.rollout.batches import InstanceRef
+from fleet.rollout.engine import Target
+from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
+from fleet.rollout.probe import read_secret
+from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
+
+
+@dataclass(frozen=True)
+class RolloutFleet:
+    name: str  #: the lock's key: the inventory's absolute path (one rollout per fleet)
+    inventory: str
+    hosts: tuple[str, ...]  #: selected hosts, inventory order
+    ssh: Mapping[str, SshTarget]
+    instances: Mapping[InstanceRef, InstanceSpec]  #: inventory order, hosts then instances
+    host_data: Mapping[str, Mapping[str, Any]]
+    api_keys: Mapping[str, str | None]
+
+    def policy(self, overrides: Mapping[str, Any] | None = None) -> RolloutPolicy:
+        return policy_from_hosts(self.inventory, self.host_data, overrides)
+
+    def executor(self, gates_over_ssh: Sequence[str] = (), http_timeout_s: float = 10.0) -> SshExecutor:
+        unknown = sorted(set(gates_over_ssh) - set(self.hosts))
+        if unknown:
+            raise FleetError(f"--gates-over-ssh {', '.join(unknown)}: not a selected host of {self.inventory}")
+        return SshExecutor(
+            self.ssh, self.instances, api_keys=self.api_keys, gates_over_ssh=gates_over_ssh,
+            http_timeout_s=http_timeout_s,
+        )  # fmt: skip
+
+    def targets(self, releases: Mapping[str, str | None], *, restart: bool) -> list[Target]:
+        """Every instance heading for its host's entry in ``releases`` (a host without one is refused)."""
+        missing = [h for h in self.hosts if not releases.get(h)]
+        if missing:
+            raise FleetError(
+                f"no vLLM release is active on {', '.join(missing)} (no {DEFAULT_ROOT}/current "
+                "link): run `fleet deploy` on it first"
+            )
+        return [
+            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart) for ref, s in self.instances.items()
+        ]
+
+
+def load_fleet(inventory: str, limit: Sequence[str] | None = None) -> RolloutFleet:
+    """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given)."""
+    loaded = load_inventory(inventory, list(limit) if limit else None)
+    if not loaded.hosts:
+        raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
+    problems: list[str] = []
+    ssh: dict[str, SshTarget] = {}
+    instances: dict[InstanceRef, InstanceSpec] = {}
+    datas: dict[str, Mapping[str, Any]] = {}
+    keys: dict[str, str | None] = {}
+    for spec in loaded.hosts:
+        data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
+        datas[spec.name] = data
+        try:
+            ssh[spec.name] = SshTarget.from_data(spec.name, data)
+            plan = host_deploy.host_plan(spec.name, data)
+            keys[spec.name] = read_secret(spec.api_key_ref) if spec.api_key_ref is not None else None
+        except FleetError as exc:
+            problems.append(str(exc))
+            continue
+        address = spec.bind_address if spec.bind_address not in (None, "0.0.0.0", "::") else None
+        address = address or spec.ssh_hostname or spec.name
+        served = spec.served_model_name or plan.model
+        for inst in plan.instances:
+            ref = InstanceRef(spec.name, inst.unit_name)
+            instances[ref] = InstanceSpec(
+                ref, f"fleet-{inst.unit_name}.service", f"http://{address}:{inst.port}", inst.port, inst.gpus, served
+            )
+    if problems:
+        raise FleetError("\n".join(problems))
+    return RolloutFleet(
+        str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys
+    )

@@ -1,0 +1,380 @@
+"""The rollout ``Executor`` over SSH (systemd, NVML, the release links) and HTTP (the gates).
+
+One paramiko connection per host, opened on first use and reused for every step (strict host
+keys, as ``fleet.facts.runner.connect`` checks them); a broken connection is opened again once
+before the host is reported unreachable. Every remote command is an argv list joined with
+``fleet.render.escape.ssh_command``; commands that change the host run under ``sudo -n``.
+
+What each step reads or does on a host:
+
+* unit state: ``systemctl show -p ActiveState,SubState,NRestarts,MainPID <unit>`` (systemd's
+  own names, systemd.exec(5)/org.freedesktop.systemd1(5));
+* the release an instance runs: the target of ``<root>/current`` (the link ``fleet deploy``'s
+  ``vllm.activate`` flips; ``previous`` is the one before);
+* GPU processes: the NVML probe (``fleet.facts.nvml``), run only while the unit is not active;
+  a process on one of the instance's GPUs whose ``/proc/<pid>/cgroup`` names the instance's
+  unit is ours (vLLM's ``VLLM::EngineCore`` and ``VLLM::Worker_TP*`` processes survive a
+  SIGKILLed API server, vLLM ``vllm/v1/engine/utils.py``, issue vllm#55510), anything else is
+  not fleet's to stop;
+* ``flip_release``: the same two atomic ``ln -sfn`` + ``mv -T`` renames as the deploy (``previous``
+  becomes what ``current`` named), refused for a release whose marker file is missing;
+* the gates: HTTP from this machine (``fleet.rollout.probe``), or, for hosts whose port cannot
+  be reached from here, ``curl`` on the host over the same SSH connection (the API key goes to
+  curl on stdin, never in argv);
+* hooks: on the control machine (argv, no shell).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import paramiko
+
+from fleet.errors import FleetError
+from fleet.facts.hostfacts import parse_probe_output
+from fleet.facts.nvml import probe_command
+from fleet.facts.releases import MARKER
+from fleet.facts.runner import SshTarget, connect
+from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.render.escape import ssh_command
+from fleet.rollout.batches import InstanceRef
+from fleet.rollout.executor import ExecutorError
+from fleet.rollout.gates import Probe, UnitState
+from fleet.rollout.observe import GpuProcess, InstanceFacts
+from fleet.rollout.policy import RolloutPolicy
+from fleet.rollout.probe import InstanceProber, _Reply
+
+SSH_TIMEOUT_S = 60.0
+#: ``systemctl stop`` waits for the unit's TimeoutStopSec (vLLM's drain); this bounds the wait here.
+STOP_TIMEOUT_S = 900.0
+UNIT_PROPS = ("ActiveState", "SubState", "NRestarts", "MainPID")
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Where one instance lives: its host's unit, its GPUs, its URL and the model it serves."""
+
+    ref: InstanceRef
+    unit: str  #: e.g. ``fleet-vllm-0.service``
+    url: str  #: e.g. ``http://10.0.0.5:8000`` (as reached from the control machine)
+    port: int
+    gpus: tuple[int, ...]
+    model: str  #: the served model name
+
+
+def parse_unit(text: str) -> UnitState | None:
+    """``systemctl show`` output (``Key=Value`` lines) → ``UnitState``; None when it says nothing."""
+    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    if "ActiveState" not in values:
+        return None
+
+    def number(key: str) -> int:
+        raw = values.get(key, "").strip()
+        return int(raw) if raw.isdigit() else 0
+
+    return UnitState(
+        values["ActiveState"].strip(), values.get("SubState", "").strip(), number("NRestarts"), number("MainPID")
+    )
+
+
+def release_of(link_target: str) -> str | None:
+    """``releases/<id>`` (what ``current`` points at) → ``<id>``; None for no link."""
+    target = link_target.strip().rstrip("/")
+    return target.rsplit("/", 1)[-1] or None if target else None
+
+
+def release_from_exe(exe: str, root: str) -> str | None:
+    """``<root>/releases/<id>/bin/python3`` → ``<id>``; None for a path outside ``<root>/releases``."""
+    prefix = root.rstrip("/") + "/releases/"
+    if not exe.startswith(prefix):
+        return None
+    release = exe[len(prefix) :].split("/", 1)[0]
+    return release or None
+
+
+class _Conn:
+    """One host's SSH connection, opened lazily, reopened once when it broke."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+        self.client: paramiko.SSHClient | None = None
+        self.lock = threading.Lock()
+
+    def _client(self, fresh: bool) -> paramiko.SSHClient:
+        with self.lock:
+            if fresh and self.client is not None:
+                self.client.close()
+                self.client = None
+            if self.client is None:
+                self.client = connect(self.target, timeout=10.0)
+            return self.client
+
+    def run(self, command: str, timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
+        last: Exception | None = None
+        for attempt in range(2):
+            try:
+                client = self._client(fresh=attempt > 0)
+                chan_in, out, err = client.exec_command(command, timeout=timeout)
+                if stdin:
+                    chan_in.write(stdin)
+                chan_in.channel.shutdown_write()
+                stdout = out.read().decode(errors="replace")
+                stderr = err.read().decode(errors="replace")
+                return out.channel.recv_exit_status(), stdout, stderr
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                last = exc
+        raise ExecutorError(f"host {self.target.name}: SSH failed: {last or 'no answer'}")
+
+    def close(self) -> None:
+        with self.lock:
+            if self.client is not None:
+                self.client.close()
+                self.client = None
+
+
+class SshProber(InstanceProber):
+    """The HTTP probes of ``InstanceProber``, made by ``curl`` on the instance's host over SSH."""
+
+    def __init__(self, conn: _Conn, port: int, timeout_s: float, api_key: str | None = None) -> None:
+        super().__init__(f"http://127.0.0.1:{port}", timeout_s, api_key)
+        self._conn = conn
+        self._key = api_key
+
+    def _request(self, path: str, body: dict[str, Any] | None = None) -> _Reply:
+        argv = ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", "--max-time", f"{self.timeout_s:g}"]
+        argv += ["-H", "content-type: application/json", "-H", "@-"]  # headers from stdin: the key stays out of argv
+        if body is not None:
+            argv += ["--data-binary", json.dumps(body)]
+        argv.append(self.base_url + path)
+        header = f"authorization: Bearer {self._key}\n".encode() if self._key else b"x-fleet-probe: 1\n"
+        t0 = time.monotonic()
+        try:
+            rc, out, err = self._conn.run(ssh_command(argv), self.timeout_s + 10, stdin=header)
+        except ExecutorError as exc:
+            return _Reply(None, b"", str(exc), time.monotonic() - t0)
+        elapsed = time.monotonic() - t0
+        payload, _, code = out.rpartition("\n")
+        if rc == 28:
+            return _Reply(None, b"", f"timed out after {self.timeout_s:g}s", elapsed)
+        if rc == 7:
+            return _Reply(None, b"", "connection refused", elapsed)
+        if rc != 0 or not code.strip().isdigit():
+            return _Reply(None, b"", f"curl on the host exited {rc}: {err.strip()[:200]}", elapsed)
+        return _Reply(int(code), payload.encode(), "", elapsed)
+
+
+class SshExecutor:
+    """``fleet.rollout.executor.Executor`` for hosts reached over SSH (see the module docstring)."""
+
+    def __init__(
+        self,
+        targets: Mapping[str, SshTarget],
+        instances: Mapping[InstanceRef, InstanceSpec],
+        *,
+        root: str = DEFAULT_ROOT,
+        api_keys: Mapping[str, str | None] | None = None,
+        http_timeout_s: float = 5.0,
+        gates_over_ssh: Collection[str] = (),
+        ssh_timeout_s: float = SSH_TIMEOUT_S,
+    ) -> None:
+        missing = sorted({r.host for r in instances} - set(targets))
+        if missing:
+            raise FleetError(f"no SSH settings for host(s) {', '.join(missing)}")
+        self.targets = dict(targets)
+        self.instances = dict(instances)
+        self.root = root.rstrip("/")
+        self.http_timeout_s = http_timeout_s
+        self.gates_over_ssh = frozenset(gates_over_ssh)
+        self.ssh_timeout_s = ssh_timeout_s
+        self.__keys = dict(api_keys or {})
+        self._conns = {name: _Conn(t) for name, t in self.targets.items()}
+
+    def __repr__(self) -> str:
+        return f"SshExecutor(hosts={sorted(self.targets)}, api_keys={'<set>' if any(self.__keys.values()) else None})"
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def spec(self, ref: InstanceRef) -> InstanceSpec:
+        try:
+            return self.instances[ref]
+        except KeyError:
+            raise ExecutorError(f"{ref}: not an instance of this inventory") from None
+
+    def run(self, host: str, argv: Sequence[str], *, sudo: bool = False, timeout: float | None = None) -> str:
+        """Run ``argv`` on ``host`` (``sudo -n`` when asked); its stdout, or ``ExecutorError``."""
+        full = ["sudo", "-n", *argv] if sudo else list(argv)
+        rc, out, err = self._conns[host].run(ssh_command(full), timeout or self.ssh_timeout_s)
+        if rc != 0:
+            raise ExecutorError(f"host {host}: `{ssh_command(argv)}` exited {rc}: {(err or out).strip()[-300:]}")
+        return out
+
+    def prober(self, ref: InstanceRef) -> InstanceProber:
+        s = self.spec(ref)
+        key = self.__keys.get(ref.host)
+        if ref.host in self.gates_over_ssh:
+            return SshProber(self._conns[ref.host], s.port, self.http_timeout_s, key)
+        return InstanceProber(s.url, self.http_timeout_s, key)
+
+    # ---- observing -------------------------------------------------------------------------------
+
+    def unit_and_release(self, ref: InstanceRef) -> tuple[UnitState | None, str | None]:
+        """The unit's state and the release the instance runs.
+
+        A running instance runs the release its process was started from: the interpreter in
+        ``/proc/<MainPID>/cmdline`` (the ``vllm`` console script's shebang names the release's
+        own venv, ``<root>/releases/<id>/bin/python``, as pip writes it). The ``current`` link is
+        per host, so after a canary on one instance it names a release the host's other
+        instances do not run yet. A stopped instance will run what ``current`` names.
+        """
+        s = self.spec(ref)
+        script = (
+            'systemctl show -p "$3" -- "$1" || exit $?; printf "current=%s\\n" "$(readlink -- "$2/current")"; '
+            'pid=$(systemctl show -p MainPID --value -- "$1"); '
+            'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then printf "exe=%s\\n" "$(tr "\\000" "\\n" < /proc/$pid/cmdline '
+            '2>/dev/null | head -n 1)"; fi'
+        )
+        argv = ["sh", "-c", script, "fleet-facts", s.unit, self.root, ",".join(UNIT_PROPS)]
+        rc, out, err = self._conns[ref.host].run(ssh_command(argv), self.ssh_timeout_s)
+        if rc != 0:
+            raise ExecutorError(f"host {ref.host}: systemctl show {s.unit} exited {rc}: {err.strip()[-300:]}")
+        values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        unit = parse_unit(out)
+        running = release_from_exe(values.get("exe", ""), self.root)
+        if unit is not None and unit.main_pid and running is not None:
+            return unit, running
+        return unit, release_of(values.get("current", ""))
+
+    def gpu_processes(self, ref: InstanceRef) -> tuple[GpuProcess, ...]:
+        """Compute processes on the instance's GPUs through NVML; ours = in the unit's cgroup."""
+        s = self.spec(ref)
+        python = f"{self.root}/current/bin/python"
+        rc, out, err = self._conns[ref.host].run(
+            ssh_command(["sudo", "-n", "sh", "-c", probe_command(python)]), self.ssh_timeout_s
+        )
+        if rc != 0:
+            raise ExecutorError(f"host {ref.host}: the NVML probe exited {rc}: {err.strip()[-300:]}")
+        try:
+            facts = parse_probe_output(out.splitlines())
+        except FleetError as exc:
+            raise ExecutorError(f"host {ref.host}: NVML probe: {exc}") from exc
+        if not facts.ok:
+            raise ExecutorError(
+                f"host {ref.host}: NVML probe: {facts.status}: {facts.error_message or facts.error_class}; "
+                "cannot tell whether the instance's GPUs are free"
+            )
+        procs = []
+        for gpu in facts.gpus:
+            if gpu.index not in s.gpus:
+                continue
+            if gpu.processes is None:
+                raise ExecutorError(f"host {ref.host}: NVML could not list the processes on GPU {gpu.index}")
+            for p in gpu.processes:
+                procs.append(GpuProcess(p.pid, p.comm or "?", gpu.index, p.used_memory or 0, p.unit == s.unit))
+        return tuple(procs)
+
+    def facts(self, ref: InstanceRef) -> InstanceFacts:
+        s = self.spec(ref)
+        try:
+            unit, release = self.unit_and_release(ref)
+            running = unit is not None and unit.active_state in ("active", "activating", "reloading", "deactivating")
+            gpus = () if running else self.gpu_processes(ref)
+        except ExecutorError as exc:
+            return InstanceFacts(ref, unreachable=str(exc))
+        in_flight: float | None = None
+        serving = False
+        if unit is not None and not unit.main_pid:
+            in_flight = 0.0  # no process: nothing can be in flight (e.g. a unit waiting to auto-restart)
+        if unit is not None and unit.active_state == "active":
+            prober = self.prober(ref)
+            serving = prober.health().status == 200
+            in_flight = prober.in_flight() if serving else None
+        return InstanceFacts(
+            ref,
+            unit=unit,
+            release=release,
+            model=s.model,
+            gpu_processes=gpus,
+            in_flight=in_flight,
+            serving=serving,
+        )
+
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
+        s = self.spec(ref)
+        try:
+            unit, _release = self.unit_and_release(ref)
+        except ExecutorError as exc:
+            return Probe(time.time(), unreachable=str(exc))
+        return self.prober(ref).probe(s.model, policy, unit)
+
+    # ---- acting ----------------------------------------------------------------------------------
+
+    def stop_unit(self, ref: InstanceRef) -> None:
+        self.run(ref.host, ["systemctl", "stop", "--", self.spec(ref).unit], sudo=True, timeout=STOP_TIMEOUT_S)
+
+    def start_unit(self, ref: InstanceRef) -> None:
+        s = self.spec(ref)
+        # A unit that failed (or hit its start limit) must be reset before systemd starts it again.
+        self.run(ref.host, ["systemctl", "reset-failed", "--", s.unit], sudo=True)
+        self.run(ref.host, ["systemctl", "start", "--", s.unit], sudo=True)
+
+    def kill(self, ref: InstanceRef, pids: Sequence[int]) -> None:
+        """SIGTERM the orphans, give them 10 s, then SIGKILL the survivors; confirm they are gone."""
+        if not pids:
+            return
+        words = [str(int(p)) for p in pids]
+        script = (
+            'kill -TERM "$@" 2>/dev/null; i=0; while [ $i -lt 20 ]; do alive=; for p in "$@"; do '
+            'kill -0 "$p" 2>/dev/null && alive=1; done; [ -z "$alive" ] && exit 0; sleep 0.5; i=$((i+1)); done; '
+            'kill -KILL "$@" 2>/dev/null; sleep 1; for p in "$@"; do kill -0 "$p" 2>/dev/null && '
+            'echo "pid $p survived SIGKILL" >&2 && exit 1; done; exit 0'
+        )
+        self.run(ref.host, ["sh", "-c", script, "fleet-kill", *words], sudo=True, timeout=60)
+
+    def flip_release(self, ref: InstanceRef, release: str) -> None:
+        """``current`` → ``releases/<release>`` (the old target becomes ``previous``), atomically."""
+        if not release or "/" in release or release in (".", ".."):
+            raise ExecutorError(f"{ref}: {release!r} is not a release name")
+        r = self.root
+        script = (
+            'set -e; r=$1; rel=$2; marker=$3; [ -f "$r/releases/$rel/$marker" ] || '
+            '{ echo "release $rel is not installed (no $r/releases/$rel/$marker)" >&2; exit 3; }; '
+            'cur=$(readlink "$r/current" || true); [ "$cur" = "releases/$rel" ] && exit 0; '
+            'if [ -n "$cur" ]; then ln -sfn "$cur" "$r/.previous.fleet-tmp"; '
+            'mv -fT "$r/.previous.fleet-tmp" "$r/previous"; fi; '
+            'ln -sfn "releases/$rel" "$r/.current.fleet-tmp"; mv -fT "$r/.current.fleet-tmp" "$r/current"'
+        )
+        self.run(ref.host, ["sh", "-c", script, "fleet-flip", r, release, MARKER], sudo=True)
+
+    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
+        try:
+            out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExecutorError(f"hook {argv[0]}: {exc}") from exc
+        if out.returncode:
+            raise ExecutorError(f"hook {argv[0]} exited {out.returncode}: {out.stderr.strip()[-300:]}")
+        return out.stdout
+
+    # ---- releases (for ``fleet rollback``) -------------------------------------------------------
+
+    def links(self, host: str) -> tuple[str | None, str | None]:
+        """(current, previous) release of a host."""
+        link = ["readlink", "--"]
+        cur = ssh_command([*link, f"{self.root}/current"])
+        prev = ssh_command([*link, f"{self.root}/previous"])
+        rc, out, err = self._conns[host].run(
+            f'printf "current=%s\\nprevious=%s\\n" "$({cur})" "$({prev})"', self.ssh_timeout_s
+        )
+        if rc != 0:
+            raise ExecutorError(f"host {host}: reading the release links exited {rc}: {err.strip()}")
+        values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+        return release_of(values.get("current", "")), release_of(values.get("previous", ""))

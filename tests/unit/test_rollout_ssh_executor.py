@@ -1,0 +1,63 @@
+"""The pure parts of the SSH executor and the rollout CLI: parsing what hosts answer, options → policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.cli.rollout import overrides_of
+from fleet.rollout.gates import UnitState
+from fleet.rollout.policy import parse_policy
+from fleet.rollout.ssh_executor import parse_unit, release_from_exe, release_of
+
+
+@pytest.mark.parametrize(
+    ("text", "unit"),
+    [
+        ("ActiveState=active\nSubState=running\nNRestarts=0\nMainPID=4242\n", UnitState("active", "running", 0, 4242)),
+        ("ActiveState=activating\nSubState=auto-restart\nNRestarts=3\nMainPID=0\n",
+         UnitState("activating", "auto-restart", 3, 0)),
+        ("ActiveState=inactive\nSubState=dead\nNRestarts=\nMainPID=0\n", UnitState("inactive", "dead", 0, 0)),
+        ("current=releases/a\n", None),
+    ],
+)  # fmt: skip
+def test_parse_unit(text: str, unit: UnitState | None) -> None:
+    assert parse_unit(text) == unit
+
+
+@pytest.mark.parametrize(
+    ("target", "release"),
+    [("releases/vllm-0.33.0-abc", "vllm-0.33.0-abc"), ("releases/x/", "x"), ("", None), ("  \n", None)],
+)
+def test_release_of_link(target: str, release: str | None) -> None:
+    assert release_of(target) == release
+
+
+@pytest.mark.parametrize(
+    ("exe", "release"),
+    [
+        ("/opt/fleet/vllm/releases/r1/bin/python", "r1"),
+        ("/opt/fleet/vllm/current/bin/python", None),  # not resolved: cannot tell
+        ("/usr/bin/python3", None),
+        ("/opt/fleet/vllm/releasesX/r1/bin/python", None),
+        ("", None),
+    ],
+)
+def test_release_from_the_process_interpreter(exe: str, release: str | None) -> None:
+    assert release_from_exe(exe, "/opt/fleet/vllm/") == release
+
+
+def test_command_line_overrides_become_a_valid_policy() -> None:
+    opts = {"batches": "1, 2,25%,-1", "max_unavailable": "2", "soak_s": 5.0, "on_failure": "halt",
+            "health_timeout": 600.0, "canary_bake_s": None, "probe_interval_s": None}  # fmt: skip
+    over = overrides_of(opts)
+    assert over == {"batches": [1, 2, "25%", -1], "max_unavailable": 2, "soak_s": 5.0, "on_failure": "halt",
+                    "timeouts.health": 600.0}  # fmt: skip
+    policy = parse_policy(None, source="inv.py", where="group all", overrides=over)
+    assert policy.batches == (1, 2, "25%", -1) and policy.timeouts.health == 600.0
+
+
+def test_a_bad_override_names_the_command_line() -> None:
+    from fleet.rollout.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="command line"):
+        parse_policy(None, source="inv.py", where="group all", overrides=overrides_of({"batches": "0"}))
