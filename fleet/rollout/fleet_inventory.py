@@ -76,7 +76,14 @@ def load_fleet(inventory: str, limit: Sequence[str] | None = None) -> RolloutFle
         try:
             ssh[spec.name] = SshTarget.from_data(spec.name, data)
             plan = host_deploy.host_plan(spec.name, data)
-            keys[spec.name] = read_secret(spec.api_key_ref) if spec.api_key_ref is not None else None
+            # As ``fleet deploy`` renders it: an ``env:`` key that is not set here means the units
+            # were rendered without one; a ``file:`` key must be readable.
+            key_ref = spec.api_key_ref
+            keys[spec.name] = (
+                read_secret(key_ref)
+                if key_ref is not None and key_ref.scheme == "file"
+                else host_deploy.api_key(spec.name, data)
+            )
         except FleetError as exc:
             problems.append(str(exc))
             continue
