@@ -61,3 +61,44 @@ def test_a_bad_override_names_the_command_line() -> None:
 
     with pytest.raises(PolicyError, match="command line"):
         parse_policy(None, source="inv.py", where="group all", overrides=overrides_of({"batches": "0"}))
+
+
+def _state(status: str = "running") -> object:
+    from dataclasses import replace
+
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.engine import RolloutStatus, Target, new_rollout
+    from fleet.rollout.policy import RolloutPolicy
+
+    refs = [InstanceRef("h0", "vllm-0"), InstanceRef("h1", "vllm-0")]
+    s = new_rollout("R1", "/inv.py", "rollout", [Target(r, "b", "m") for r in refs], RolloutPolicy(batches=(1, -1)), 0)
+    s = replace(s, current=(refs[0],), status=RolloutStatus(status), reason="why")
+    return s
+
+
+def test_live_view_shows_batch_instance_step_and_time_waited() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from fleet.cli.rollout import _view
+
+    out = StringIO()
+    Console(file=out, width=200).print(_view(_state(), 12.0))  # type: ignore[arg-type]
+    text = out.getvalue()
+    assert "fleet rollout R1: batch 1/2" in text and "h0" in text and "pending" in text and "12s" in text
+    assert "h1" not in text  # only the batch in progress
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ("running", "resume with: fleet rollout --resume R1"),
+        ("done", "to undo it: fleet rollback R1"),
+        ("halted", "halted: why"),
+    ],
+)
+def test_next_steps_tell_the_on_call_what_to_do(status: str, expected: str) -> None:
+    from fleet.cli.rollout import next_steps
+
+    assert any(expected in line for line in next_steps(_state(status)))  # type: ignore[arg-type]
