@@ -276,3 +276,36 @@ def test_rollback_to_the_previous_release_is_a_link_flip(
     assert all(must(lab, i, f"readlink {ROOT}/previous").strip() == "releases/next" for i in range(2))
     # no reinstall: the same release directories, same inodes, untouched
     assert {i: must(lab, i, f"stat -c '%n %i %Y' {ROOT}/releases/*") for i in range(2)} == listing
+
+
+def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_and_stopped(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The API server is SIGKILLed; its ``VLLM::EngineCore`` child keeps the GPU (vllm#55510). With
+    ``KillMode=process`` (a unit systemd only stops the main process of) the engine stays in the
+    unit's cgroup holding the GPU; the restart finds it through NVML, names it and stops it."""
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    unit = fleet.instances[next(r for r in fleet.instances if r.host == h0)].unit
+    dropin = f"/etc/systemd/system/{unit}.d/zz-test-killmode.conf"
+    must(lab, 0, f"sudo mkdir -p /etc/systemd/system/{unit}.d && printf '[Service]\\nKillMode=process\\n' "
+                 f"| sudo tee {dropin} >/dev/null && sudo systemctl daemon-reload")  # fmt: skip
+    try:
+        main = int(must(lab, 0, f"systemctl show -p MainPID --value {unit}"))
+        engines = must(lab, 0, f"ps -o pid=,comm= --ppid {main}").split()
+        engine_pid, comm = int(engines[0]), engines[1]
+        assert comm == "VLLM::EngineCor"  # the kernel cuts comm at 15 characters
+        must(lab, 0, f"sudo kill -KILL {main}")
+        assert on_host(lab, 0, f"sudo kill -0 {engine_pid}")[0] == 0  # the orphan lives on
+        rc, result = fleet_cli("restart", fleet.inventory, "--limit", h0, *FAST, journal=tmp_path / "j.sqlite")
+        assert rc == 0, result
+        with Journal(tmp_path / "j.sqlite") as j:
+            kills = [s for s in j.steps(result["id"]) if s.action == "kill"]
+        assert [(k.instance, k.outcome) for k in kills] == [(f"{h0}/vllm-0", "ok")]
+        assert f"pid {engine_pid} (VLLM::EngineCor) holding" in kills[0].detail and "on GPU 0" in kills[0].detail
+        assert on_host(lab, 0, f"sudo kill -0 {engine_pid}")[0] != 0  # gone
+        after = instance_state(lab, fleet)
+        for name, inst in after.items():
+            assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+    finally:
+        must(lab, 0, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
