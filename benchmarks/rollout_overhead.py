@@ -202,11 +202,111 @@ def standin_unit(server: Any) -> Any:
     return UnitState("failed", "failed") if code else UnitState("inactive", "dead")
 
 
+# ---- on lab hosts (``--lab``): systemd units over SSH, deployed by ``fleet deploy`` ---------------
+
+
+def lab_by_hand(lab: Any, fleet: Any) -> float:
+    """What an operator's loop does: ``systemctl restart`` over SSH, poll ``/health`` every 50 ms."""
+    from tests.lab.test_rollout_lab import must
+
+    t0 = time.monotonic()
+    for ref, spec in fleet.instances.items():
+        must(lab, fleet.hosts.index(ref.host), f"sudo systemctl restart {spec.unit}")
+        prober = InstanceProber(spec.url, 2)
+        while prober.health().status != 200:
+            time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def lab_fleet_restart(fleet: Any, journal: Path) -> tuple[float, Any]:
+    from fleet.rollout.runner import open_rollout
+    from fleet.rollout.ssh_executor import SshExecutor
+
+    ex: SshExecutor = fleet.executor()
+    try:
+        t0 = time.monotonic()
+        releases = {h: ex.links(h)[0] for h in fleet.hosts}
+        state = new_rollout("bench-restart", fleet.name, "restart", fleet.targets(releases, restart=True),
+                            replace(POLICY, batches=(1,)), time.time())  # fmt: skip
+        with Journal(journal) as j:
+            final = Runner(ex, j).run(open_rollout(j, state))
+            j.release(fleet.name, state.id)
+        return time.monotonic() - t0, final
+    finally:
+        ex.close()
+
+
+def lab_detect_fail_load(lab: Any, fleet: Any, journal: Path) -> float:
+    """Roll the canary onto the release that fails to load; the time from the engine process's
+    exit (systemd's ExecMainExitTimestampMonotonic: the host shares this machine's kernel clock) to
+    the engine's verdict (the rollback's first step, journaled the same tick)."""
+    from fleet.rollout.runner import open_rollout
+
+    ex = fleet.executor()
+    canary = next(iter(fleet.instances))
+    seen: list[float] = []
+
+    def event(line: str) -> None:
+        if line.startswith(f"stop {canary}") and not seen and started:
+            seen.append(time.monotonic())
+        if line.startswith(f"start {canary}"):
+            started.append(True)
+
+    started: list[bool] = []
+    try:
+        targets = [t for t in fleet.targets(dict.fromkeys(fleet.hosts, "bad"), restart=False) if t.ref == canary]
+        state = new_rollout("bench-fail", fleet.name, "rollout", targets, replace(POLICY, batches=(1,)), time.time())
+        with Journal(journal) as j:
+            final = Runner(ex, j, on_event=event).run(open_rollout(j, state))
+            j.release(fleet.name, state.id)
+    finally:
+        ex.close()
+    assert final.status.value == "halted", final.reason
+    from tests.lab.test_rollout_lab import must
+
+    spec = fleet.instances[canary]
+    text = must(lab, 0, f"sudo journalctl -o json -u {spec.unit} MESSAGE_ID=98e322203f7a4ed290d09fe03c09fe15 -n 50")
+    exits = [int(json.loads(line)["__MONOTONIC_TIMESTAMP"]) / 1e6 for line in text.splitlines() if line.strip()]
+    assert seen and exits, (seen, text[-500:])
+    exit_at = max(e for e in exits if e <= seen[0])
+    return seen[0] - exit_at
+
+
+def lab_main(hosts: int) -> None:
+    from fleet.lab import lab as lab_ops
+    from tests.lab.conftest import free_octet
+    from tests.lab.test_rollout_lab import bring_up_serving
+
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-rollout-lab-") as tmp:
+        root = Path(tmp)
+        name = f"brl{os.getpid()}"
+        try:
+            t0 = time.monotonic()
+            lab, fleet = bring_up_serving(root, name, free_octet(os.getpid() + 41), hosts)
+            print(f"{hosts} lab hosts, {len(fleet.instances)} instances serving in {time.monotonic() - t0:.0f} s")
+            hand = lab_by_hand(lab, fleet)
+            took, final = lab_fleet_restart(fleet, root / "journal.sqlite")
+            assert final.status.value == "done", final.reason
+            n = len(fleet.instances)
+            print(f"rolling restart of {n} instances on {hosts} lab hosts (stand-in load 2 s, soak 0):")
+            print(f"  by hand (systemctl restart over SSH, poll /health)  {hand:6.2f} s  ({hand / n:.2f} s each)")
+            print(f"  fleet restart (journal, drain, NVML over SSH, gates)  {took:6.2f} s  ({took / n:.2f} s each)")
+            print(f"  overhead per instance: {(took - hand) / n:+.2f} s (target <= 1 s)")
+            fail = lab_detect_fail_load(lab, fleet, root / "journal.sqlite")
+            print(f"canary fails to load: verdict {fail * 1000:.0f} ms after the engine exited (target <= 1 s)")
+        finally:
+            lab_ops.down(name, root / "state")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--instances", type=int, default=4)
     parser.add_argument("--load", type=float, default=2.0, help="the stand-in's load time in seconds")
+    parser.add_argument("--lab", type=int, metavar="HOSTS", help="on this many lab hosts (2 instances each) instead")
     args = parser.parse_args()
+    if args.lab:
+        lab_main(args.lab)
+        return
     with tempfile.TemporaryDirectory(prefix="fleet-bench-rollout-") as tmp:
         root = Path(tmp)
         lab = setup(root)
@@ -222,7 +322,7 @@ def main() -> None:
             fleet = with_fleet(ex, root, "v2")
             n = args.instances
             print(f"rolling restart of {n} instances (stand-in load {args.load:g} s each, soak 0):")
-            print(f"  by hand (SIGTERM, start, poll /health)  {hand:6.2f} s  ({hand / n:.2f} s per instance)")
+            print(f"  by hand (SIGTERM, start, poll /health)  {hand:6.2f} s  ({hand / n:.2f} s each)")
             print(f"  fleet rollout (journal, drain, NVML, gates)  {fleet:6.2f} s  ({fleet / n:.2f} s per instance)")
             print(f"  overhead per instance: {(fleet - hand) / n:+.2f} s (target <= 1 s)")
             fail = detect_fail_load(lab, starter)

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -59,38 +58,44 @@ def must(lab: LabFleet, index: int, command: str) -> str:
     return out
 
 
+def bring_up_serving(root: Path, name: str, octet: int, hosts: int = 2) -> tuple[LabFleet, RolloutFleet]:
+    """``hosts`` lab hosts serving release A after ``fleet deploy`` (model load: 2 s, the stand-in's
+    knob), with releases ``next`` and ``bad`` installed beside it. The caller takes the lab down."""
+    opts = test_lab_options(root, name, octet, hosts, ("rtx4090-2",))
+    lab = LabFleet(opts, bring_up(opts))
+    config = base64.b64encode(CONFIG.read_bytes()).decode()
+    for i in range(hosts):
+        must(
+            lab, i,
+            "sudo useradd --system --home-dir /var/lib/vllm --create-home --shell /usr/sbin/nologin --user-group "
+            f"vllm && sudo -u vllm mkdir -p {HUB}/snapshots/main {HUB}/refs && echo main | sudo -u vllm tee "
+            f"{HUB}/refs/main >/dev/null && echo {config} | base64 -d | sudo -u vllm tee "
+            f"{HUB}/snapshots/main/config.json >/dev/null && sudo mkdir -p /etc/fleet-lab && "
+            "echo '{\"load_seconds\": 2}' | sudo tee /etc/fleet-lab/vllm-faults.json >/dev/null",
+        )  # fmt: skip
+    proc = subprocess.run(
+        [str(FLEET), "deploy", str(opts.inventory), "--json", "--health-timeout", "120"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    fleet = load_fleet(str(opts.inventory))
+    assert len(fleet.instances) == 2 * hosts, fleet.instances
+    for i in range(hosts):
+        make_release(lab, i, "next")
+        make_release(lab, i, "bad", fail_load=True)
+    return lab, fleet
+
+
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabFleet, RolloutFleet]]:
-    """Two hosts serving release A after ``fleet deploy`` (model load: 2 s, the stand-in's knob)."""
     require_lab()
     root = tmp_path_factory.mktemp("rollout-lab")
     octet = free_octet(os.getpid() + 29, avoid=frozenset({TEST_OCTET}))
-    opts = replace(test_lab_options(root, f"pr{os.getpid()}", octet, 2, ("rtx4090-2",)))
+    name = f"pr{os.getpid()}"
     try:
-        lab = LabFleet(opts, bring_up(opts))
-        config = base64.b64encode(CONFIG.read_bytes()).decode()
-        for i in range(2):
-            must(
-                lab, i,
-                "sudo useradd --system --home-dir /var/lib/vllm --create-home --shell /usr/sbin/nologin --user-group "
-                f"vllm && sudo -u vllm mkdir -p {HUB}/snapshots/main {HUB}/refs && echo main | sudo -u vllm tee "
-                f"{HUB}/refs/main >/dev/null && echo {config} | base64 -d | sudo -u vllm tee "
-                f"{HUB}/snapshots/main/config.json >/dev/null && sudo mkdir -p /etc/fleet-lab && "
-                "echo '{\"load_seconds\": 2}' | sudo tee /etc/fleet-lab/vllm-faults.json >/dev/null",
-            )  # fmt: skip
-        proc = subprocess.run(
-            [str(FLEET), "deploy", str(opts.inventory), "--json", "--health-timeout", "120"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        fleet = load_fleet(str(opts.inventory))
-        assert len(fleet.instances) == 4, fleet.instances
-        for i in range(2):
-            make_release(lab, i, "next")
-            make_release(lab, i, "bad", fail_load=True)
-        yield lab, fleet
+        yield bring_up_serving(root, name, octet)
     finally:
-        lab_ops.down(opts.name, opts.state_root)
+        lab_ops.down(name, root / "state")
 
 
 def make_release(lab: LabFleet, index: int, name: str, fail_load: bool = False) -> None:
