@@ -49,16 +49,22 @@ class Runner:
 
     def observe(self, state: RolloutState) -> Observations:
         # Between batches every instance is observed (the budget counts them all); during a batch
-        # only its members.
+        # only its members. Instances are observed side by side (one SSH round trip each).
         refs = list(state.current) if state.current else list(state.instances)
-        facts: dict[Any, InstanceFacts] = {}
-        for ref in refs:
+
+        def one(ref: Any) -> InstanceFacts:
             f = self.executor.facts(ref)
             gating = state.inst(ref).phase is Phase.GATES or (state.baking and state.inst(ref).phase is Phase.DONE)
             if state.current and gating and not f.unreachable:
                 f = _with_probe(f, self.executor.probe(ref, state.policy))
-            facts[ref] = f
-        return Observations(self.clock(), facts)
+            return f
+
+        if len(refs) <= 1 or self.max_parallel <= 1:
+            found = [one(r) for r in refs]
+        else:
+            with ThreadPoolExecutor(max_workers=min(len(refs), self.max_parallel)) as pool:
+                found = list(pool.map(one, refs))
+        return Observations(self.clock(), dict(zip(refs, found, strict=True)))
 
     def execute(self, action: Action, state: RolloutState) -> str:
         ex, ref = self.executor, action.ref

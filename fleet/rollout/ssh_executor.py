@@ -53,6 +53,8 @@ from fleet.rollout.probe import InstanceProber, _Reply
 SSH_TIMEOUT_S = 60.0
 #: ``systemctl stop`` waits for the unit's TimeoutStopSec (vLLM's drain); this bounds the wait here.
 STOP_TIMEOUT_S = 900.0
+#: A unit state read this recently by ``facts`` is reused by ``probe`` (one SSH round trip a tick).
+UNIT_FRESH_S = 1.0
 UNIT_PROPS = ("ActiveState", "SubState", "NRestarts", "MainPID")
 
 
@@ -194,6 +196,7 @@ class SshExecutor:
         self.ssh_timeout_s = ssh_timeout_s
         self.__keys = dict(api_keys or {})
         self._conns = {name: _Conn(t) for name, t in self.targets.items()}
+        self._units: dict[InstanceRef, tuple[float, UnitState | None]] = {}
 
     def __repr__(self) -> str:
         return f"SshExecutor(hosts={sorted(self.targets)}, api_keys={'<set>' if any(self.__keys.values()) else None})"
@@ -286,6 +289,7 @@ class SshExecutor:
         s = self.spec(ref)
         try:
             unit, release = self.unit_and_release(ref)
+            self._units[ref] = (time.monotonic(), unit)
             running = unit is not None and unit.active_state in ("active", "activating", "reloading", "deactivating")
             gpus = () if running else self.gpu_processes(ref)
         except ExecutorError as exc:
@@ -310,10 +314,14 @@ class SshExecutor:
 
     def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
         s = self.spec(ref)
-        try:
-            unit, _release = self.unit_and_release(ref)
-        except ExecutorError as exc:
-            return Probe(time.time(), unreachable=str(exc))
+        seen = self._units.get(ref)
+        if seen is not None and time.monotonic() - seen[0] < UNIT_FRESH_S:
+            unit = seen[1]  # ``facts`` read it a moment ago (the runner asks for facts, then the probe)
+        else:
+            try:
+                unit, _release = self.unit_and_release(ref)
+            except ExecutorError as exc:
+                return Probe(time.time(), unreachable=str(exc))
         return self.prober(ref).probe(s.model, policy, unit)
 
     # ---- acting ----------------------------------------------------------------------------------
