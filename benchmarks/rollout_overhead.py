@@ -21,6 +21,13 @@ Measured on the 2-core development machine (4 instances, load 2 s): by hand 12.2
 instance), fleet 13.84 s (3.46 s): +0.39 s per instance. Fails to load: FAIL 27 ms after the
 process exited (probe interval 50 ms). Hung: FAIL 1.50 s after the first unanswered completion
 with ``timeouts.completion`` = 1 s and a 0.25 s probe timeout (+0.50 s beyond the timeout).
+
+``--lab N`` does the same on N lab hosts (two instances each) that ``fleet deploy`` got serving:
+by hand is ``systemctl restart`` over SSH then polling ``/health``; fleet is ``SshExecutor``
+(systemd, NVML and the release link over SSH, the gates over HTTP). Measured on the same machine
+with ``--lab 4`` (8 instances, load 2 s): by hand 24.60 s (3.07 s each), fleet 31.01 s (3.88 s
+each): +0.80 s per instance. A canary whose engine fails to load: the rollback's first step is
+journaled 63 ms after systemd logged the engine's exit.
 """
 
 from __future__ import annotations
