@@ -24,7 +24,7 @@ from fleet.lab.machine import Machine
 from fleet.lab.mirror import find_mirror
 from fleet.lab.mounts import mounts_under
 from fleet.lab.ports import port_conflict
-from fleet.lab.prereqs import require_prereqs
+from fleet.lab.prereqs import ensure_inotify_instances, require_prereqs, running_nspawn_hosts
 from fleet.lab.sshkeys import generate_ed25519, known_hosts_line
 from fleet.lab.state import (
     DEFAULT_LAB_NAME,
@@ -164,6 +164,9 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     _check_profiles(opts.profiles)
     state = _initial_state(lab, opts)
     desired = _desired_hosts(opts, state.octet)
+    raised = ensure_inotify_instances(len(desired) + running_nspawn_hosts())
+    if raised:
+        progress(raised)
     result = UpResult(state=state)
     for extra in [h for h in state.hosts if h.name not in {d.name for d in desired}]:
         progress(f"removing {extra.name}")

@@ -84,3 +84,47 @@ def require_prereqs() -> None:
     missing = check_prereqs()
     if missing:
         raise LabError(describe_missing(missing))
+
+
+#: ``fs.inotify.max_user_instances``: every booted host's systemd, journald, logind and sshd take
+#: inotify instances from root's shared budget (about 8 per host, measured on the bookworm base);
+#: the kernel's default of 128 runs out near 15 hosts, and a host then hangs in boot with no
+#: message. The lab raises the limit (it already needs root) and never lowers it.
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_HOST = 8
+INOTIFY_HEADROOM = 128
+
+
+def inotify_instances_needed(hosts: int) -> int:
+    """The ``max_user_instances`` for ``hosts`` booted hosts, with headroom for the machine."""
+    return INOTIFY_HEADROOM + INOTIFY_PER_HOST * hosts
+
+
+def running_nspawn_hosts(proc: Path = Path("/proc")) -> int:
+    """How many ``systemd-nspawn`` containers run on this machine now (other labs included)."""
+    count = 0
+    for comm in proc.glob("[0-9]*/comm"):
+        try:
+            count += comm.read_text().strip() == "systemd-nspawn"
+        except OSError:
+            continue  # the process ended while we looked
+    return count
+
+
+def ensure_inotify_instances(hosts: int, path: Path = INOTIFY_INSTANCES) -> str | None:
+    """Raise the inotify instance limit for ``hosts`` booted hosts if it is lower; say what changed."""
+    needed = inotify_instances_needed(hosts)
+    try:
+        current = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None  # not Linux's procfs layout: nothing to check
+    if current >= needed:
+        return None
+    try:
+        path.write_text(f"{needed}\n")
+    except OSError as exc:
+        raise LabError(
+            f"{hosts} lab hosts need fs.inotify.max_user_instances >= {needed} (now {current}) and it "
+            f"cannot be raised here ({exc.strerror}); run: sysctl -w fs.inotify.max_user_instances={needed}"
+        ) from exc
+    return f"raised fs.inotify.max_user_instances from {current} to {needed} for {hosts} hosts"
