@@ -7,6 +7,8 @@ import sys
 
 import click
 from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from fleet.cli import console, fail
@@ -19,9 +21,19 @@ from fleet.errors import FleetError
 @click.option("--dry", is_flag=True, help="Show per host what would change; touch nothing.")
 @click.option("--no-start", is_flag=True, help="Install only: do not start units or wait for health.")
 @click.option("--health-timeout", type=click.FloatRange(1, 7200), default=300, show_default=True, help="Seconds.")
+@click.option(
+    "--fail-percent", type=click.IntRange(0, 100), default=0, show_default=True,
+    help="Stop scheduling hosts once more than this % failed (0: at the first failure).",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def deploy(
-    inventory: str, limit: tuple[str, ...], dry: bool, no_start: bool, health_timeout: float, as_json: bool
+    inventory: str,
+    limit: tuple[str, ...],
+    dry: bool,
+    no_start: bool,
+    health_timeout: float,
+    fail_percent: int,
+    as_json: bool,
 ) -> None:
     """Install the NVIDIA driver, the vLLM release and the units; a first deploy starts them.
 
@@ -36,10 +48,11 @@ def deploy(
 
     err = Console(stderr=True, highlight=False)
     try:
-        result = run_deploy(
-            inventory, list(limit) or None, dry=dry, start=not no_start, health_timeout=health_timeout,
-            progress=lambda m: err.print(f"[dim]{m}[/]"),
-        )  # fmt: skip
+        with HostSteps(err) as steps:
+            result = run_deploy(
+                inventory, list(limit) or None, dry=dry, start=not no_start, health_timeout=health_timeout,
+                progress=steps.note, fail_percent=fail_percent, step=steps.step,
+            )  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json)
     if as_json:
@@ -54,5 +67,42 @@ def deploy(
             instances = f"{healthy}/{len(h.endpoints)} healthy" if h.endpoints else ""
             table.add_row(h.host, h.status, "\n".join(h.operations) or (h.error or ""), reboot, instances)
         console().print(table)
+        if result.error:
+            err.print(f"[red]{escape(result.error)}[/]")
         err.print(f"{result.seconds:.1f} s")
     sys.exit(0 if result.ok else 1)
+
+
+class HostSteps:
+    """Live progress: the step each host is on (a live table on a terminal, else one line per step)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.steps: dict[str, str] = {}
+        self.live = Live(console=console, auto_refresh=False, transient=True) if console.is_terminal else None
+
+    def _table(self) -> Table:
+        table = Table(show_header=False, box=None)
+        for host, text in self.steps.items():
+            table.add_row(escape(host), escape(text))
+        return table
+
+    def step(self, host: str, text: str) -> None:
+        self.steps[host] = text
+        if self.live is not None:
+            self.live.update(self._table(), refresh=True)
+        else:
+            self.console.print(f"[dim]{escape(host)}: {escape(text)}[/]")
+
+    def note(self, text: str) -> None:
+        if self.live is None:
+            self.console.print(f"[dim]{escape(text)}[/]")
+
+    def __enter__(self) -> HostSteps:
+        if self.live is not None:
+            self.live.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.live is not None:
+            self.live.stop()

@@ -3,20 +3,23 @@
 Order: validate every selected host's data and plan (errors for all hosts at once, before any
 host is touched); connect (strict host keys, as the inventory says); prepare the operations
 (pyinfra runs each generator up to its first command: that is ``--dry``'s answer, per host and
-operation); execute in pyinfra's lock-step mode; then, first deploy only, start units that are
-not running and wait, from this machine, until each instance's ``/health`` answers 200 and
-``/v1/models`` lists the served model. A host that needs a reboot is reported and not started.
+operation); execute in pyinfra's lock-step mode; preflight every host that is ready
+(``fleet.deploy.preflight``: the host's vLLM parses the new argv, the model resolves, the GPUs are
+free or ours); start units that are not running (first deploy) and wait, from this machine, until
+each instance serves (``fleet.deploy.health``); restart hosts that were already serving and whose
+units, env files or release changed one at a time (``fleet.deploy.restart``). A host that needs a
+reboot is reported and not started.
 
-This is the first cut (issue 12): a fleet that is already serving gets its files and releases
-updated but no restart; the restart goes through the rolling engine, which does not exist yet.
+Failures (unreachable, a failing operation, a preflight refusal) name the host, the cause and the
+failed command (redacted). ``fail_percent`` (like Ansible's ``max_fail_percentage``; default 0):
+once more than that share of the selected hosts failed, nothing more is scheduled: no further
+operations, no start, no restart. Files are replaced atomically by the operations and a serving
+unit keeps its old process until its host's turn to restart.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,33 +33,37 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
+from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
+from fleet.deploy.preflight import run_preflight
+from fleet.deploy.restart import RestartStep, restart_serving_hosts
 from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
+from fleet.facts.runner import SshTarget
 from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
+from fleet.operations import vllm as vllm_ops
 from fleet.plan.planner import HostPlan
+from fleet.render.units import HostPaths
+from fleet.secrets import redact
 
 Progress = Callable[[str], None]
-HEALTH_TIMEOUT_S = 300.0
-
-
-@dataclass
-class Endpoint:
-    unit: str
-    url: str
-    model: str
-    healthy: bool = False
-    detail: str = ""
+Step = Callable[[str, str], None]  #: (host, the step it is on)
+#: operations whose change means a serving host must restart to take it
+RESTART_OPS = ("vLLM units and env files", "current release")
+FAILED = ("failed", "unreachable", "refused")
 
 
 @dataclass
 class HostResult:
     host: str
-    status: str  #: "changed", "unchanged", "would change", "no change", "failed", "unreachable"
+    #: "changed", "unchanged", "would change", "no change", "failed", "unreachable", "refused"
+    #: (preflight), "stopped" (not finished: the deploy stopped at the fail-percent)
+    status: str
     operations: list[str] = field(default_factory=list)  #: changed (or, dry, would change)
     error: str | None = None
     reboot_required: list[str] | None = None
     endpoints: list[Endpoint] = field(default_factory=list)
+    restarted: bool = False
 
     def data(self) -> dict[str, Any]:
         return {
@@ -66,6 +73,7 @@ class HostResult:
             "error": self.error,
             "reboot_required": self.reboot_required,
             "endpoints": [e.__dict__ for e in self.endpoints],
+            "restarted": self.restarted,
         }
 
 
@@ -74,11 +82,14 @@ class DeployResult:
     dry: bool
     hosts: list[HostResult]
     seconds: float = 0.0
+    error: str | None = None  #: why the deploy stopped early, with the way to resume
 
     @property
     def ok(self) -> bool:
-        return all(h.status not in ("failed", "unreachable") for h in self.hosts) and all(
-            e.healthy for h in self.hosts for e in h.endpoints
+        return (
+            self.error is None
+            and all(h.status not in (*FAILED, "stopped") for h in self.hosts)
+            and all(e.healthy for h in self.hosts for e in h.endpoints)
         )
 
     def data(self) -> dict[str, Any]:
@@ -86,6 +97,7 @@ class DeployResult:
             "dry": self.dry,
             "ok": self.ok,
             "seconds": round(self.seconds, 2),
+            "error": self.error,
             "hosts": [h.data() for h in self.hosts],
         }
 
@@ -113,40 +125,30 @@ def _endpoints(plan: HostPlan, bind: str) -> list[Endpoint]:
     return [Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served) for i in plan.instances]
 
 
-def _get(url: str, key: str | None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return int(response.status), bytes(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
-    except (urllib.error.URLError, OSError):
-        return 0, b""
-
-
-def wait_healthy(endpoints: list[Endpoint], key: str | None, timeout: float = HEALTH_TIMEOUT_S) -> None:
-    """Poll each endpoint until ``/health`` is 200 and ``/v1/models`` lists its model, or time out."""
-    deadline = time.monotonic() + timeout
-    for e in endpoints:
-        while True:
-            status, _ = _get(e.url + "/health", key)
-            if status == 200:
-                status, body = _get(e.url + "/v1/models", key)
-                try:
-                    ids = [m.get("id") for m in json.loads(body or b"{}").get("data", [])]
-                except ValueError:
-                    ids = []
-                if status == 200 and ids:
-                    e.healthy, e.detail = True, "serving " + ", ".join(map(str, ids))
-                    break
-            if time.monotonic() > deadline:
-                e.detail = f"no healthy answer within {timeout:.0f} s (last status {status or 'refused'})"
-                break
-            time.sleep(1.0)
-
-
 def _config() -> Config:
     return Config(SUDO=True, CONNECT_TIMEOUT=15)  # type: ignore[no-untyped-call]
+
+
+def _failure(state: State, host: Host) -> str:
+    """The failed operation of a failed host: its name, the command and its last error lines."""
+    with ctx_state.use(state), ctx_host.use(host):
+        for op_hash in state.get_op_order():  # type: ignore[no-untyped-call]
+            meta = state.ops.get(host, {}).get(op_hash)
+            if meta is None or not meta.operation_meta.is_complete() or meta.operation_meta.did_succeed():
+                continue
+            op_meta = meta.operation_meta
+            name = ", ".join(sorted(n.rsplit(" | ", 1)[-1] for n in state.op_meta[op_hash].names))
+            commands = op_meta._commands or []
+            command = str(commands[-1]) if commands else "(no command)"
+            output = op_meta._combined_output
+            stderr = " | ".join(output.stderr_lines[-3:]) if output is not None else ""
+            return redact(f"operation {name!r} failed: `{command[:300]}`: {stderr[-400:] or 'no output'}")
+    return "an operation failed (see the log above)"
+
+
+def _over(failed: int, total: int, fail_percent: int) -> bool:
+    """More than ``fail_percent`` % of ``total`` hosts failed (Ansible's ``max_fail_percentage``)."""
+    return total > 0 and failed * 100 > fail_percent * total
 
 
 def _close(state: State) -> None:
@@ -178,6 +180,8 @@ def deploy(
     start: bool = True,
     health_timeout: float = HEALTH_TIMEOUT_S,
     progress: Progress = lambda _m: None,
+    fail_percent: int = 0,
+    step: Step = lambda _h, _s: None,
 ) -> DeployResult:
     """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
     t0 = time.monotonic()
@@ -186,40 +190,121 @@ def deploy(
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
     results: dict[str, HostResult] = {}
+
+    def finish(error: str | None = None) -> DeployResult:
+        return DeployResult(dry, [results[h.name] for h in selected], time.monotonic() - t0, error)
+
     try:
         progress(f"connecting to {len(selected)} host(s)")
+        for h in selected:
+            step(h.name, "connecting")
         try:
             connect_all(state)
         except PyinfraError as exc:
             raise FleetError(f"no host could be reached ({exc}); check ssh settings and known_hosts") from exc
         for h in selected:
             if h not in state.activated_hosts:
-                results[h.name] = HostResult(h.name, "unreachable", error="could not connect (see the log above)")
-        progress("preparing operations")
-        add_deploy(state, host_deploy.vllm_host)
+                results[h.name] = HostResult(h.name, "unreachable", error="could not connect over SSH (see the log)")
+                step(h.name, "unreachable")
         active = [h for h in selected if h.name not in results]
+        if not dry and _over(len(results), len(selected), fail_percent):
+            for h in active:
+                results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
+            return finish(_stop_message(results, fail_percent))
+        progress("preparing operations")
+        for h in active:
+            step(h.name, "checking what to change")
+        add_deploy(state, host_deploy.vllm_host)
         if dry:
             for h in active:
                 ops = _op_names(state, h, will=True)
                 results[h.name] = HostResult(h.name, "would change" if ops else "no change", ops)
-            return DeployResult(True, [results[h.name] for h in selected], time.monotonic() - t0)
+            return finish()
         progress("running operations")
+        for h in active:
+            step(h.name, "installing (driver, release, units)")
+        state.config.FAIL_PERCENT = fail_percent
         try:
             run_ops(state)
-        except PyinfraError as exc:  # every host failed: each is reported below
+        except PyinfraError as exc:  # over the fail percent, or every host failed: reported below
             progress(f"pyinfra: {exc}")
         for h in active:
             if h in state.failed_hosts:
-                results[h.name] = HostResult(h.name, "failed", error="an operation failed (see the log above)")
+                results[h.name] = HostResult(h.name, "failed", error=_failure(state, h))
+                step(h.name, "failed")
                 continue
             ops = _op_names(state, h, will=False)
             results[h.name] = HostResult(h.name, "changed" if ops else "unchanged", ops)
             results[h.name].reboot_required = h.get_fact(RebootRequired)
     finally:
         _close(state)
-    if start:
-        _start(loaded, plans, results, health_timeout, progress)
-    return DeployResult(False, [results[h.name] for h in selected], time.monotonic() - t0)
+    failed = sum(r.status in FAILED for r in results.values())
+    if failed:
+        for r in results.values():  # lock-step: hosts behind a failure did not finish their operations
+            if r.status not in FAILED and _over(failed, len(selected), fail_percent):
+                r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
+    if not start or _over(failed, len(selected), fail_percent):
+        return finish(_stop_message(results, fail_percent) if failed else None)
+    _preflight(loaded, plans, results, progress, step)
+    failed = sum(r.status in FAILED for r in results.values())
+    if _over(failed, len(selected), fail_percent):
+        for r in results.values():
+            if r.status not in FAILED:
+                r.status, r.error = "stopped", "nothing restarted: the deploy stopped after preflight refusals"
+        return finish(_stop_message(results, fail_percent))
+    serving = _start(loaded, plans, results, health_timeout, progress, step)
+    error = _restart(loaded, plans, results, serving, health_timeout, progress, step, inventory)
+    return finish(error)
+
+
+def _stop_message(results: dict[str, HostResult], fail_percent: int) -> str:
+    failed = [r for r in results.values() if r.status in FAILED]
+    lines = [f"{r.host}: {r.status}: {r.error}" for r in failed]
+    return (
+        f"{len(failed)} host(s) failed, over --fail-percent {fail_percent}: nothing more was scheduled.\n"
+        + "\n".join(lines)
+        + "\nFix them (or --limit to the others, or raise --fail-percent) and run the deploy again."
+    )
+
+
+def _target(loaded: LoadedInventory, name: str) -> SshTarget:
+    return SshTarget.from_data(name, loaded.pyinfra.get_host(name).data.dict())  # type: ignore[no-untyped-call]
+
+
+def _paths() -> HostPaths:
+    return HostPaths(venv=f"{vllm_ops.DEFAULT_ROOT}/current")
+
+
+def _ready(results: dict[str, HostResult]) -> list[str]:
+    return [r.host for r in results.values() if r.status in ("changed", "unchanged") and r.reboot_required is None]
+
+
+def _preflight(
+    loaded: LoadedInventory, plans: dict[str, HostPlan], results: dict[str, HostResult], progress: Progress, step: Step
+) -> None:
+    """Refuse, per host, what would not start; a refused host is neither started nor restarted."""
+    ready = _ready(results)
+    if not ready:
+        return
+    progress(f"preflight on {len(ready)} host(s)")
+    for name in ready:
+        step(name, "preflight")
+    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths())
+    for name, refusals in answers.items():
+        if refusals:
+            results[name].status = "refused"
+            results[name].error = redact("\n".join(str(r) for r in refusals))
+            step(name, "refused by preflight")
+
+
+def _endpoints_of(loaded: LoadedInventory, plans: dict[str, HostPlan], name: str) -> list[Endpoint]:
+    spec = loaded.host(name)
+    data = loaded.pyinfra.get_host(name).data.dict()  # type: ignore[no-untyped-call]
+    return _endpoints(plans[name], spec.bind_address or str(data.get("ssh_hostname") or name))
+
+
+def _api_key(loaded: LoadedInventory, name: str) -> str | None:
+    return host_deploy.api_key(name, loaded.pyinfra.get_host(name).data.dict())  # type: ignore[no-untyped-call]
 
 
 def _start(
@@ -228,32 +313,90 @@ def _start(
     results: dict[str, HostResult],
     timeout: float,
     progress: Progress,
-) -> None:
-    """Start units (first deploy) on hosts that are ready, then wait for their health."""
-    ready = [r.host for r in results.values() if r.status in ("changed", "unchanged") and r.reboot_required is None]
+    step: Step,
+) -> list[str]:
+    """Start units that are not running (first deploy) and wait for their health.
+
+    Returns the hosts whose units were all already running (serving before this deploy).
+    """
+    ready = _ready(results)
     if not ready:
-        return
+        return []
     fresh = load_inventory(loaded.path, ready)  # pyinfra's Inventory and State are single-use
     hosts = [fresh.pyinfra.get_host(n) for n in ready]
     state = State(fresh.pyinfra, _config(), initial_limit=hosts)
+    serving: list[str] = []
+    started: list[str] = []
     try:
+        for name in ready:
+            step(name, "starting units")
         connect_all(state)
         add_deploy(state, host_deploy.vllm_start)
         run_ops(state)
         for h in hosts:
-            started = _op_names(state, h, will=False)
-            if started:
-                results[h.name].operations += started
-                results[h.name].status = "changed"
-            elif h in state.failed_hosts:
+            names = _op_names(state, h, will=False)
+            if h in state.failed_hosts:
                 results[h.name].status = "failed"
-                results[h.name].error = "starting the units failed (see the log above)"
+                results[h.name].error = _failure(state, h)
+            elif names:
+                results[h.name].operations += names
+                results[h.name].status = "changed"
+                started.append(h.name)
+            else:
+                serving.append(h.name)
     finally:
         _close(state)
-    for name in ready:
-        spec = loaded.host(name)
-        data = loaded.pyinfra.get_host(name).data.dict()  # type: ignore[no-untyped-call]
-        endpoints = _endpoints(plans[name], spec.bind_address or str(data.get("ssh_hostname") or name))
+    for name in started:
+        endpoints = _endpoints_of(loaded, plans, name)
         progress(f"{name}: waiting for {len(endpoints)} instance(s) to be healthy")
-        wait_healthy(endpoints, host_deploy.api_key(name, data), timeout)
+        step(name, "waiting until it serves")
+        wait_healthy(endpoints, _api_key(loaded, name), timeout)
         results[name].endpoints = endpoints
+        step(name, "serving" if all(e.healthy for e in endpoints) else "not healthy")
+    return serving
+
+
+def _restart(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    serving: list[str],
+    timeout: float,
+    progress: Progress,
+    step: Step,
+    inventory: str,
+) -> str | None:
+    """Hosts that were serving: restart the changed ones one at a time; check the others serve."""
+    changed = [n for n in serving if any(op in RESTART_OPS for op in results[n].operations)]
+    for name in serving:
+        if name in changed:
+            continue
+        endpoints = _endpoints_of(loaded, plans, name)
+        step(name, "checking it serves")
+        wait_healthy(endpoints, _api_key(loaded, name), timeout)
+        results[name].endpoints = endpoints
+        step(name, "serving")
+    if not changed:
+        return None
+    progress(f"restarting {len(changed)} serving host(s) one at a time")
+    steps = [
+        RestartStep(
+            name,
+            _target(loaded, name),
+            [f"fleet-{i.unit_name}.service" for i in plans[name].instances],
+            _endpoints_of(loaded, plans, name),
+            _api_key(loaded, name),
+        )
+        for name in changed
+    ]
+    outcome = restart_serving_hosts(steps, timeout, f"fleet deploy {inventory}", step)
+    for s in steps:
+        r = results[s.host]
+        if s.host in outcome.done:
+            r.restarted, r.endpoints = True, s.endpoints
+            r.operations.append("restart " + ", ".join(s.units))
+        elif s.host == outcome.failed:
+            r.status, r.error, r.endpoints = "failed", outcome.error, s.endpoints
+        else:
+            r.status, r.error = "stopped", "not restarted: the one-at-a-time restart stopped at " + str(outcome.failed)
+    return outcome.error

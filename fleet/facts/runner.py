@@ -169,21 +169,26 @@ def run_fact_on_hosts(
     parallel: int = MAX_PARALLEL,
     progress: Progress | None = None,
     timings: FactRun | None = None,
+    args_for: Callable[[str], Mapping[str, Any]] | None = None,
     **fact_args: Any,
 ) -> dict[str, T | HostUnreachable]:
     """Run ``fact_cls`` on every target at once; ``{host name: processed result | HostUnreachable}``.
 
-    ``progress(host, result)`` is called as each host answers (from worker threads).
+    ``progress(host, result)`` is called as each host answers (from worker threads);
+    ``args_for(host)`` gives a host's own fact arguments (added to ``fact_args``).
     """
     fact = fact_cls()
-    command = str(fact.command(**fact_args))
     targets = list(targets)
+
+    def command(name: str) -> str:
+        return str(fact.command(**fact_args, **(dict(args_for(name)) if args_for else {})))
+
     results: dict[str, T | HostUnreachable] = {}
     if not targets:
         return results
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(targets)))) as pool:
         started = time.monotonic()
-        futures = {pool.submit(_one, t, fact, command, timeout): t for t in targets}
+        futures = {pool.submit(_one, t, fact, command(t.name), timeout): t for t in targets}
         for future in as_completed(futures):
             target = futures[future]
             result = future.result()
