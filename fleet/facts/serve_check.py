@@ -94,9 +94,7 @@ class ServeCheck(FactBase[ServeCheckResult]):
     + jobs: ``(unit name, argv after "vllm serve")`` per instance
     """
 
-    def command(
-        self, python: str, user: str, hf_home: str, jobs: Sequence[tuple[str, Sequence[str]]]
-    ) -> str:
+    def command(self, python: str, user: str, hf_home: str, jobs: Sequence[tuple[str, Sequence[str]]]) -> str:
         return serve_check_command(python, user, hf_home, jobs)
 
     def process(self, output: list[str]) -> ServeCheckResult:
