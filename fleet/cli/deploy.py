@@ -25,6 +25,7 @@ from fleet.errors import FleetError
     "--fail-percent", type=click.IntRange(0, 100), default=0, show_default=True,
     help="Stop scheduling hosts once more than this % failed (0: at the first failure).",
 )  # fmt: skip
+@click.option("--reboot", is_flag=True, help="Reboot hosts whose driver change needs it, one at a time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def deploy(
     inventory: str,
@@ -33,6 +34,7 @@ def deploy(
     no_start: bool,
     health_timeout: float,
     fail_percent: int,
+    reboot: bool,
     as_json: bool,
 ) -> None:
     """Install the NVIDIA driver, the vLLM release and the units; a first deploy starts them.
@@ -51,7 +53,7 @@ def deploy(
         with HostSteps(err) as steps:
             result = run_deploy(
                 inventory, list(limit) or None, dry=dry, start=not no_start, health_timeout=health_timeout,
-                progress=steps.note, fail_percent=fail_percent, step=steps.step,
+                progress=steps.note, fail_percent=fail_percent, step=steps.step, reboot=reboot,
             )  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json)
@@ -62,10 +64,13 @@ def deploy(
         for col in ("host", "status", "operations", "reboot", "instances"):
             table.add_column(col)
         for h in result.hosts:
-            reboot = "required: " + ", ".join(h.reboot_required) if h.reboot_required is not None else ""
+            needs = "required: " + ", ".join(h.reboot_required) if h.reboot_required is not None else ""
             healthy = sum(e.healthy for e in h.endpoints)
             instances = f"{healthy}/{len(h.endpoints)} healthy" if h.endpoints else ""
-            table.add_row(h.host, h.status, "\n".join(h.operations) or (h.error or ""), reboot, instances)
+            ops = "\n".join(h.operations)
+            if h.error:
+                ops = (ops + "\n" if ops else "") + h.error
+            table.add_row(escape(h.host), h.status, escape(ops), needs, instances)
         console().print(table)
         if result.error:
             err.print(f"[red]{escape(result.error)}[/]")

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import paramiko
 from pyinfra.api.config import Config
 from pyinfra.api.connect import connect_all, disconnect_all
 from pyinfra.api.deploy import add_deploy
@@ -35,14 +36,16 @@ from pyinfra.context import ctx_host, ctx_state
 
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
+from fleet.deploy.reboot import reboot as reboot_host
 from fleet.deploy.restart import RestartStep, restart_serving_hosts
 from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
-from fleet.facts.runner import SshTarget
+from fleet.facts.runner import SshTarget, run_command
 from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.planner import HostPlan
+from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.secrets import redact
 
@@ -182,6 +185,7 @@ def deploy(
     progress: Progress = lambda _m: None,
     fail_percent: int = 0,
     step: Step = lambda _h, _s: None,
+    reboot: bool = False,
 ) -> DeployResult:
     """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
     t0 = time.monotonic()
@@ -245,6 +249,11 @@ def deploy(
                 r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
     if not start or _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent) if failed else None)
+    if reboot:
+        _reboot(loaded, results, progress, step)
+        failed = sum(r.status in FAILED for r in results.values())
+        if _over(failed, len(selected), fail_percent):
+            return finish(_stop_message(results, fail_percent))
     _preflight(loaded, plans, results, progress, step)
     failed = sum(r.status in FAILED for r in results.values())
     if _over(failed, len(selected), fail_percent):
@@ -277,6 +286,28 @@ def _paths() -> HostPaths:
 
 def _ready(results: dict[str, HostResult]) -> list[str]:
     return [r.host for r in results.values() if r.status in ("changed", "unchanged") and r.reboot_required is None]
+
+
+def _reboot(loaded: LoadedInventory, results: dict[str, HostResult], progress: Progress, step: Step) -> None:
+    """Reboot, one at a time, the hosts whose driver change needs it; then they go on with the deploy."""
+    for r in results.values():
+        if r.status in FAILED or r.reboot_required is None:
+            continue
+        target = _target(loaded, r.host)
+        progress(f"{r.host}: rebooting ({', '.join(r.reboot_required)})")
+        step(r.host, "rebooting")
+        try:
+            seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
+            rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
+        except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
+            r.status, r.error = "failed", redact(f"reboot: {exc}")
+            step(r.host, "reboot failed")
+            continue
+        if rc == 0:
+            r.status, r.error = "failed", "rebooted, but /var/run/reboot-required is still there; check the driver"
+            continue
+        r.reboot_required, r.status = None, "changed"
+        r.operations.append(f"reboot ({seconds:.0f} s)")
 
 
 def _preflight(

@@ -73,6 +73,9 @@ def host_data(
         "ssh_strict_host_key_checking": "yes",
         "gpu": declared_gpus(host.profile),
         "bind_address": host.address,
+        # fleet_lab: which lab the host belongs to, so `fleet deploy --reboot` power-cycles it the
+        # lab's way (fleet.lab.lab.restart_host) instead of `systemctl reboot`.
+        "fleet_lab": {"name": lab.name, "state_root": str(lab.state_root)},
         **FLEET_LAB_DEFAULTS,
     }
     # pip_index_url: where lab hosts install packages from (the lab's package index); None = not set.

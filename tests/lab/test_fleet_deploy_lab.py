@@ -89,3 +89,212 @@ def test_first_deploy_serves_and_a_second_changes_nothing(served_lab: LabFleet) 
     (host,) = again["hosts"]  # type: ignore[misc]
     assert host["status"] == "unchanged" and host["operations"] == [], host
     assert [e["healthy"] for e in host["endpoints"]] == [True, True]
+
+
+# ---- three bare hosts with different GPU profiles -----------------------------------------------
+
+PROFILES = ("rtx4090-2", "l40s-4", "a10-1")
+KEY = "lab-secret-" + base64.b32encode(os.urandom(15)).decode().lower()
+#: a regular expression that matches the key but not itself (the greps run on the hosts)
+KEY_RE = "[l]" + KEY[1:]
+
+
+@pytest.fixture(scope="module")
+def fleet3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
+    require_lab()
+    root = tmp_path_factory.mktemp("deploy-fleet3")
+    octet = free_octet(os.getpid() + 29, avoid=frozenset({TEST_OCTET}))
+    opts = replace(test_lab_options(root, f"pg{os.getpid()}", octet, 3, PROFILES), bare=True)
+    try:
+        lab = LabFleet(opts, bring_up(opts))
+        for i in range(3):
+            rc, _out, err = on(lab, i, seed_model_cache())
+            assert rc == 0, err
+        yield lab
+    finally:
+        lab_ops.down(opts.name, opts.state_root)
+
+
+def seed_model_cache() -> str:
+    """The model's config where the units' Hugging Face cache lookup finds it (owned by vllm)."""
+    return (
+        f"sudo useradd --system --home-dir /var/lib/vllm --create-home --shell /usr/sbin/nologin --user-group vllm "
+        f"&& sudo -u vllm mkdir -p {HUB}/snapshots/main {HUB}/refs && echo main | sudo -u vllm tee {HUB}/refs/main "
+        f"&& echo {base64.b64encode(CONFIG.read_bytes()).decode()} | base64 -d "
+        f"| sudo -u vllm tee {HUB}/snapshots/main/config.json >/dev/null"
+    )
+
+
+def on(lab: LabFleet, i: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
+    from fleet.lab import ssh
+
+    h = lab.state.hosts[i]
+    client = ssh.connect(h.address, lab.state.ssh_port, lab.dir.control_key, lab.dir.known_hosts)
+    try:
+        return ssh.run(client, command, timeout=timeout)
+    finally:
+        client.close()
+
+
+def deploy3(lab: LabFleet, *args: str) -> tuple[int, dict[str, object] | str]:
+    proc = subprocess.run(
+        [str(FLEET), "deploy", str(lab.opts.inventory), "--json", "--health-timeout", "180", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200, check=False,
+        env={**os.environ, "FLEET_LAB_API_KEY": KEY},
+    )  # fmt: skip
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        return proc.returncode, proc.stdout + proc.stderr
+
+
+PIDS = (
+    "for u in $(systemctl list-units --plain --no-legend 'fleet-vllm-*' | cut -d' ' -f1); "
+    'do echo "$u $(systemctl show -p MainPID --value $u)"; done'
+)
+
+
+def unit_pids(lab: LabFleet) -> dict[tuple[int, str], str]:
+    out = {}
+    for i in range(3):
+        _rc, text, _err = on(lab, i, PIDS)
+        for line in text.split("\n"):
+            if line.strip():
+                unit, pid = line.split()
+                out[(i, unit)] = pid
+    return out
+
+
+def planned_argv(lab: LabFleet) -> dict[str, list[list[str]]]:
+    from fleet.inventory.spec import load_inventory
+    from fleet.operations.host import host_plan
+
+    loaded = load_inventory(str(lab.opts.inventory))
+    return {
+        s.name: [i.argv for i in host_plan(s.name, loaded.pyinfra.get_host(s.name).data.dict()).instances]
+        for s in loaded.hosts
+    }
+
+
+def planned_ports(lab: LabFleet) -> dict[str, list[int]]:
+    from fleet.inventory.spec import load_inventory
+    from fleet.operations.host import host_plan
+
+    loaded = load_inventory(str(lab.opts.inventory))
+    return {
+        s.name: [i.port for i in host_plan(s.name, loaded.pyinfra.get_host(s.name).data.dict()).instances]
+        for s in loaded.hosts
+    }
+
+
+def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet) -> None:
+    rc, result = deploy3(fleet3, "--reboot")
+    assert rc == 0 and isinstance(result, dict), result
+    hosts = result["hosts"]
+    assert isinstance(hosts, list) and len(hosts) == 3
+    for h in hosts:
+        assert h["status"] == "changed" and h["reboot_required"] is None, h
+        assert any(op.startswith("reboot") for op in h["operations"]), h["operations"]
+        assert h["endpoints"] and all(e["healthy"] for e in h["endpoints"]), h
+    plans = planned_argv(fleet3)
+    for i, host in enumerate(fleet3.state.hosts):
+        want = plans[host.name]
+        assert len(want) == len(next(h for h in hosts if h["host"] == host.name)["endpoints"])
+        for n, argv in enumerate(want):
+            _rc, cmdline, _err = on(
+                fleet3, i, f"tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value fleet-vllm-{n}.service)/cmdline"
+            )
+            running = cmdline.strip("\n").split("\n")
+            assert running[running.index("serve") + 1 :] == argv, (host.name, running, argv)
+
+
+def test_a_second_run_changes_nothing_and_restarts_nothing(fleet3: LabFleet) -> None:
+    before = unit_pids(fleet3)
+    assert len(before) >= 3
+    rc, result = deploy3(fleet3)
+    assert rc == 0 and isinstance(result, dict), result
+    for h in result["hosts"]:  # type: ignore[union-attr]
+        assert h["status"] == "unchanged" and h["operations"] == [] and not h["restarted"], h
+        assert all(e["healthy"] for e in h["endpoints"])
+    assert unit_pids(fleet3) == before
+
+
+def test_the_api_key_is_in_no_argv_journal_or_world_readable_file(fleet3: LabFleet) -> None:
+    for i in range(3):
+        rc, out, _err = on(
+            fleet3, i,
+            f"ps -eo args | grep -c '{KEY_RE}' ; sudo journalctl --no-pager | grep -c '{KEY_RE}' ; "
+            f"sudo find / -xdev -type f -perm -o=r -size -2M -exec grep -l '{KEY_RE}' {{}} + 2>/dev/null | wc -l",
+        )  # fmt: skip
+        assert [int(x) for x in out.split()] == [0, 0, 0], (i, out)
+        rc, out, _err = on(
+            fleet3, i, f"sudo grep -l '{KEY_RE}' /etc/fleet/vllm-0.env; sudo stat -c '%a %U' /etc/fleet/vllm-0.env"
+        )
+        assert rc == 0 and "600 root" in out, out
+
+
+def test_a_preflight_refusal_stops_before_any_restart(fleet3: LabFleet) -> None:
+    # A foreign process holds GPU 0 of the second host (the lab's NVML counts <pid>.mem files).
+    rc, _out, err = on(
+        fleet3, 1,
+        "sudo systemd-run --unit=foreign-gpu --quiet sleep 600 && sleep 0.5 && "
+        "echo '0 1073741824' | sudo tee /run/fleet-lab/nvml/$(systemctl show -p MainPID --value foreign-gpu).mem",
+    )  # fmt: skip
+    assert rc == 0, err
+    text = fleet3.opts.inventory.read_text()
+    fleet3.opts.inventory.write_text(text.replace("'port': 8000,", "'port': 8000, 'served_model_name': 'llama-b',"))
+    before = unit_pids(fleet3)
+    try:
+        rc, result = deploy3(fleet3)
+        assert rc == 1 and isinstance(result, dict), result
+        refused = [h for h in result["hosts"] if h["status"] == "refused"]  # type: ignore[union-attr]
+        assert [h["host"] for h in refused] == [fleet3.state.hosts[1].name], result
+        assert "fleet-vllm-0.service: preflight gpus: GPU 0 is held by pid" in refused[0]["error"]
+        assert "foreign-gpu.service" in refused[0]["error"]
+        assert "--fail-percent 0" in str(result["error"])
+        assert not any(h["restarted"] for h in result["hosts"])  # type: ignore[union-attr]
+        assert unit_pids(fleet3) == before
+    finally:
+        on(fleet3, 1, "sudo systemctl stop foreign-gpu")
+
+
+def test_a_changed_model_redeploys_host_by_host(fleet3: LabFleet) -> None:
+    import threading
+    import time
+    import urllib.request
+
+    assert "'served_model_name': 'llama-b'" in fleet3.opts.inventory.read_text()  # from the test above
+    before = unit_pids(fleet3)
+    plans = planned_argv(fleet3)
+    addresses = {h.name: h.address for h in fleet3.state.hosts}
+    ports = {
+        name: [int(a[a.index("--port") + 1]) if "--port" in a else 8000 for a in argvs] for name, argvs in plans.items()
+    }
+    most_down, stop = [0], threading.Event()
+
+    def up(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                return int(r.status) == 200
+        except OSError:
+            return False
+
+    def watch() -> None:
+        while not stop.is_set():
+            down = {n for n, ps in ports.items() if not all(up(f"http://{addresses[n]}:{p}") for p in ps)}
+            most_down[0] = max(most_down[0], len(down))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        rc, result = deploy3(fleet3)
+    finally:
+        stop.set()
+        watcher.join(10)
+    assert rc == 0 and isinstance(result, dict), result
+    for h in result["hosts"]:  # type: ignore[union-attr]
+        assert h["restarted"] and all(e["healthy"] and "llama-b" in e["detail"] for e in h["endpoints"]), h
+    assert most_down[0] == 1, most_down  # one host at a time went down, never two
+    after = unit_pids(fleet3)
+    assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)
