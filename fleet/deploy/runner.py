@@ -40,7 +40,8 @@ from fleet.deploy.reboot import reboot as reboot_host
 from fleet.deploy.restart import RestartStep, restart_serving_hosts
 from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
-from fleet.facts.runner import SshTarget, run_command
+from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
+from fleet.facts.stale_units import StaleUnits
 from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
@@ -387,6 +388,27 @@ def _start(
     return serving
 
 
+def _stale(loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]) -> dict[str, bool]:
+    """Whether each host has an active unit older than its files (a restart left pending)."""
+    if not names:
+        return {}
+    paths = _paths()
+
+    def units(name: str) -> dict[str, object]:
+        return {
+            "units": [
+                (
+                    f"fleet-{i.unit_name}.service",
+                    [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env", paths.venv],
+                )
+                for i in plans[name].instances
+            ]
+        }
+
+    answers = run_fact_on_hosts([_target(loaded, n) for n in names], StaleUnits, args_for=units)
+    return {n: isinstance(a, list) and bool(a) for n, a in answers.items()}
+
+
 def _restart(
     loaded: LoadedInventory,
     plans: dict[str, HostPlan],
@@ -397,8 +419,14 @@ def _restart(
     step: Step,
     inventory: str,
 ) -> str | None:
-    """Hosts that were serving: restart the changed ones one at a time; check the others serve."""
+    """Hosts that were serving: restart the changed ones one at a time; check the others serve.
+
+    Changed: this run changed their units, env files or release, or an earlier run did and
+    stopped before restarting them (``StaleUnits``).
+    """
     changed = [n for n in serving if any(op in RESTART_OPS for op in results[n].operations)]
+    stale = _stale(loaded, plans, [n for n in serving if n not in changed])
+    changed += [n for n in serving if stale.get(n)]
     for name in serving:
         if name in changed:
             continue
