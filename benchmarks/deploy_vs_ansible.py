@@ -161,11 +161,18 @@ PLAYBOOK = """
     - name: vLLM system user
       user: {name: vllm, system: true, home: /var/lib/vllm, shell: /usr/sbin/nologin}
     - name: vLLM venv
-      pip:
-        name: ["vllm==0.33.0", "nvidia-ml-py"]
-        virtualenv: /opt/ansible/vllm
-        virtualenv_command: python3 -m venv
-        extra_args: "--index-url {{ pip_index_url }}"
+      command: python3 -m venv /opt/ansible/vllm
+      args: {creates: /opt/ansible/vllm/bin/python}
+    # Ansible's pip module needs `packaging` in the host's system Python, which an air-gapped
+    # Debian host does not have: pip itself, idempotent ("already satisfied") like the module.
+    - name: vLLM and nvidia-ml-py from the package index
+      command: >-
+        /opt/ansible/vllm/bin/pip install --disable-pip-version-check --index-url {{ pip_index_url }}
+        vllm==0.33.0 nvidia-ml-py
+      register: pip
+      changed_when: "'Successfully installed' in pip.stdout"
+    - name: env file directory
+      file: {path: /etc/fleet, state: directory, mode: "0755"}
     - name: units and env files
       copy: {src: "{{ item.src }}", dest: "{{ item.dest }}", mode: "{{ item.mode }}", owner: root, group: root}
       loop: "{{ unit_files }}"

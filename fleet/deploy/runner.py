@@ -41,7 +41,7 @@ from fleet.deploy.restart import RestartStep, restart_serving_hosts
 from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
 from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
-from fleet.facts.stale_units import StaleUnits
+from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
@@ -255,16 +255,30 @@ def deploy(
         failed = sum(r.status in FAILED for r in results.values())
         if _over(failed, len(selected), fail_percent):
             return finish(_stop_message(results, fail_percent))
-    _preflight(loaded, plans, results, progress, step)
+    states = _unit_states(loaded, plans, _ready(results))
+    quiet = [n for n in _ready(results) if _quiet(states.get(n), results[n])]
+    busy = [n for n in _ready(results) if n not in quiet]
+    _preflight(loaded, plans, results, busy, progress, step)
     failed = sum(r.status in FAILED for r in results.values())
     if _over(failed, len(selected), fail_percent):
         for r in results.values():
             if r.status not in FAILED:
                 r.status, r.error = "stopped", "nothing restarted: the deploy stopped after preflight refusals"
         return finish(_stop_message(results, fail_percent))
-    serving = _start(loaded, plans, results, health_timeout, progress, step)
-    error = _restart(loaded, plans, results, serving, health_timeout, progress, step, inventory)
+    busy = [n for n in busy if results[n].status not in FAILED]
+    serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
+    stale = {n: any(u.stale for u in states.get(n) or ()) for n in serving}
+    error = _restart(loaded, plans, results, serving, quiet, stale, health_timeout, progress, step, inventory)
     return finish(error)
+
+
+def _quiet(states: list[UnitState] | None, result: HostResult) -> bool:
+    """Nothing to start or restart on the host: every unit active and current, nothing changed."""
+    return (
+        bool(states)
+        and all(u.active and not u.stale for u in states or ())
+        and not any(op in RESTART_OPS for op in result.operations)
+    )
 
 
 def _stop_message(results: dict[str, HostResult], fail_percent: int) -> str:
@@ -312,10 +326,14 @@ def _reboot(loaded: LoadedInventory, results: dict[str, HostResult], progress: P
 
 
 def _preflight(
-    loaded: LoadedInventory, plans: dict[str, HostPlan], results: dict[str, HostResult], progress: Progress, step: Step
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    ready: list[str],
+    progress: Progress,
+    step: Step,
 ) -> None:
     """Refuse, per host, what would not start; a refused host is neither started nor restarted."""
-    ready = _ready(results)
     if not ready:
         return
     progress(f"preflight on {len(ready)} host(s)")
@@ -343,6 +361,7 @@ def _start(
     loaded: LoadedInventory,
     plans: dict[str, HostPlan],
     results: dict[str, HostResult],
+    ready: list[str],
     timeout: float,
     progress: Progress,
     step: Step,
@@ -351,7 +370,6 @@ def _start(
 
     Returns the hosts whose units were all already running (serving before this deploy).
     """
-    ready = _ready(results)
     if not ready:
         return []
     fresh = load_inventory(loaded.path, ready)  # pyinfra's Inventory and State are single-use
@@ -388,8 +406,10 @@ def _start(
     return serving
 
 
-def _stale(loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]) -> dict[str, bool]:
-    """Whether each host has an active unit older than its files (a restart left pending)."""
+def _unit_states(
+    loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
+) -> dict[str, list[UnitState] | None]:
+    """Each host's units: active? restart pending (files newer than the process)? None: no answer."""
     if not names:
         return {}
     paths = _paths()
@@ -405,8 +425,8 @@ def _stale(loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
             ]
         }
 
-    answers = run_fact_on_hosts([_target(loaded, n) for n in names], StaleUnits, args_for=units)
-    return {n: isinstance(a, list) and bool(a) for n, a in answers.items()}
+    answers = run_fact_on_hosts([_target(loaded, n) for n in names], UnitStates, args_for=units)
+    return {n: a if isinstance(a, list) else None for n, a in answers.items()}
 
 
 def _restart(
@@ -414,6 +434,8 @@ def _restart(
     plans: dict[str, HostPlan],
     results: dict[str, HostResult],
     serving: list[str],
+    quiet: list[str],
+    stale: dict[str, bool],
     timeout: float,
     progress: Progress,
     step: Step,
@@ -422,12 +444,10 @@ def _restart(
     """Hosts that were serving: restart the changed ones one at a time; check the others serve.
 
     Changed: this run changed their units, env files or release, or an earlier run did and
-    stopped before restarting them (``StaleUnits``).
+    stopped before restarting them (``stale``, from ``UnitStates``).
     """
-    changed = [n for n in serving if any(op in RESTART_OPS for op in results[n].operations)]
-    stale = _stale(loaded, plans, [n for n in serving if n not in changed])
-    changed += [n for n in serving if stale.get(n)]
-    for name in serving:
+    changed = [n for n in serving if stale.get(n) or any(op in RESTART_OPS for op in results[n].operations)]
+    for name in [*quiet, *serving]:
         if name in changed:
             continue
         endpoints = _endpoints_of(loaded, plans, name)
