@@ -11,6 +11,7 @@ import pytest
 
 from fleet.deploy.preflight import refusals
 from fleet.deploy.runner import _over
+from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts, parse_probe
 from fleet.facts.serve_check import InstanceCheck, ServeCheck, ServeCheckResult, serve_check_command
 
@@ -91,3 +92,25 @@ def test_serve_check_command_quotes_the_argv_and_reads_the_answer() -> None:
         ['{"error": null, "instances": [{"unit": "u", "parse": null, "model_found": true, "model_where": "/m"}]}']
     )
     assert out == ServeCheckResult(None, (InstanceCheck("u", None, True, "/m"),))
+
+
+def test_unit_states_reads_its_lines_and_refuses_garbage() -> None:
+    from fleet.facts.unit_states import UnitState, UnitStates
+
+    got = UnitStates().process(["fleet-vllm-0.service active stale", "", "fleet-vllm-1.service inactive fresh"])
+    assert got == [UnitState("fleet-vllm-0.service", True, True), UnitState("fleet-vllm-1.service", False, False)]
+    with pytest.raises(FleetError, match="unreadable line"):
+        UnitStates().process(["fleet-vllm-0.service maybe"])
+
+
+def test_unit_states_command_quotes_unit_and_paths() -> None:
+    from fleet.facts.unit_states import unit_states_command
+
+    command = unit_states_command([("u;reboot", ["/etc/a b", "/x"])])
+    assert "'u;reboot'" in command and "'/etc/a b'" in command and "; reboot" not in command
+
+
+def test_restart_command_is_argv_quoted() -> None:
+    from fleet.deploy.restart import restart_command
+
+    assert restart_command(["fleet-vllm-0.service", "a b"]) == "sudo -n systemctl restart -- fleet-vllm-0.service 'a b'"
