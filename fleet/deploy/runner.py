@@ -150,6 +150,21 @@ def _failure(state: State, host: Host) -> str:
     return "an operation failed (see the log above)"
 
 
+def _add_deploy(state: State, func: Callable[..., Any], hosts: list[Host]) -> None:
+    """pyinfra's ``add_deploy`` for each host in its own greenlet, so the facts the operations read
+    are gathered from all hosts at once (``add_deploy`` alone walks the hosts one after another).
+    pyinfra's host context (``pyinfra.context.ctx_host``) is greenlet-local, and an operation's
+    order comes from its place in the code, not from when it was prepared. An error in one host's
+    data re-raises here."""
+    import gevent
+
+    with ctx_state.use(state):  # a process-wide context (not greenlet-local): set once, around all
+        greenlets = [gevent.spawn(add_deploy, state, func, host=h) for h in hosts if h in state.activated_hosts]
+        gevent.joinall(greenlets)
+    for g in greenlets:
+        g.get()
+
+
 def _over(failed: int, total: int, fail_percent: int) -> bool:
     """More than ``fail_percent`` % of ``total`` hosts failed (Ansible's ``max_fail_percentage``)."""
     return total > 0 and failed * 100 > fail_percent * total
@@ -219,7 +234,7 @@ def deploy(
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
-        add_deploy(state, host_deploy.vllm_host)
+        _add_deploy(state, host_deploy.vllm_host, active)
         if dry:
             for h in active:
                 ops = _op_names(state, h, will=True)
@@ -381,7 +396,7 @@ def _start(
         for name in ready:
             step(name, "starting units")
         connect_all(state)
-        add_deploy(state, host_deploy.vllm_start)
+        _add_deploy(state, host_deploy.vllm_start, hosts)
         run_ops(state)
         for h in hosts:
             names = _op_names(state, h, will=False)
