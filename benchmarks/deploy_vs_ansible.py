@@ -62,10 +62,14 @@ class Lab:
         from fleet.lab import lab as lab_ops
         from fleet.lab.state import LabDir
 
+        sys.path.insert(0, str(REPO))
+        from tests.lab.conftest import free_octet  # an address block nothing else listens on
+
         self.ops = lab_ops
         self.opts = lab_ops.UpOptions(
             name=f"bd{tag}{os.getpid() % 10000}", hosts=hosts, profiles=("rtx4090-2",),
             inventory=root / tag / "inventory.py", state_root=root / tag / "state",
+            octet=free_octet(os.getpid() + ord(tag)),
         )  # fmt: skip
         lab_ops.up(self.opts)
         self.dir = LabDir(self.opts.name, self.opts.state_root)
