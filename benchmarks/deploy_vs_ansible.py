@@ -16,6 +16,11 @@ files (rendered by fleet's renderer, copied with mode/owner), daemon-reload, ena
 wait until each instance's ``/health`` answers 200. Fleet also probes, plans and preflights.
 
 Prints a table of wall times and the ratios (targets: re-run <= 0.25x, first run <= 0.7x).
+
+Measured on the 2-core development machine (other test sessions running beside it, load ~5),
+4 hosts: fleet first run 24.2 s, Ansible 42.9 s (0.57x); no-change re-run fleet 8.6 s, Ansible
+22.4 s (0.38x: the re-run target is not met yet; about 4 s of fleet's re-run is pyinfra's
+lock-step execution of operations that have nothing to do, plus the unit-state check).
 """
 
 from __future__ import annotations
