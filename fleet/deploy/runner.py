@@ -282,7 +282,15 @@ def deploy(
         return finish(_stop_message(results, fail_percent))
     busy = [n for n in busy if results[n].status not in FAILED]
     serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
-    stale = {n: any(u.stale for u in states.get(n) or ()) for n in serving}
+    # A serving unit restarts when its files are newer than its process (this run's changes, or an
+    # earlier run's left pending); a unit started after them (at boot, after --reboot) is current.
+    # Without an answer from the host, what this run changed decides.
+    stale = {
+        n: any(u.stale for u in states[n] or ())
+        if states.get(n) is not None
+        else any(op in RESTART_OPS for op in results[n].operations)
+        for n in serving
+    }
     error = _restart(loaded, plans, results, serving, quiet, stale, health_timeout, progress, step, inventory)
     return finish(error)
 
@@ -458,10 +466,10 @@ def _restart(
 ) -> str | None:
     """Hosts that were serving: restart the changed ones one at a time; check the others serve.
 
-    Changed: this run changed their units, env files or release, or an earlier run did and
-    stopped before restarting them (``stale``, from ``UnitStates``).
+    Changed (``stale``, from ``UnitStates``): their units, env files or release are newer than
+    the running processes (this run changed them, or an earlier run did and stopped).
     """
-    changed = [n for n in serving if stale.get(n) or any(op in RESTART_OPS for op in results[n].operations)]
+    changed = [n for n in serving if stale.get(n)]
     for name in [*quiet, *serving]:
         if name in changed:
             continue
