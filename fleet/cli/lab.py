@@ -88,6 +88,12 @@ def lab() -> None:
 @click.option(
     "--bare", is_flag=True, help="Hosts without a GPU driver: a deploy installs it from the lab's apt repository."
 )
+@click.option(
+    "--stage-model/--no-stage-model",
+    default=True,
+    show_default=True,
+    help="Pre-stage the lab's model in each host's vLLM cache, as an operator pre-stages weights.",
+)
 @_state_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def up(
@@ -99,6 +105,7 @@ def up(
     ssh_port: int,
     octet: int | None,
     bare: bool,
+    stage_model: bool,
     state_root: Path,
     as_json: bool,
 ) -> None:
@@ -110,6 +117,7 @@ def up(
     opts = lab_ops.UpOptions(
         name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
         inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port, bare=bare,
+        stage_model=stage_model,
     )  # fmt: skip
     try:
         with _err.status(f"bringing up lab {name}"):

@@ -116,6 +116,7 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
             host_deploy.driver_settings(spec.name, data)
             host_deploy.releases_kept(spec.name, data)
             host_deploy.release_spec(spec.name, data, "3")
+            host_deploy.api_key(spec.name, data)
             plans[spec.name] = host_deploy.host_plan(spec.name, data)
         except FleetError as exc:
             problems.append(str(exc))

@@ -40,8 +40,10 @@ FLEET_LAB_DEFAULTS: dict[str, Any] = {
         "prefix_reuse": 0.5,
         "target_concurrency": 32,
     },
-    "api_key_ref": "env:FLEET_LAB_API_KEY",
 }
+# No api_key_ref: lab instances listen only on the lab hosts' loopback addresses. To rehearse with
+# a key, add ``api_key_ref: env:NAME`` (or ``file:/path``) to the lab's inventory; a deploy then
+# refuses to run unless that key can be read, rather than leaving the API open.
 
 
 def default_inventory(lab: LabDir) -> Path:

@@ -63,6 +63,9 @@ class UpOptions:
     #: Bare hosts: GPUs without a driver (no NVML library) until a deploy installs the stand-in
     #: driver from the lab's apt repository (``fleet.lab.apt_repo``) and the host restarts.
     bare: bool = False
+    #: Pre-stage the lab inventory's model in each host's vLLM cache (``fleet.lab.models``), as an
+    #: operator pre-stages weights, so ``fleet deploy`` of the lab serves without further steps.
+    stage_model: bool = False
 
 
 @dataclass
@@ -205,6 +208,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         m.wait_for_ssh()
         progress(f"{m.name} answers on {m.address}:{m.ssh_port}")
         result.started.append(m.name)
+    if opts.stage_model:
+        _stage_model(lab, state, desired, progress)
 
     index_url = opts.pip_index_url
     apt = None
@@ -221,6 +226,20 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     result.inventory = Path(state.inventory)
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _stage_model(lab: LabDir, state: LabState, hosts: list[HostRecord], progress: Progress) -> None:
+    from fleet.lab import ssh
+    from fleet.lab.models import stage_model
+
+    model = inventory_writer.FLEET_LAB_DEFAULTS["model"]
+    for h in hosts:
+        client = ssh.connect(h.address, state.ssh_port, lab.control_key, lab.known_hosts)
+        try:
+            stage_model(client, h.name, model)
+        finally:
+            client.close()
+        progress(f"{h.name}: {model} staged in the vLLM cache")
 
 
 def restart_host(

@@ -29,6 +29,7 @@ from fleet.inventory.spec import HostSpec, host_spec
 from fleet.operations import layout, nvidia, units, vllm
 from fleet.plan.planner import HostPlan
 from fleet.render.units import HostPaths, RenderedFile, render_host
+from fleet.secret_store import SecretError, read_secret
 
 #: The driver each vLLM series is deployed with (580 branch: CUDA 13.x user space).
 DEFAULT_DRIVER = {"0.33": "580.95.05"}
@@ -119,11 +120,15 @@ def host_plan(name: str, data: Mapping[str, Any]) -> HostPlan:
 
 
 def api_key(name: str, data: Mapping[str, Any]) -> str | None:
-    """The API key from an ``env:NAME`` reference, when that variable is set here."""
+    """The API key the host's ``api_key_ref`` points at (None: the inventory sets no key, the API is
+    open); ``SecretError`` when the reference cannot be read here — never a silently open API."""
     ref = _spec(name, data).api_key_ref
-    if ref is not None and str(ref).startswith("env:"):
-        return os.environ.get(str(ref).removeprefix("env:")) or None
-    return None
+    if ref is None:
+        return None
+    try:
+        return read_secret(ref)
+    except SecretError as exc:
+        raise SecretError(f"{name}: {exc}") from None
 
 
 def unit_names(files: Sequence[RenderedFile]) -> list[str]:

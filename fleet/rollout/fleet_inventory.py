@@ -21,7 +21,6 @@ from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
-from fleet.rollout.probe import read_secret
 from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
 
 
@@ -76,14 +75,7 @@ def load_fleet(inventory: str, limit: Sequence[str] | None = None) -> RolloutFle
         try:
             ssh[spec.name] = SshTarget.from_data(spec.name, data)
             plan = host_deploy.host_plan(spec.name, data)
-            # As ``fleet deploy`` renders it: an ``env:`` key that is not set here means the units
-            # were rendered without one; a ``file:`` key must be readable.
-            key_ref = spec.api_key_ref
-            keys[spec.name] = (
-                read_secret(key_ref)
-                if key_ref is not None and key_ref.scheme == "file"
-                else host_deploy.api_key(spec.name, data)
-            )
+            keys[spec.name] = host_deploy.api_key(spec.name, data)  # as ``fleet deploy`` renders it
         except FleetError as exc:
             problems.append(str(exc))
             continue

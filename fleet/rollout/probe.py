@@ -19,18 +19,14 @@ the caller treats a gone process as drained too.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from fleet.errors import FleetError
-from fleet.inventory.spec import SecretRef
 from fleet.monitor.metric_names import V0_33_0
 from fleet.monitor.scrape import ScrapeError, parse_metrics
 from fleet.rollout.gates import (
@@ -46,30 +42,6 @@ from fleet.rollout.policy import RolloutPolicy
 
 RUNNING = V0_33_0.running
 WAITING = V0_33_0.waiting
-
-
-class SecretError(FleetError):
-    """A secret reference cannot be read (the message names the reference, never a value)."""
-
-
-def read_secret(ref: SecretRef) -> str:
-    """The secret a reference points at, on the control machine."""
-    if ref.scheme == "env":
-        value = os.environ.get(ref.target)
-        if not value:
-            raise SecretError(f"api_key_ref {ref}: the environment variable {ref.target} is not set on this machine")
-        return value
-    path = Path(ref.target)
-    try:
-        mode = path.stat().st_mode
-        value = path.read_text().strip()
-    except OSError as exc:
-        raise SecretError(f"api_key_ref {ref}: cannot read {path}: {exc.strerror}") from None
-    if mode & 0o077:
-        raise SecretError(f"api_key_ref {ref}: {path} is readable by others (mode {mode & 0o777:o}); chmod 600 it")
-    if not value:
-        raise SecretError(f"api_key_ref {ref}: {path} is empty")
-    return value
 
 
 def parse_samples(text: str, families: Collection[str] | None = None) -> tuple[Sample, ...]:

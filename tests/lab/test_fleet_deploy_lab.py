@@ -107,6 +107,9 @@ def fleet3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
     opts = replace(test_lab_options(root, f"pg{os.getpid()}", octet, 3, PROFILES), bare=True)
     try:
         lab = LabFleet(opts, bring_up(opts))
+        assert opts.inventory is not None
+        with open(opts.inventory, "a") as inventory:  # this fleet serves behind an API key
+            inventory.write('for _name, _data in lab:\n    _data["api_key_ref"] = "env:FLEET_LAB_API_KEY"\n')
         for i in range(3):
             rc, _out, err = on(lab, i, seed_model_cache())
             assert rc == 0, err

@@ -34,7 +34,8 @@ from fleet.rollout.gates import (
     step,
 )
 from fleet.rollout.policy import GateTimeouts, MetricThreshold, RolloutPolicy
-from fleet.rollout.probe import InstanceProber, SecretError, read_secret
+from fleet.rollout.probe import InstanceProber
+from fleet.secret_store import SecretError, read_secret
 from tests.lab import test_vllm_standin_local as standin
 from tests.lab.polling import wait_for
 

@@ -9,6 +9,7 @@ import pytest
 
 from fleet.operations import host as host_deploy
 from fleet.operations.layout import NVML_PY_REQUIREMENT
+from fleet.secret_store import SecretError
 
 BASE: dict[str, Any] = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
@@ -85,3 +86,21 @@ def test_rendered_files_come_from_the_plan_with_root_only_env_files() -> None:
     envs = [f for f in files if f.path.endswith(".env")]
     assert units and len(units) == len(envs)
     assert all(f.mode == 0o600 for f in envs) and all(f.mode == 0o644 for f in units)
+
+
+def test_an_api_key_ref_that_cannot_be_read_is_an_error_not_an_open_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLEET_TEST_DEPLOY_KEY", raising=False)
+    data = {**BASE, "api_key_ref": "env:FLEET_TEST_DEPLOY_KEY"}
+    with pytest.raises(SecretError, match="gpu-1: api_key_ref env:FLEET_TEST_DEPLOY_KEY: the environment variable"):
+        host_deploy.api_key("gpu-1", data)
+    monkeypatch.setenv("FLEET_TEST_DEPLOY_KEY", "k-" + "x" * 30)
+    assert host_deploy.api_key("gpu-1", data) == "k-" + "x" * 30
+    key = tmp_path / "key"
+    key.write_text("secret-value-that-is-long-enough\n")
+    key.chmod(0o644)
+    with pytest.raises(SecretError, match="readable by others") as err:
+        host_deploy.api_key("gpu-1", {**BASE, "api_key_ref": f"file:{key}"})
+    assert "secret-value" not in str(err.value)
+    assert host_deploy.api_key("gpu-1", BASE) is None  # no reference: the inventory asks for an open API

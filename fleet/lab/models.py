@@ -1,0 +1,55 @@
+"""Pre-stage a model's files on lab hosts, the way an air-gapped fleet pre-stages weights.
+
+fleet's units run vLLM with ``HF_HUB_OFFLINE=1`` and ``HF_HOME=/var/lib/vllm/hf`` (see
+``templates/vllm.service.j2``), so a model must already be in that Hugging Face cache when a unit
+starts; fetching weights is not the deploy's job, and the deploy's preflight refuses a host whose
+model does not resolve. On a real fleet an operator copies the weights there; the lab's vLLM
+stand-in needs only ``config.json``, which fleet bundles for its reference models. Staging creates
+the ``vllm`` system user exactly as the deploy's ``vllm.service_user`` does (so the deploy finds it
+and changes nothing) and writes the cache layout ``huggingface_hub`` reads:
+``hub/models--<org>--<name>/{refs/main, snapshots/<rev>/config.json}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+
+import paramiko
+
+from fleet.lab import ssh
+from fleet.lab.errors import LabError
+from fleet.model.config import BUNDLED_MODELS
+
+SERVICE_USER = "vllm"
+SERVICE_HOME = "/var/lib/vllm"
+HUB = f"{SERVICE_HOME}/hf/hub"
+REVISION = "fleet-lab"
+
+
+def staging_command(model: str) -> str:
+    """The shell command (run as the login user, with sudo) that stages ``model``'s config.json."""
+    config = BUNDLED_MODELS / model / "config.json"
+    if "/" not in model or not config.is_file():
+        known = sorted(str(p.parent.relative_to(BUNDLED_MODELS)) for p in BUNDLED_MODELS.glob("*/*/config.json"))
+        raise LabError(f"the lab can stage only fleet's bundled model configs ({', '.join(known)}), not {model!r}")
+    repo = f"{HUB}/models--{model.replace('/', '--')}"
+    payload = base64.b64encode(config.read_bytes()).decode()
+    user, q = SERVICE_USER, shlex.quote
+    steps = [
+        f"(getent group {user} >/dev/null || sudo -n groupadd --system {user})",
+        f"(id -u {user} >/dev/null 2>&1 || sudo -n useradd --system --gid {user} --home-dir {SERVICE_HOME} "
+        f"--create-home --shell /usr/sbin/nologin {user})",
+        f"sudo -n -u {user} mkdir -p {q(repo + '/refs')} {q(repo + '/snapshots/' + REVISION)}",
+        f"echo {REVISION} | sudo -n -u {user} tee {q(repo + '/refs/main')} >/dev/null",
+        f"echo {payload} | base64 -d | sudo -n -u {user} tee {q(repo + '/snapshots/' + REVISION + '/config.json')}"
+        " >/dev/null",
+    ]
+    return " && ".join(steps)
+
+
+def stage_model(client: paramiko.SSHClient, host: str, model: str) -> None:
+    """Stage ``model`` on one host (idempotent); ``LabError`` names the host and what failed."""
+    rc, _out, err = ssh.run(client, staging_command(model), timeout=60)
+    if rc != 0:
+        raise LabError(f"{host}: staging {model} failed: {err.strip()[-500:]}")
