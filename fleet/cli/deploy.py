@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn, ParamSpec, TypeVar
 
 import click
 from rich.console import Console
@@ -13,6 +15,12 @@ from rich.table import Table
 
 from fleet.cli import console, fail
 from fleet.errors import FleetError
+
+if TYPE_CHECKING:
+    from fleet.deploy.runner import DeployResult
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @click.command()
@@ -46,21 +54,30 @@ def deploy(
     from gevent import monkey
 
     monkey.patch_all()
+    from fleet.cli.rollout import roll
     from fleet.deploy.runner import deploy as run_deploy
 
+    opts = {"as_json": as_json}
     err = Console(stderr=True, highlight=False)
     try:
         with HostSteps(err) as steps:
             result = run_deploy(
                 inventory, list(limit) or None, dry=dry, start=not no_start, health_timeout=health_timeout,
                 progress=steps.note, fail_percent=fail_percent, step=steps.step, reboot=reboot,
+                roll=steps.paused(lambda fleet, targets_of: roll(fleet, "rollout", targets_of, opts)),
             )  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json)
+    report(result, as_json, "fleet deploy" + (" --dry" if dry else ""))
+
+
+def report(result: DeployResult, as_json: bool, title: str) -> NoReturn:
+    """The deploy's summary table (or JSON), then exit 0 (all healthy) or 1."""
+    err = Console(stderr=True, highlight=False)
     if as_json:
         click.echo(json.dumps(result.data(), indent=2))
     else:
-        table = Table(title="fleet deploy" + (" --dry" if dry else ""))
+        table = Table(title=title)
         for col in ("host", "status", "operations", "reboot", "instances"):
             table.add_column(col)
         for h in result.hosts:
@@ -98,6 +115,20 @@ class HostSteps:
             self.live.update(self._table(), refresh=True)
         else:
             self.console.print(f"[dim]{escape(host)}: {escape(text)}[/]")
+
+    def paused(self, f: Callable[P, T]) -> Callable[P, T]:
+        """``f`` with this live view stopped while it runs (it shows its own)."""
+
+        def run(*args: P.args, **kwargs: P.kwargs) -> T:
+            if self.live is not None:
+                self.live.stop()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                if self.live is not None:
+                    self.live.start()
+
+        return run
 
     def note(self, text: str) -> None:
         if self.live is None:

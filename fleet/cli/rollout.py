@@ -26,12 +26,14 @@ from rich.text import Text
 
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.errors import FleetError
-from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, new_rollout, resume
+from fleet.rollout.advice import next_steps
+from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, resume
 from fleet.rollout.errors import LockHeld
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
-from fleet.rollout.journal import Journal, default_path, new_rollout_id
+from fleet.rollout.journal import Journal
 from fleet.rollout.observe import Observations
-from fleet.rollout.runner import Runner, open_rollout
+from fleet.rollout.runner import Runner
+from fleet.rollout.session import open_journal, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 
 EXIT_STOPPED = 1
@@ -205,31 +207,6 @@ def _summary(state: RolloutState) -> dict[str, Any]:
     }
 
 
-def next_steps(state: RolloutState) -> list[str]:
-    """What the on-call does next, in words and commands."""
-    if state.status is RolloutStatus.RUNNING:
-        return [f"stopped between steps; resume with: fleet rollout --resume {state.id}"]
-    if state.status is RolloutStatus.DONE:
-        out = [f"every instance is healthy; `fleet history {state.id}` lists every step"]
-        if state.kind == "rollout":
-            out.append(f"to undo it: fleet rollback {state.id}")
-        return out
-    out = [f"halted: {state.reason}", f"`fleet history {state.id}` lists every step and its outcome"]
-    stuck = [i for i in state.instances.values() if i.rollback_failure]
-    if stuck:
-        for i in stuck:
-            out.append(
-                f"{i.ref} is not serving ({i.rollback_failure}): check `journalctl -u fleet-{i.ref.instance}.service` "
-                f"on {i.ref.host}, then `fleet rollback {state.id}` to try the previous release again"
-            )
-    elif any(i.rolling_back for i in state.instances.values()):
-        out.append(
-            "the failed batch is back on the release it ran before; later batches were not touched. Fix the cause "
-            "(the failure above), then run it again"
-        )
-    return out
-
-
 def _report(state: RolloutState, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_summary(state), indent=2))
@@ -247,12 +224,6 @@ def _report(state: RolloutState, as_json: bool) -> None:
     sys.exit(0 if state.status is RolloutStatus.DONE else EXIT_SOME_HOSTS)
 
 
-def _journal(path: Path | None) -> Journal:
-    p = path or default_path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    return Journal(p)
-
-
 def _start(
     fleet: RolloutFleet,
     kind: str,
@@ -260,30 +231,27 @@ def _start(
     opts: Mapping[str, Any],
 ) -> None:
     """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
-    as_json = bool(opts["as_json"])
+    _report(roll(fleet, kind, targets_of, opts), bool(opts["as_json"]))
+
+
+def roll(
+    fleet: RolloutFleet,
+    kind: str,
+    targets_of: Callable[[SshExecutor], list[Target]],
+    opts: Mapping[str, Any],
+) -> RolloutState:
+    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here."""
+    as_json = bool(opts.get("as_json"))
     try:
-        policy = fleet.policy(overrides_of(opts))
-        executor = fleet.executor(opts["gates_over_ssh"])
+        return run_rollout(
+            fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
+            take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
+            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
+        )  # fmt: skip
+    except LockHeld as exc:
+        fail(str(exc), as_json, code=EXIT_INVALID)
     except FleetError as exc:
         fail(str(exc), as_json)
-    with _journal(opts["journal_path"]) as journal:
-        now = time.time()
-        rollout_id = new_rollout_id(now)
-        try:
-            journal.acquire(fleet.name, rollout_id, takeover=bool(opts["take_over"]))
-        except LockHeld as exc:
-            fail(str(exc), as_json, code=EXIT_INVALID)
-        try:
-            try:
-                targets = targets_of(executor)
-                state = open_rollout(journal, new_rollout(rollout_id, fleet.name, kind, targets, policy, now))
-            except FleetError as exc:
-                fail(str(exc), as_json)
-            final = _run(state, executor, journal, as_json, resumed=False)
-        finally:
-            journal.release(fleet.name, rollout_id)
-            executor.close()
-    _report(final, as_json)
 
 
 def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
@@ -319,29 +287,50 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
 @click.argument("inventory", type=click.Path(dir_okay=False, exists=True), required=False)
 @click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
 @click.option("--release", help="Roll every instance onto this installed vLLM release (a name under releases/).")
+@click.option("--model", help="Serve this model instead of the inventory's (a shortcut for editing it).")
+@click.option(
+    "--model-config",
+    type=click.Path(dir_okay=False, exists=True),
+    help="With --model: its config.json on this machine (default: the bundled one or the HF cache).",
+)
 @click.option("--resume", "resume_id", is_flag=False, flag_value="", default=None,
               help="Resume a rollout that did not finish (the last one, or the ID given).")  # fmt: skip
 @_policy_options
 def rollout(
-    inventory: str | None, limit: tuple[str, ...], release: str | None, resume_id: str | None, **opts: Any
+    inventory: str | None,
+    limit: tuple[str, ...],
+    release: str | None,
+    model: str | None,
+    model_config: str | None,
+    resume_id: str | None,
+    **opts: Any,
 ) -> None:
-    """Roll the fleet onto a release, batch by batch, behind the health gates; or resume one.
+    """Roll the inventory's serving settings out, batch by batch, behind the health gates; or resume one.
 
-    ``--release R`` switches each instance to the installed release R (the ``current`` link) and
-    restarts it; the first batch is the canary, a failed batch goes back to the release it ran
-    (a link flip and a restart) and the rollout halts. ``--resume [ID]`` reads every host's true
-    state and finishes (or rolls back) a rollout whose control process died or was stopped.
+    ``fleet rollout INVENTORY`` applies what the inventory says now (a new model, vLLM release,
+    flags, API key): each host gets the new release built beside the running one and each
+    instance's new unit and env file stored as a configuration revision; then every instance
+    whose release or configuration differs is drained, stopped, switched, started and gated,
+    the first batch as the canary. A failed batch goes back to what it ran (a link flip, the old
+    files, a restart) and the rollout halts. ``--model M`` is the same with the model replaced.
+    ``--release R`` switches each instance to the installed release R only. ``--resume [ID]``
+    reads every host's true state and finishes (or rolls back) a rollout whose control process
+    died or was stopped.
     """
     as_json = bool(opts["as_json"])
     if resume_id is not None:
         _resume(resume_id, opts)
         return
-    if inventory is None or not release:
-        fail(
-            "give an INVENTORY and --release NAME (an installed release), or --resume [ID]. "
-            "Applying new serving settings from the inventory is `fleet deploy` then `fleet restart`",
-            as_json,
-        )
+    if inventory is None:
+        fail("give an INVENTORY (with --release NAME or --model M, or neither), or --resume [ID]", as_json)
+    if release and (model or model_config):
+        fail("--release and --model are two different rollouts: give one of them", as_json)
+    if model_config and not model:
+        fail("--model-config goes with --model", as_json)
+    if not release:
+        overrides = {"model": model, "model_config": model_config} if model else None
+        _apply(inventory, list(limit) or None, overrides, opts.get("health_timeout") or 300.0, opts)
+        return
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
@@ -350,9 +339,36 @@ def rollout(
     _start(fleet, "rollout", lambda _ex: fleet.targets(dict.fromkeys(fleet.hosts, chosen), restart=False), opts)
 
 
+def _apply(
+    inventory: str, limit: list[str] | None, overrides: Mapping[str, Any] | None, timeout: float,
+    opts: Mapping[str, Any],
+) -> None:  # fmt: skip
+    """The inventory's serving settings onto the hosts (``fleet deploy``'s operations), rolled by the engine."""
+    from gevent import monkey
+
+    monkey.patch_all()  # pyinfra's operations run on gevent (see ``fleet deploy``)
+    from fleet.cli.deploy import HostSteps, report
+    from fleet.deploy.runner import deploy as run_deploy
+
+    as_json = bool(opts["as_json"])
+    err = Console(stderr=True, highlight=False)
+    try:
+        # the policy is checked before any host is touched
+        load_fleet(inventory, limit, overrides).policy(overrides_of(opts))
+        with HostSteps(err) as steps:
+            result = run_deploy(
+                inventory, limit, health_timeout=timeout, progress=steps.note, step=steps.step,
+                roll=steps.paused(lambda fleet, targets_of: roll(fleet, "rollout", targets_of, opts)),
+                overrides=overrides,
+            )  # fmt: skip
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    report(result, as_json, "fleet rollout")
+
+
 def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     as_json = bool(opts["as_json"])
-    with _journal(opts["journal_path"]) as journal:
+    with open_journal(opts["journal_path"]) as journal:
         rid = resume_id or next((r.id for r in journal.history(None, 200) if r.status == "running"), None)
         if not rid:
             fail("no unfinished rollout in the journal (`fleet history` lists them)", as_json, code=EXIT_SOME_HOSTS)
@@ -401,7 +417,7 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
 
         _start(fleet, "rollback", previous, opts)
         return
-    with _journal(opts["journal_path"]) as journal:
+    with open_journal(opts["journal_path"]) as journal:
         rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
         if not rid:
             fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",

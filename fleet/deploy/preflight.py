@@ -96,15 +96,24 @@ def refusals(plan: HostPlan, check: ServeCheckResult, facts: HostFacts | None) -
 
 
 def run_preflight(
-    targets: Mapping[str, SshTarget], plans: Mapping[str, HostPlan], paths: HostPaths
+    targets: Mapping[str, SshTarget],
+    plans: Mapping[str, HostPlan],
+    paths: HostPaths,
+    venvs: Mapping[str, str] | None = None,
 ) -> dict[str, list[Refusal]]:
-    """Preflight every host in parallel: ``{host: refusals}`` (empty list: ready)."""
-    python = f"{paths.venv}/bin/python"
+    """Preflight every host in parallel: ``{host: refusals}`` (empty list: ready). ``venvs``: the
+    release each host's new command line will run on (default ``paths.venv``)."""
+
+    def python(name: str) -> str:
+        return f"{(venvs or {}).get(name, paths.venv)}/bin/python"
+
     checks = run_fact_on_hosts(
-        targets.values(), ServeCheck, python=python, user=paths.user, hf_home=f"{paths.state_dir}/hf",
-        args_for=lambda name: {"jobs": [(unit_of(i.unit_name), i.argv) for i in plans[name].instances]},
+        targets.values(), ServeCheck, user=paths.user, hf_home=f"{paths.state_dir}/hf",
+        args_for=lambda name: {
+            "python": python(name), "jobs": [(unit_of(i.unit_name), i.argv) for i in plans[name].instances]
+        },
     )  # fmt: skip
-    probes = run_fact_on_hosts(targets.values(), NvmlProbe, python=python)
+    probes = run_fact_on_hosts(targets.values(), NvmlProbe, args_for=lambda name: {"python": python(name)})
     out: dict[str, list[Refusal]] = {}
     for name, check in checks.items():
         if isinstance(check, HostUnreachable):

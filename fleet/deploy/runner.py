@@ -6,21 +6,25 @@ host is touched); connect (strict host keys, as the inventory says); prepare the
 operation); execute in pyinfra's lock-step mode; preflight every host that is ready
 (``fleet.deploy.preflight``: the host's vLLM parses the new argv, the model resolves, the GPUs are
 free or ours); start units that are not running (first deploy) and wait, from this machine, until
-each instance serves (``fleet.deploy.health``); restart hosts that were already serving and whose
-units, env files or release changed one at a time (``fleet.deploy.restart``). A host that needs a
-reboot is reported and not started.
+each instance serves (``fleet.deploy.health``). A host that needs a reboot is reported and not
+started.
+
+On hosts that are already serving, the operations never touch what a running unit uses: the new
+release is built beside the current one, each instance's new unit and env file are stored as a
+configuration revision (``fleet.operations.revisions``). Those instances are then handed to the
+rolling engine (``fleet.rollout``): batches with a canary, drain, stop, GPUs free, switch, start,
+health gates, soak, and a rollback of the failed batch, journaled like any ``fleet rollout``.
 
 Failures (unreachable, a failing operation, a preflight refusal) name the host, the cause and the
 failed command (redacted). ``fail_percent`` (like Ansible's ``max_fail_percentage``; default 0):
 once more than that share of the selected hosts failed, nothing more is scheduled: no further
-operations, no start, no restart. Files are replaced atomically by the operations and a serving
-unit keeps its old process until its host's turn to restart.
+operations, no start, no rollout.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +41,6 @@ from pyinfra.context import ctx_host, ctx_state
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
-from fleet.deploy.restart import RestartStep, restart_serving_hosts
 from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
 from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
@@ -48,12 +51,17 @@ from fleet.operations import vllm as vllm_ops
 from fleet.plan.planner import HostPlan
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
+from fleet.rollout.advice import next_steps
+from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target
+from fleet.rollout.fleet_inventory import RolloutFleet, fleet_of
+from fleet.rollout.session import run_rollout
+from fleet.rollout.ssh_executor import SshExecutor
 from fleet.secrets import redact
 
 Progress = Callable[[str], None]
+#: runs the rollout of the serving hosts: the fleet, and its targets (the CLI adds its live view)
+Roll = Callable[[RolloutFleet, Callable[[SshExecutor], list[Target]]], RolloutState]
 Step = Callable[[str, str], None]  #: (host, the step it is on)
-#: operations whose change means a serving host must restart to take it
-RESTART_OPS = ("vLLM units and env files", "current release")
 FAILED = ("failed", "unreachable", "refused")
 
 
@@ -203,14 +211,17 @@ def deploy(
     fail_percent: int = 0,
     step: Step = lambda _h, _s: None,
     reboot: bool = False,
+    roll: Roll | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> DeployResult:
     """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
     t0 = time.monotonic()
-    loaded = load_inventory(inventory, limit)
+    loaded = load_inventory(inventory, limit, overrides)
     plans = check_hosts(loaded)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
     results: dict[str, HostResult] = {}
+    staged = host_deploy.staged_of(state)  #: filled in while the operations are prepared
 
     def finish(error: str | None = None) -> DeployResult:
         return DeployResult(dry, [results[h.name] for h in selected], time.monotonic() - t0, error)
@@ -272,9 +283,9 @@ def deploy(
         if _over(failed, len(selected), fail_percent):
             return finish(_stop_message(results, fail_percent))
     states = _unit_states(loaded, plans, _ready(results))
-    quiet = [n for n in _ready(results) if _quiet(states.get(n), results[n])]
+    quiet = [n for n in _ready(results) if _quiet(states.get(n), results[n], staged.get(n))]
     busy = [n for n in _ready(results) if n not in quiet]
-    _preflight(loaded, plans, results, busy, progress, step)
+    _preflight(loaded, plans, results, busy, progress, step, staged)
     failed = sum(r.status in FAILED for r in results.values())
     if _over(failed, len(selected), fail_percent):
         for r in results.values():
@@ -283,26 +294,30 @@ def deploy(
         return finish(_stop_message(results, fail_percent))
     busy = [n for n in busy if results[n].status not in FAILED]
     serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
-    # A serving unit restarts when its files are newer than its process (this run's changes, or an
-    # earlier run's left pending); a unit started after them (at boot, after --reboot) is current.
-    # Without an answer from the host, what this run changed decides.
-    stale = {
-        n: any(u.stale for u in states[n] or ())
-        if states.get(n) is not None
-        else any(op in RESTART_OPS for op in results[n].operations)
-        for n in serving
-    }
-    error = _restart(loaded, plans, results, serving, quiet, stale, health_timeout, progress, step, inventory)
+    for name in [*quiet, *serving]:
+        if not _to_roll(name, states, staged):
+            _check_serving(loaded, plans, results, name, health_timeout, step)
+    rolling = [n for n in serving if _to_roll(n, states, staged)]
+    error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     return finish(error)
 
 
-def _quiet(states: list[UnitState] | None, result: HostResult) -> bool:
-    """Nothing to start or restart on the host: every unit active and current, nothing changed."""
+def _quiet(states: list[UnitState] | None, result: HostResult, staged: host_deploy.Staged | None) -> bool:
+    """Nothing to start, switch or restart on the host: every unit active and current, every
+    instance's release and configuration live."""
     return (
         bool(states)
         and all(u.active and not u.stale for u in states or ())
-        and not any(op in RESTART_OPS for op in result.operations)
+        and (staged is None or not staged.waiting)
+        and "reboot" not in " ".join(result.operations)
     )
+
+
+def _to_roll(name: str, states: dict[str, list[UnitState] | None], staged: dict[str, host_deploy.Staged]) -> bool:
+    """A serving host the rolling engine must take through: a release or configuration waits for
+    its instances, or a unit's files are newer than its process (an earlier run stopped between)."""
+    waiting = staged.get(name)
+    return bool(waiting and waiting.waiting) or any(u.stale for u in states.get(name) or ())
 
 
 def _stop_message(results: dict[str, HostResult], fail_percent: int) -> str:
@@ -356,19 +371,31 @@ def _preflight(
     ready: list[str],
     progress: Progress,
     step: Step,
+    staged: Mapping[str, host_deploy.Staged],
 ) -> None:
-    """Refuse, per host, what would not start; a refused host is neither started nor restarted."""
+    """Refuse, per host, what would not start; a refused host is neither started nor restarted.
+
+    The new command line is parsed by the release it will run on: ``current`` on a host that is
+    not serving (the deploy made it current), the new release itself where it waits for the engine.
+    """
     if not ready:
         return
     progress(f"preflight on {len(ready)} host(s)")
     for name in ready:
         step(name, "preflight")
-    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths())
+    venvs = {n: _venv(staged.get(n)) for n in ready}
+    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths(), venvs)
     for name, refusals in answers.items():
         if refusals:
             results[name].status = "refused"
             results[name].error = redact("\n".join(str(r) for r in refusals))
             step(name, "refused by preflight")
+
+
+def _venv(staged: host_deploy.Staged | None) -> str:
+    if staged is not None and staged.release and staged.running and staged.current != staged.release:
+        return vllm_ops.release_dir(vllm_ops.DEFAULT_ROOT, staged.release)
+    return _paths().venv
 
 
 def _endpoints_of(loaded: LoadedInventory, plans: dict[str, HostPlan], name: str) -> list[Endpoint]:
@@ -396,7 +423,7 @@ def _start(
     """
     if not ready:
         return []
-    fresh = load_inventory(loaded.path, ready)  # pyinfra's Inventory and State are single-use
+    fresh = loaded.reload(ready)  # pyinfra's Inventory and State are single-use
     hosts = [fresh.pyinfra.get_host(n) for n in ready]
     state = State(fresh.pyinfra, _config(), initial_limit=hosts)
     serving: list[str] = []
@@ -453,53 +480,69 @@ def _unit_states(
     return {n: a if isinstance(a, list) else None for n, a in answers.items()}
 
 
-def _restart(
+def _check_serving(
+    loaded: LoadedInventory, plans: dict[str, HostPlan], results: dict[str, HostResult], name: str,
+    timeout: float, step: Step,
+) -> None:  # fmt: skip
+    endpoints = _endpoints_of(loaded, plans, name)
+    step(name, "checking it serves")
+    wait_healthy(endpoints, _api_key(loaded, name), timeout)
+    results[name].endpoints = endpoints
+    step(name, "serving")
+
+
+def _roll(
     loaded: LoadedInventory,
-    plans: dict[str, HostPlan],
     results: dict[str, HostResult],
-    serving: list[str],
-    quiet: list[str],
-    stale: dict[str, bool],
-    timeout: float,
+    hosts: list[str],
+    states: dict[str, list[UnitState] | None],
+    staged: dict[str, host_deploy.Staged],
+    roll: Roll | None,
     progress: Progress,
     step: Step,
-    inventory: str,
 ) -> str | None:
-    """Hosts that were serving: restart the changed ones one at a time; check the others serve.
-
-    Changed (``stale``, from ``UnitStates``): their units, env files or release are newer than
-    the running processes (this run changed them, or an earlier run did and stopped).
-    """
-    changed = [n for n in serving if stale.get(n)]
-    for name in [*quiet, *serving]:
-        if name in changed:
-            continue
-        endpoints = _endpoints_of(loaded, plans, name)
-        step(name, "checking it serves")
-        wait_healthy(endpoints, _api_key(loaded, name), timeout)
-        results[name].endpoints = endpoints
-        step(name, "serving")
-    if not changed:
+    """Serving hosts whose release or configuration changed go through the rolling engine: batches,
+    drain, stop, GPUs free, switch (release link and configuration revision), start, gates."""
+    fleet = fleet_of(loaded.reload(hosts))
+    stale = {(n, u.unit) for n in hosts for u in states.get(n) or () if u.stale}
+    targets = [
+        Target(ref, staged[ref.host].release, s.model, s.port, restart=(ref.host, s.unit) in stale,
+               revision=staged[ref.host].revisions[ref.instance])
+        for ref, s in fleet.instances.items()
+    ]  # fmt: skip
+    progress(f"rolling {len(hosts)} serving host(s) onto the new release/configuration behind the health gates")
+    for name in hosts:
+        step(name, "rolling (see the rollout below)")
+    final = (roll or _headless)(fleet, lambda _executor: targets)
+    results_of_rollout(final, fleet, results)
+    for name in hosts:
+        step(name, results[name].status)
+    if final.status is RolloutStatus.DONE:
         return None
-    progress(f"restarting {len(changed)} serving host(s) one at a time")
-    steps = [
-        RestartStep(
-            name,
-            _target(loaded, name),
-            [f"fleet-{i.unit_name}.service" for i in plans[name].instances],
-            _endpoints_of(loaded, plans, name),
-            _api_key(loaded, name),
-        )
-        for name in changed
-    ]
-    outcome = restart_serving_hosts(steps, timeout, f"fleet deploy {inventory}", step)
-    for s in steps:
-        r = results[s.host]
-        if s.host in outcome.done:
-            r.restarted, r.endpoints = True, s.endpoints
-            r.operations.append("restart " + ", ".join(s.units))
-        elif s.host == outcome.failed:
-            r.status, r.error, r.endpoints = "failed", outcome.error, s.endpoints
-        else:
-            r.status, r.error = "stopped", "not restarted: the one-at-a-time restart stopped at " + str(outcome.failed)
-    return outcome.error
+    return f"rollout {final.id} {final.status.value}: {final.reason}\n" + "\n".join(next_steps(final))
+
+
+def _headless(fleet: RolloutFleet, targets_of: Callable[[SshExecutor], list[Target]]) -> RolloutState:
+    return run_rollout(fleet, "rollout", targets_of)
+
+
+def results_of_rollout(final: RolloutState, fleet: RolloutFleet, results: dict[str, HostResult]) -> None:
+    """Each rolled host's result from the instances' end states."""
+    for name in {r.host for r in final.instances}:
+        r = results[name]
+        mine = {ref: i for ref, i in final.instances.items() if ref.host == name}
+        r.endpoints = [
+            Endpoint(fleet.instances[ref].unit, fleet.instances[ref].url, i.model, i.phase is Phase.DONE,
+                     i.rollback_failure or i.failure or i.note)
+            for ref, i in mine.items()
+        ]  # fmt: skip
+        moved = [ref.instance for ref, i in mine.items() if i.touched and i.phase is Phase.DONE]
+        if moved:
+            r.restarted = True
+            r.operations.append(f"rolled out {', '.join(moved)} (rollout {final.id})")
+        failed = [i for i in mine.values() if i.phase in (Phase.FAILED, Phase.ROLLED_BACK, Phase.ROLLBACK_FAILED)]
+        if failed:
+            r.status = "failed"
+            r.error = "; ".join(f"{i.ref}: {i.rollback_failure or i.failure}" for i in failed)
+        elif any(i.phase is Phase.PENDING for i in mine.values()):
+            r.status, r.error = "stopped", f"not rolled out: rollout {final.id} halted ({final.reason})"

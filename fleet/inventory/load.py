@@ -21,6 +21,7 @@ import contextlib
 import io
 import os
 import runpy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +32,9 @@ from pyinfra.api.inventory import Inventory
 from fleet.errors import FieldProblem, InventoryError
 from fleet.inventory.schema import host_name_problem
 from fleet.secrets import looks_like_secret, shown
+
+#: where a value given with a command-line option "was written" (for error messages)
+COMMAND_LINE = "(command line)"
 
 HOST_ITEM = 'a host is "name" or ("name", {data})'
 
@@ -187,8 +191,10 @@ class _Reader:
         return out
 
 
-def read_inventory(path: str | Path) -> InventoryFiles:
+def read_inventory(path: str | Path, overrides: Mapping[str, Any] | None = None) -> InventoryFiles:
     """Read an inventory file and its group_data; structural problems are collected, not raised.
+    ``overrides`` (pyinfra's ``override_data``) win over every host's data; errors name them
+    as given on the command line.
 
     Raises ``InventoryError`` only when the inventory file itself cannot be read or run.
     """
@@ -251,6 +257,7 @@ def read_inventory(path: str | Path) -> InventoryFiles:
                 groups[gfile.stem] = ([], dict(data), dict.fromkeys(data, str(gfile)))
     inventory = Inventory(  # type: ignore[no-untyped-call]
         ([(n, d) for n, d in host_data.items()], all_data),
+        override_data=dict(overrides or {}),
         **{g: ([n for n, _d in hosts], data) for g, (hosts, data, _src) in groups.items()},
     )
     entries = []
@@ -260,6 +267,7 @@ def read_inventory(path: str | Path) -> InventoryFiles:
         for g in host_groups:  # later groups win, as in pyinfra's get_groups_data
             sources.update(groups[g][2] if g in groups else {})
         sources.update(dict.fromkeys(host_data.get(host.name, {}), r.file))
+        sources.update(dict.fromkeys(overrides or {}, COMMAND_LINE))
         data = host.data.dict()  # type: ignore[no-untyped-call]
         entries.append(HostEntry(host.name, host_groups, data, {k: sources.get(k, r.file) for k in data}))
     return InventoryFiles(str(path), inventory, entries, r.problems)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -138,6 +139,11 @@ class LoadedInventory:
     path: str
     pyinfra: Inventory
     hosts: tuple[HostSpec, ...]
+    overrides: Mapping[str, Any] = field(default_factory=dict)  #: given on the command line
+
+    def reload(self, limit: list[str] | None = None) -> LoadedInventory:
+        """The same inventory read again (pyinfra's ``Inventory`` and ``State`` are single-use)."""
+        return load_inventory(self.path, limit, self.overrides)
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -399,13 +405,16 @@ def host_spec(
     )
 
 
-def load_inventory(path: str | Path, limit: list[str] | None = None) -> LoadedInventory:
-    """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's.
+def load_inventory(
+    path: str | Path, limit: list[str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> LoadedInventory:
+    """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's;
+    ``overrides``: host data given on the command line (``fleet rollout --model``), over every host's.
 
     Every host is validated, problems are reported for the selected ones; the cross-host rules
     (``ports.py``) see every valid host, since a host left out by ``--limit`` still holds its ports.
     """
-    files = read_inventory(path)
+    files = read_inventory(path, overrides)
     problems: list[FieldProblem] = list(files.problems)
     if any(not p.field for p in problems):
         # a group_data file did not run: its hosts would only show the values it failed to give
@@ -424,7 +433,7 @@ def load_inventory(path: str | Path, limit: list[str] | None = None) -> LoadedIn
     chosen = tuple(s for s in specs if selected is None or s.name in selected)
     if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
-    return LoadedInventory(str(path), files.pyinfra, chosen)
+    return LoadedInventory(str(path), files.pyinfra, chosen, dict(overrides or {}))
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

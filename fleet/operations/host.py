@@ -14,20 +14,25 @@ Host data read here (besides the keys ``fleet.inventory.spec`` validates):
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra.api.deploy import deploy
+from pyinfra.api.state import State
 from pyinfra.context import host
 from pyinfra.operations import systemd
 
 from fleet.errors import FleetError
 from fleet.facts.driver import PythonVersion
+from fleet.facts.releases import VllmReleases
+from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_instances
 from fleet.gpus import Fabric
 from fleet.inventory.spec import HostSpec, host_spec
-from fleet.operations import layout, nvidia, units, vllm
+from fleet.operations import layout, nvidia, revisions, units, vllm
 from fleet.plan.planner import HostPlan
+from fleet.render.revision import Revision, revisions_of
 from fleet.render.units import HostPaths, RenderedFile, render_host
 from fleet.secret_store import SecretError, read_secret
 
@@ -141,6 +146,61 @@ def rendered_files(name: str, data: Mapping[str, Any], paths: HostPaths) -> list
     return render_host(host_plan(name, data), api_key(name, data), str(ref) if ref else None, paths)
 
 
+def served_model(name: str, data: Mapping[str, Any]) -> str:
+    """The model name the host's instances answer to (``/v1/models``)."""
+    return _spec(name, data).served_model_name or host_plan(name, data).model
+
+
+def host_revisions(name: str, data: Mapping[str, Any], paths: HostPaths) -> list[Revision]:
+    return revisions_of(rendered_files(name, data, paths), served_model(name, data))
+
+
+#: unit states in which the instance's process runs (or is about to): its files are not touched
+RUNNING_STATES = ("active", "activating", "reloading", "deactivating")
+
+
+def _live(found: InstanceRevision | None) -> str | None:
+    return found["live"] if found is not None else None
+
+
+def running(found: InstanceRevision | None) -> bool:
+    return found is not None and found["state"] in RUNNING_STATES
+
+
+@dataclass
+class Staged:
+    """What a deploy left for the rolling engine on one host (``staged_of``)."""
+
+    release: str = ""  #: the release the host's data asks for
+    revisions: dict[str, str] = field(default_factory=dict)  #: instance -> revision it should run
+    running: set[str] = field(default_factory=set)  #: instances whose unit ran: their files wait
+    live: dict[str, str | None] = field(default_factory=dict)  #: instance -> revision in place
+    current: str | None = None  #: the release ``current`` named before this deploy
+
+    @property
+    def waiting(self) -> list[str]:
+        """Running instances whose release or configuration this deploy changed (not yet live)."""
+        moved = self.current != self.release
+        return sorted(i for i in self.running if moved or self.live.get(i) != self.revisions.get(i))
+
+
+_STAGED: weakref.WeakKeyDictionary[State, dict[str, Staged]] = weakref.WeakKeyDictionary()
+
+
+def staged_of(state: State) -> dict[str, Staged]:
+    """Per host, what the deploy prepared on ``state`` left for the rolling engine."""
+    return _STAGED.setdefault(state, {})
+
+
+def _staged() -> Staged:
+    return staged_of(host.state).setdefault(host.name, Staged())
+
+
+def _found(paths: HostPaths) -> dict[str, InstanceRevision]:
+    revs = host_revisions(host.name, _data(), paths)
+    return host.get_fact(InstanceRevisions, instances=fact_instances(revs))
+
+
 def _data() -> dict[str, Any]:
     return dict(host.data.dict())  # type: ignore[no-untyped-call]
 
@@ -158,23 +218,42 @@ def nvidia_driver() -> None:
     nvidia.reboot_required(name="reboot required?")
 
 
+def _paths() -> HostPaths:
+    return HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
+
+
 @deploy("vLLM release")
 def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
+    """Build the release; make it ``current`` unless an instance runs (then the engine does, per
+    instance, between its stop and its start)."""
     data = _data()
     python_version = host.get_fact(PythonVersion)
     if python_version is None:
         raise HostDataError(f"host {host.name}: python3 does not run; install python3 and python3-venv")
     spec = release_spec(host.name, data, python_version)
+    staged = _staged()
+    staged.release = spec.release_id
+    staged.current = host.get_fact(VllmReleases, root=root)["current"]
     vllm.service_user(name="vLLM system user")
     vllm.release(name=f"vLLM release {spec.release_id}", spec=spec, root=root)
-    vllm.activate(name="current release", release_id=spec.release_id, root=root)
+    if not any(running(f) for f in _found(_paths()).values()):
+        vllm.activate(name="current release", release_id=spec.release_id, root=root)
     vllm.prune(name="prune old releases", keep=releases_kept(host.name, data), root=root)
 
 
 @deploy("vLLM units")
 def vllm_units(paths: HostPaths | None = None) -> None:
-    files = rendered_files(host.name, _data(), paths or HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current"))
-    units.installed(name="vLLM units and env files", files=files)
+    """Store every instance's configuration as a revision; write it in place for idle units only."""
+    data = _data()
+    revs = host_revisions(host.name, data, paths or _paths())
+    found = host.get_fact(InstanceRevisions, instances=fact_instances(revs))
+    staged = _staged()
+    staged.revisions = {r.instance: r.id for r in revs}
+    staged.running = {r.instance for r in revs if running(found.get(r.instance))}
+    staged.live = {r.instance: _live(found.get(r.instance)) for r in revs}
+    revisions.stored(name="configuration revisions", revisions=revs, keep=releases_kept(host.name, data))
+    idle = [f for r in revs if r.instance not in staged.running for f in (r.unit, r.env)]
+    units.installed(name="vLLM units and env files", files=idle)
 
 
 @deploy("vLLM start")

@@ -82,6 +82,9 @@ class Target:
     model: str
     port: int = 8000
     restart: bool = False  #: restart even when already on ``release`` (``fleet restart``)
+    #: the configuration revision (unit and env file, ``fleet.operations.revisions``) to switch to;
+    #: None: the instance's files are left as they are (``--release``, ``fleet restart``)
+    revision: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class InstanceState:
     first_step_at: float | None = None
     previous_release: str | None = None  #: recorded before anything is changed
     previous_model: str | None = None
+    previous_revision: str | None = None
     previous_unit: str | None = None  #: "active/running" etc. before anything is changed
     hooks_done: tuple[str, ...] = ()
     killed: tuple[int, ...] = ()
@@ -111,6 +115,13 @@ class InstanceState:
         if self.rolling_back and self.previous_release is not None:
             return self.previous_release
         return self.target.release
+
+    @property
+    def revision(self) -> str | None:
+        """The configuration revision this instance is heading for now (None: leave the files)."""
+        if self.rolling_back:
+            return self.previous_revision if self.target.revision is not None else None
+        return self.target.revision
 
     @property
     def model(self) -> str:
@@ -131,11 +142,13 @@ class Action:
     hook: str = ""  #: "drain" or "undrain"
     argv: tuple[str, ...] = ()
     release: str = ""
+    revision: str | None = None  #: with FLIP: the configuration revision to put in place too
     pids: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         where = f" {self.ref}" if self.ref else ""
-        extra = {Act.HOOK: f" {self.hook}", Act.FLIP: f" → {self.release}", Act.KILL: f" pids {list(self.pids)}"}
+        to = f" → {self.release}" + (f" (config {self.revision})" if self.revision else "")
+        extra = {Act.HOOK: f" {self.hook}", Act.FLIP: to, Act.KILL: f" pids {list(self.pids)}"}
         return f"{self.kind.value}{where}{extra.get(self.kind, '')}: {self.why}"
 
 
@@ -282,13 +295,10 @@ def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
         failure = inst.failure or (
             "rolled back with its batch" if inst.phase is Phase.DONE else "stopped: batch failed"
         )
-        if inst.changed and inst.previous_release is None:
+        lost = _nothing_to_go_back_to(inst)
+        if inst.changed and lost:
             instances[ref] = replace(
-                inst,
-                rolling_back=True,
-                failure=failure,
-                phase=Phase.ROLLBACK_FAILED,
-                rollback_failure="no previous release recorded to go back to",
+                inst, rolling_back=True, failure=failure, phase=Phase.ROLLBACK_FAILED, rollback_failure=lost
             )
             continue
         drain_again = inst.phase is Phase.DONE or "undrain" in inst.hooks_done
@@ -306,6 +316,15 @@ def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
             note="",
         )
     return replace(state, instances=instances, failing=why)
+
+
+def _nothing_to_go_back_to(inst: InstanceState) -> str:
+    """Why a rollback of ``inst`` cannot restore what it ran before; empty when it can."""
+    if inst.previous_release is None:
+        return "no previous release recorded to go back to"
+    if inst.target.revision is not None and inst.previous_revision is None:
+        return "no previous configuration recorded to go back to (its unit or env file was missing)"
+    return ""
 
 
 def _bake(state: RolloutState, obs: Observations, now: float) -> Decision:
@@ -395,11 +414,12 @@ def _phase_step(
     waited = now - inst.phase_since
     if inst.phase is Phase.PENDING:
         unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
-        if kind_skips_current(inst) and f.release == inst.target.release and f.serving:
+        if kind_skips_current(inst) and _on_target(inst, f) and f.serving:
             # Already there and serving: nothing to do (Kubernetes compares the template hash;
             # Nomad reports a rollback to the same job as a no-op).
             return _to(inst, Phase.DONE, now, previous_release=f.release, previous_model=f.model,
-                       previous_unit=unit, note=f"already serving release {f.release}"), None  # fmt: skip
+                       previous_revision=f.revision, previous_unit=unit,
+                       note=f"already serving release {f.release}"), None  # fmt: skip
         return _to(
             inst,
             Phase.DRAIN,
@@ -407,6 +427,7 @@ def _phase_step(
             first_step_at=now,
             previous_release=f.release,
             previous_model=f.model,
+            previous_revision=f.revision,
             previous_unit=unit,
         ), None
     if inst.phase is Phase.DRAIN:
@@ -433,8 +454,9 @@ def _phase_step(
     if inst.phase is Phase.GPUS:
         return _gpus(inst, f, p, now, waited)
     if inst.phase is Phase.SWITCH:
-        if f.release != inst.release:
-            return inst, Action(Act.FLIP, ref, f"was {f.release}", release=inst.release)
+        if not _on_target(inst, f):
+            was = f"was {f.release}" + (f" (config {f.revision})" if inst.revision else "")
+            return inst, Action(Act.FLIP, ref, was, release=inst.release, revision=inst.revision)
         return _to(inst, Phase.START, now), None
     if inst.phase is Phase.START:
         if f.unit is not None and f.unit.active_state in ("active", "activating", "reloading"):
@@ -460,6 +482,12 @@ def _phase_step(
             return inst, Action(Act.HOOK, ref, "put the instance back into traffic", hook="undrain", argv=tuple(argv))
         return _to(inst, Phase.ROLLED_BACK if inst.rolling_back else Phase.DONE, now), None
     raise AssertionError(inst.phase)
+
+
+def _on_target(inst: InstanceState, f: InstanceFacts) -> bool:
+    """The instance's release link and (when the target names one) its configuration are the ones
+    it is heading for."""
+    return f.release == inst.release and (inst.revision is None or f.revision == inst.revision)
 
 
 def kind_skips_current(inst: InstanceState) -> bool:
@@ -564,6 +592,7 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
             "model": i.target.model,
             "port": i.target.port,
             "restart": i.target.restart,
+            "revision": i.target.revision,
         },
         "phase": i.phase.value,
         "rolling_back": i.rolling_back,
@@ -571,6 +600,7 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
         "first_step_at": i.first_step_at,
         "previous_release": i.previous_release,
         "previous_model": i.previous_model,
+        "previous_revision": i.previous_revision,
         "previous_unit": i.previous_unit,
         "hooks_done": list(i.hooks_done),
         "killed": list(i.killed),
@@ -589,13 +619,14 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
     t = d["target"]
     return InstanceState(
         ref=ref,
-        target=Target(ref, t["release"], t["model"], t["port"], t["restart"]),
+        target=Target(ref, t["release"], t["model"], t["port"], t["restart"], t.get("revision")),
         phase=Phase(d["phase"]),
         rolling_back=d["rolling_back"],
         phase_since=d["phase_since"],
         first_step_at=d["first_step_at"],
         previous_release=d["previous_release"],
         previous_model=d["previous_model"],
+        previous_revision=d.get("previous_revision"),
         previous_unit=d["previous_unit"],
         hooks_done=tuple(d["hooks_done"]),
         killed=tuple(d["killed"]),

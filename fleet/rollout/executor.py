@@ -46,8 +46,9 @@ class Executor(Protocol):
         """Stop orphaned engine processes of this instance (SIGTERM, then SIGKILL)."""
         ...
 
-    def flip_release(self, ref: InstanceRef, release: str) -> None:
-        """Point the instance at an installed release (atomic link swap) and write the host's marker."""
+    def flip_release(self, ref: InstanceRef, release: str, revision: str | None = None) -> None:
+        """Point the instance at an installed release (atomic link swap) and, with ``revision``,
+        put that stored configuration revision in place (unit and env file, daemon-reload)."""
         ...
 
     def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:

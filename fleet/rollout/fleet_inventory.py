@@ -15,7 +15,7 @@ from typing import Any
 
 from fleet.errors import FleetError
 from fleet.facts.runner import SshTarget
-from fleet.inventory.spec import load_inventory
+from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.rollout.batches import InstanceRef
@@ -59,11 +59,20 @@ class RolloutFleet:
         ]
 
 
-def load_fleet(inventory: str, limit: Sequence[str] | None = None) -> RolloutFleet:
-    """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given)."""
-    loaded = load_inventory(inventory, list(limit) if limit else None)
+def load_fleet(
+    inventory: str, limit: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> RolloutFleet:
+    """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
+    data given on the command line)."""
+    loaded = load_inventory(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
+    return fleet_of(loaded)
+
+
+def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
+    """The rollout's view of a loaded inventory (its selected hosts)."""
+    inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
     instances: dict[InstanceRef, InstanceSpec] = {}
@@ -81,7 +90,7 @@ def load_fleet(inventory: str, limit: Sequence[str] | None = None) -> RolloutFle
             continue
         address = spec.bind_address if spec.bind_address not in (None, "0.0.0.0", "::") else None
         address = address or spec.ssh_hostname or spec.name
-        served = spec.served_model_name or plan.model
+        served = host_deploy.served_model(spec.name, data)
         for inst in plan.instances:
             ref = InstanceRef(spec.name, inst.unit_name)
             instances[ref] = InstanceSpec(

@@ -38,7 +38,8 @@ class InstanceFacts:
     ref: InstanceRef
     unit: UnitState | None = None
     release: str | None = None  #: the release the instance's link points at (the host's marker)
-    model: str | None = None  #: the served model name that release configures
+    model: str | None = None  #: the served model name its configuration names
+    revision: str | None = None  #: its configuration revision (the live unit and env file), when known
     gpu_processes: tuple[GpuProcess, ...] = ()
     in_flight: float | None = None  #: vllm:num_requests_running + waiting; None when /metrics gave nothing
     serving: bool = False  #: unit active and /health 200 (for the availability budget)

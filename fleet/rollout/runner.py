@@ -76,7 +76,7 @@ class Runner:
         elif action.kind is Act.KILL:
             ex.kill(ref, action.pids)
         elif action.kind is Act.FLIP:
-            ex.flip_release(ref, action.release)
+            ex.flip_release(ref, action.release, action.revision)
         elif action.kind is Act.HOOK:
             return ex.run_hook(action.argv, state.policy.hooks.timeout_s)
         return "ok"

@@ -42,7 +42,9 @@ from fleet.facts.nvml import probe_command
 from fleet.facts.releases import MARKER
 from fleet.facts.runner import SshTarget, connect
 from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
+from fleet.render.units import HostPaths
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
@@ -67,7 +69,16 @@ class InstanceSpec:
     url: str  #: e.g. ``http://10.0.0.5:8000`` (as reached from the control machine)
     port: int
     gpus: tuple[int, ...]
-    model: str  #: the served model name
+    model: str  #: the served model name the inventory gives it now
+    unit_path: str = ""  #: the live unit file (default: ``/etc/systemd/system/<unit>``)
+    env_path: str = ""  #: the live env file (default: ``/etc/fleet/<instance>.env``)
+
+    @property
+    def files(self) -> tuple[str, str]:
+        return (
+            self.unit_path or f"{HostPaths.unit_dir}/{self.unit}",
+            self.env_path or f"{HostPaths.env_dir}/{self.ref.instance}.env",
+        )
 
 
 def parse_unit(text: str) -> UnitState | None:
@@ -98,6 +109,23 @@ def release_from_exe(exe: str, root: str) -> str | None:
         return None
     release = exe[len(prefix) :].split("/", 1)[0]
     return release or None
+
+
+@dataclass(frozen=True)
+class LiveInstance:
+    unit: UnitState | None
+    release: str | None
+    revision: str | None  #: id of the unit and env file in place (``fleet.render.revision``)
+    served_model: str | None  #: what that revision serves, from its ``revision.json``
+
+
+def served_model_of(meta: str) -> str | None:
+    """The ``served_model`` of a revision's one-line ``revision.json``; None when unreadable."""
+    try:
+        value = json.loads(meta).get("served_model") if meta else None
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 class _Conn:
@@ -180,6 +208,7 @@ class SshExecutor:
         instances: Mapping[InstanceRef, InstanceSpec],
         *,
         root: str = DEFAULT_ROOT,
+        revisions: str = rev.ROOT,
         api_keys: Mapping[str, str | None] | None = None,
         http_timeout_s: float = 5.0,
         gates_over_ssh: Collection[str] = (),
@@ -191,6 +220,7 @@ class SshExecutor:
         self.targets = dict(targets)
         self.instances = dict(instances)
         self.root = root.rstrip("/")
+        self.revisions = revisions.rstrip("/")
         self.http_timeout_s = http_timeout_s
         self.gates_over_ssh = frozenset(gates_over_ssh)
         self.ssh_timeout_s = ssh_timeout_s
@@ -231,7 +261,11 @@ class SshExecutor:
     # ---- observing -------------------------------------------------------------------------------
 
     def unit_and_release(self, ref: InstanceRef) -> tuple[UnitState | None, str | None]:
-        """The unit's state and the release the instance runs.
+        live = self.live(ref)
+        return live.unit, live.release
+
+    def live(self, ref: InstanceRef) -> LiveInstance:
+        """The unit's state, the release the instance runs and its live configuration revision.
 
         A running instance runs the release its process was started from: the interpreter in
         ``/proc/<MainPID>/cmdline`` (the ``vllm`` console script's shebang names the release's
@@ -244,18 +278,27 @@ class SshExecutor:
             'systemctl show -p "$3" -- "$1" || exit $?; printf "current=%s\\n" "$(readlink -- "$2/current")"; '
             'pid=$(systemctl show -p MainPID --value -- "$1"); '
             'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then printf "exe=%s\\n" "$(tr "\\000" "\\n" < /proc/$pid/cmdline '
-            '2>/dev/null | head -n 1)"; fi'
+            '2>/dev/null | head -n 1)"; fi; U=$4; E=$5; '
+            f'if [ -f "$U" ] && [ -f "$E" ]; then r=$({rev.LIVE_ID_SH}); printf "revision=%s\\n" "$r"; '
+            f'm="$6/$r/{rev.META}"; [ -f "$m" ] && printf "meta=%s\\n" "$(head -c 4096 "$m" | tr -d "\\n")"; fi; true'
         )
-        argv = ["sh", "-c", script, "fleet-facts", s.unit, self.root, ",".join(UNIT_PROPS)]
-        rc, out, err = self._conns[ref.host].run(ssh_command(argv), self.ssh_timeout_s)
+        unit_file, env_file = s.files
+        argv = ["sh", "-c", script, "fleet-facts", s.unit, self.root, ",".join(UNIT_PROPS), unit_file, env_file,
+                f"{self.revisions}/{ref.instance}"]  # fmt: skip
+        # root: the env file and the revision store are root-only
+        rc, out, err = self._conns[ref.host].run(ssh_command(["sudo", "-n", *argv]), self.ssh_timeout_s)
         if rc != 0:
             raise ExecutorError(f"host {ref.host}: systemctl show {s.unit} exited {rc}: {err.strip()[-300:]}")
         values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         unit = parse_unit(out)
         running = release_from_exe(values.get("exe", ""), self.root)
-        if unit is not None and unit.main_pid and running is not None:
-            return unit, running
-        return unit, release_of(values.get("current", ""))
+        release = running if unit is not None and unit.main_pid and running is not None else None
+        return LiveInstance(
+            unit,
+            release or release_of(values.get("current", "")),
+            values.get("revision") or None,
+            served_model_of(values.get("meta", "")),
+        )
 
     def gpu_processes(self, ref: InstanceRef) -> tuple[GpuProcess, ...]:
         """Compute processes on the instance's GPUs through NVML; ours = in the unit's cgroup."""
@@ -288,7 +331,8 @@ class SshExecutor:
     def facts(self, ref: InstanceRef) -> InstanceFacts:
         s = self.spec(ref)
         try:
-            unit, release = self.unit_and_release(ref)
+            live = self.live(ref)
+            unit, release = live.unit, live.release
             self._units[ref] = (time.monotonic(), unit)
             running = unit is not None and unit.active_state in ("active", "activating", "reloading", "deactivating")
             gpus = () if running else self.gpu_processes(ref)
@@ -306,7 +350,8 @@ class SshExecutor:
             ref,
             unit=unit,
             release=release,
-            model=s.model,
+            model=live.served_model or s.model,
+            revision=live.revision,
             gpu_processes=gpus,
             in_flight=in_flight,
             serving=serving,
@@ -348,20 +393,40 @@ class SshExecutor:
         )
         self.run(ref.host, ["sh", "-c", script, "fleet-kill", *words], sudo=True, timeout=60)
 
-    def flip_release(self, ref: InstanceRef, release: str) -> None:
-        """``current`` → ``releases/<release>`` (the old target becomes ``previous``), atomically."""
+    def flip_release(self, ref: InstanceRef, release: str, revision: str | None = None) -> None:
+        """``current`` → ``releases/<release>`` (the old target becomes ``previous``), atomically;
+        with ``revision``, the instance's unit and env file become that stored revision's (what is
+        live is stored first, when it is not, so a rollback can put it back), then daemon-reload.
+
+        Refused for a release whose marker file is missing or a revision that is not stored."""
         if not release or "/" in release or release in (".", ".."):
             raise ExecutorError(f"{ref}: {release!r} is not a release name")
-        r = self.root
+        if revision is not None and not (revision.isalnum() and len(revision) == rev.ID_LENGTH):
+            raise ExecutorError(f"{ref}: {revision!r} is not a configuration revision id")
+        unit_file, env_file = self.spec(ref).files
         script = (
-            'set -e; r=$1; rel=$2; marker=$3; [ -f "$r/releases/$rel/$marker" ] || '
+            "set -e; umask 077; r=$1; rel=$2; marker=$3; U=$4; E=$5; store=$6; want=$7; "
+            '[ -f "$r/releases/$rel/$marker" ] || '
             '{ echo "release $rel is not installed (no $r/releases/$rel/$marker)" >&2; exit 3; }; '
-            'cur=$(readlink "$r/current" || true); [ "$cur" = "releases/$rel" ] && exit 0; '
+            'cur=$(readlink "$r/current" || true); if [ "$cur" != "releases/$rel" ]; then '
             'if [ -n "$cur" ]; then ln -sfn "$cur" "$r/.previous.fleet-tmp"; '
             'mv -fT "$r/.previous.fleet-tmp" "$r/previous"; fi; '
-            'ln -sfn "releases/$rel" "$r/.current.fleet-tmp"; mv -fT "$r/.current.fleet-tmp" "$r/current"'
+            'ln -sfn "releases/$rel" "$r/.current.fleet-tmp"; mv -fT "$r/.current.fleet-tmp" "$r/current"; fi; '
+            '[ -n "$want" ] || exit 0; d="$store/$want"; '
+            f'[ -f "$d/{rev.META}" ] || {{ echo "configuration revision $want is not stored on the host '
+            f'(no $d/{rev.META}): run fleet deploy" >&2; exit 3; }}; '
+            f'if [ -f "$U" ] && [ -f "$E" ]; then live=$({rev.LIVE_ID_SH}); [ "$live" = "$want" ] && exit 0; '
+            f'if [ ! -f "$store/$live/{rev.META}" ]; then mkdir -p "$store/$live"; '
+            f'cp -- "$U" "$store/$live/{rev.UNIT}"; '
+            f'cp -- "$E" "$store/$live/{rev.ENV}"; printf \'{{"id": "%s", "saved": "live"}}\\n\' "$live" '
+            f'> "$store/$live/{rev.META}"; fi; fi; '
+            f'cp -- "$d/{rev.UNIT}" "$U.fleet-tmp"; chmod 644 "$U.fleet-tmp"; mv -fT "$U.fleet-tmp" "$U"; '
+            f'cp -- "$d/{rev.ENV}" "$E.fleet-tmp"; chmod 600 "$E.fleet-tmp"; mv -fT "$E.fleet-tmp" "$E"; '
+            "systemctl daemon-reload"
         )
-        self.run(ref.host, ["sh", "-c", script, "fleet-flip", r, release, MARKER], sudo=True)
+        argv = ["sh", "-c", script, "fleet-switch", self.root, release, MARKER, unit_file, env_file,
+                f"{self.revisions}/{ref.instance}", revision or ""]  # fmt: skip
+        self.run(ref.host, argv, sudo=True)
 
     def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
         try:

@@ -111,7 +111,7 @@ class ProcessExecutor:
         if not wait_for(lambda: not any(standin.alive(p) for p in pids), timeout=10):
             raise ExecutorError(f"{ref}: pids {list(pids)} survived SIGKILL")
 
-    def flip_release(self, ref: InstanceRef, release: str) -> None:
+    def flip_release(self, ref: InstanceRef, release: str, revision: str | None = None) -> None:
         self.log.append(f"flip {ref} {release}")
         self.release[ref] = release
 

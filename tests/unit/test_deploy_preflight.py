@@ -108,9 +108,3 @@ def test_unit_states_command_quotes_unit_and_paths() -> None:
 
     command = unit_states_command([("u;reboot", ["/etc/a b", "/x"])])
     assert "'u;reboot'" in command and "'/etc/a b'" in command and "; reboot" not in command
-
-
-def test_restart_command_is_argv_quoted() -> None:
-    from fleet.deploy.restart import restart_command
-
-    assert restart_command(["fleet-vllm-0.service", "a b"]) == "sudo -n systemctl restart -- fleet-vllm-0.service 'a b'"

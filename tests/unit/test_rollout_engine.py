@@ -36,6 +36,8 @@ from fleet.rollout.runner import Runner
 
 GiB = 2**30
 MODELS = {"v1": "llama-8b", "v2": "llama-8b-instruct-v2"}
+#: configuration revisions (unit + env file) and the model each serves; "c1" is what runs at first
+REVISION_MODELS = {"c1": None, "c2": "qwen-7b", "c3": "mistral-7b"}
 
 
 class Clock:
@@ -53,6 +55,7 @@ class Clock:
 class SimInstance:
     ref: InstanceRef
     release: str = "v1"
+    revision: str = "c1"
     active: str = "active"
     sub: str = "running"
     n_restarts: int = 0
@@ -90,9 +93,13 @@ class SimFleet:
         return s.active == "active" and self.clock.now - s.started_at >= self.load_s
 
     def _tick(self, s: SimInstance) -> None:
-        if s.active == "active" and s.release in self.fail_load and self._loaded(s):
+        if s.active == "active" and {s.release, s.revision} & self.fail_load and self._loaded(s):
             s.active, s.sub, s.main_pid = "failed", "failed", 0
             s.gpu = [g for g in s.gpu if not g.ours]
+
+    @staticmethod
+    def model(s: SimInstance) -> str:
+        return REVISION_MODELS[s.revision] or MODELS[s.release]
 
     def serving(self, s: SimInstance) -> bool:
         self._tick(s)
@@ -112,7 +119,8 @@ class SimFleet:
             ref,
             unit=UnitState(s.active, s.sub, s.n_restarts, s.main_pid),
             release=s.release,
-            model=MODELS[s.release],
+            model=self.model(s),
+            revision=s.revision,
             gpu_processes=gpus if s.active != "active" else (),
             in_flight=0.0 if self._loaded(s) else None,
             serving=self.serving(s),
@@ -133,7 +141,7 @@ class SimFleet:
             now,
             unit=unit,
             health=HttpAnswer(200),
-            models=ModelsAnswer(200, ids=(MODELS[s.release],)),
+            models=ModelsAnswer(200, ids=(self.model(s),)),
             completion=completion,
         )
 
@@ -161,8 +169,13 @@ class SimFleet:
         s = self._reach(ref, f"kill {list(pids)}")
         s.gpu = [g for g in s.gpu if g.pid not in pids]
 
-    def flip_release(self, ref: InstanceRef, release: str) -> None:
-        self._reach(ref, f"flip {release}").release = release
+    def flip_release(self, ref: InstanceRef, release: str, revision: str | None = None) -> None:
+        s = self._reach(ref, f"flip {release}" + (f" {revision}" if revision else ""))
+        s.release = release
+        if revision is not None:
+            if revision not in REVISION_MODELS:
+                raise ExecutorError(f"configuration revision {revision} is not stored on the host")
+            s.revision = revision
 
     def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
         self.log.append("hook " + " ".join(argv))
@@ -602,3 +615,80 @@ def test_a_batch_restarts_together(tmp_path: Path) -> None:
     state, journal = run(tmp_path, sim, replace(POLICY, batches=(1, 2)))
     assert state.status is RolloutStatus.DONE, state.reason
     assert all(s.outcome == "ok" for s in journal.steps("r1"))
+
+
+# ---- configuration revisions (a model or flag change, ``fleet rollout INVENTORY``) ----------------
+
+
+def config_targets(sim: SimFleet, revision: str, release: str = "v1") -> list[Target]:
+    model = REVISION_MODELS[revision] or MODELS[release]
+    return [Target(ref, release, model, revision=revision) for ref in sim.instances]
+
+
+def run_targets(tmp_path: Path, sim: SimFleet, targets: list[Target]) -> RolloutState:
+    journal = Journal(tmp_path / "journal.sqlite")
+    state = new_rollout("r-config", "fleet", "rollout", targets, POLICY, sim.clock.now)
+    journal.begin(state)
+    runner = Runner(sim, journal, clock=sim.clock, sleep=sim.clock.sleep, max_parallel=1)
+    return runner.run(state)
+
+
+def test_a_model_change_rolls_out_as_a_configuration_revision(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1, 1])
+    final = run_targets(tmp_path, sim, config_targets(sim, "c2"))
+    assert final.status is RolloutStatus.DONE, final.reason
+    assert {s.revision for s in sim.instances.values()} == {"c2"}
+    assert {s.release for s in sim.instances.values()} == {"v1"}  # the release did not move
+    assert all(i.previous_revision == "c1" and i.previous_model == "llama-8b" for i in final.instances.values())
+    assert sim.max_down <= 2
+
+
+def test_a_model_that_fails_to_load_on_the_canary_goes_back_to_the_old_files(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1, 1, 1])
+    sim.fail_load.add("c2")
+    final = run_targets(tmp_path, sim, config_targets(sim, "c2"))
+    assert final.status is RolloutStatus.HALTED
+    canary = final.batches[0][0][0]
+    assert final.inst(canary).phase is Phase.ROLLED_BACK
+    assert {s.revision for s in sim.instances.values()} == {"c1"}  # canary restored, others untouched
+    assert all(sim.serving(s) for s in sim.instances.values())
+    assert sim.touched() == {str(canary)}
+
+
+def test_an_instance_already_on_its_revision_is_left_alone(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    first = next(iter(sim.instances.values()))
+    first.revision = "c2"
+    final = run_targets(tmp_path, sim, config_targets(sim, "c2"))
+    assert final.status is RolloutStatus.DONE
+    assert str(first.ref) not in sim.touched()
+    assert {s.revision for s in sim.instances.values()} == {"c2"}
+
+
+def test_decide_switches_files_when_only_the_revision_differs() -> None:
+    ref = InstanceRef("h0", "i0")
+    inst = InstanceState(ref, Target(ref, "v1", "qwen-7b", revision="c2"), phase=Phase.SWITCH)
+    state = new_rollout("r", "fleet", "rollout", [inst.target], POLICY, 0.0)
+    state = replace(state, current=(ref,), instances={ref: replace(inst, first_step_at=0.0, changed=True)})
+    unit = UnitState("inactive", "dead", 0, 0)
+    obs = Observations(1.0, {ref: InstanceFacts(ref, unit=unit, release="v1", revision="c1")})
+    decision = decide(state, obs, 1.0)
+    assert [(a.kind, a.release, a.revision) for a in decision.actions] == [(Act.FLIP, "v1", "c2")]
+    obs = Observations(2.0, {ref: InstanceFacts(ref, unit=unit, release="v1", revision="c2")})
+    assert [a.kind for a in decide(decision.state, obs, 2.0).actions] == [Act.START]
+
+
+def test_rollback_without_a_recorded_revision_is_reported_not_guessed() -> None:
+    ref = InstanceRef("h0", "i0")
+    target = Target(ref, "v1", "qwen-7b", revision="c2")
+    inst = InstanceState(
+        ref, target, phase=Phase.GATES, first_step_at=0.0, changed=True, previous_release="v1",
+        previous_revision=None,
+    )  # fmt: skip
+    state = new_rollout("r", "fleet", "rollout", [target], POLICY, 0.0)
+    state = replace(state, current=(ref,), instances={ref: inst})
+    failed = replace(state, instances={ref: replace(inst, phase=Phase.FAILED, failure="health gate: 503")})
+    obs = Observations(1.0, {ref: InstanceFacts(ref, unit=UnitState("active", "running", 0, 5), release="v1")})
+    decision = decide(failed, obs, 1.0)
+    assert decision.state.inst(ref).phase is Phase.ROLLBACK_FAILED
+    assert "no previous configuration" in decision.state.inst(ref).rollback_failure

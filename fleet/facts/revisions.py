@@ -1,0 +1,95 @@
+"""The configuration revisions of a host's vLLM instances (``fleet.render.revision``): which one is
+live (the id of the unit and env file in place now), which are stored, and whether the unit runs.
+
+Needs root: env files and the revision store are root-only (pyinfra runs facts under ``sudo``
+with ``fleet deploy``'s config, ``--sudo`` on the plain CLI).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import TypedDict
+
+from pyinfra.api.facts import FactBase
+from typing_extensions import override
+
+from fleet.errors import FleetError
+from fleet.render.revision import LIVE_ID_SH, META, ROOT, Revision
+
+
+class StoredRevision(TypedDict):
+    id: str
+    mtime: int
+
+
+class InstanceRevision(TypedDict):
+    state: str  #: ``systemctl is-active``: active, activating, inactive, failed...
+    live: str | None  #: id of the files in place; None when either is missing
+    stored: list[StoredRevision]
+
+
+#: ``(instance, unit name, unit file path, env file path)``
+Instance = tuple[str, str, str, str]
+
+
+def revisions_command(instances: Sequence[Instance], root: str = ROOT) -> str:
+    parts = []
+    for name, unit, unit_path, env_path in instances:
+        n, q = shlex.quote(name), shlex.quote(f"{root}/{name}")
+        parts.append(
+            f"U={shlex.quote(unit_path)}; E={shlex.quote(env_path)}; "
+            f'echo "state {name} $(systemctl is-active -- {shlex.quote(unit)} 2>/dev/null)"; '
+            f'if [ -f "$U" ] && [ -f "$E" ]; then echo "live {name} $({LIVE_ID_SH})"; fi; '
+            f'for d in {q}/*/; do [ -f "$d{META}" ] || continue; d=${{d%/}}; '
+            f'echo "stored {n} $(stat -c %Y "$d") ${{d##*/}}"; done'
+        )
+    return "; ".join(parts) + "; true"
+
+
+class InstanceRevisions(FactBase[dict[str, InstanceRevision]]):
+    """
+    Per instance: its unit's state, the live revision and the stored ones (oldest first).
+
+    + instances: ``(instance, unit, unit file, env file)`` tuples
+    + root: the revision store
+    """
+
+    @override
+    def command(self, instances: Sequence[Instance], root: str = ROOT) -> str:
+        return revisions_command(instances, root)
+
+    @staticmethod
+    @override
+    def default() -> dict[str, InstanceRevision]:
+        return {}
+
+    @override
+    def process(self, output: list[str]) -> dict[str, InstanceRevision]:
+        return parse_revisions(output)
+
+
+def parse_revisions(output: Sequence[str]) -> dict[str, InstanceRevision]:
+    out: dict[str, InstanceRevision] = {}
+    for line in output:
+        words = line.split()
+        if not words:
+            continue
+        kind, name = words[0], words[1] if len(words) > 1 else ""
+        entry = out.setdefault(name, {"state": "unknown", "live": None, "stored": []})
+        if kind == "state":
+            entry["state"] = words[2] if len(words) > 2 else "unknown"
+        elif kind == "live" and len(words) == 3:
+            entry["live"] = words[2]
+        elif kind == "stored" and len(words) == 4 and words[2].isdigit():
+            entry["stored"].append({"id": words[3], "mtime": int(words[2])})
+        else:
+            raise FleetError(f"configuration revisions: unreadable line {line[:200]!r}")
+    for entry in out.values():
+        entry["stored"].sort(key=lambda s: (s["mtime"], s["id"]))
+    return out
+
+
+def fact_instances(revisions: Sequence[Revision]) -> list[Instance]:
+    """The fact's argument for these revisions (one definition, so every caller hits pyinfra's cache)."""
+    return [(r.instance, f"fleet-{r.instance}.service", r.unit.path, r.env.path) for r in revisions]

@@ -1,0 +1,67 @@
+"""Configuration revisions: an instance's rendered unit and env file, named by their content.
+
+A serving instance's files are never rewritten under it: a crash-restart by systemd would start
+the new flags outside any health gate. Instead each rendered pair is stored on the host as an
+immutable revision, ``/etc/fleet/revisions/<instance>/<id>/{unit,env,revision.json}`` (root-only),
+and the rolling engine puts it in place (and back, on a rollback) between the instance's stop and
+its start. Like a release, the same content always has the same id, so a re-run stores nothing,
+and the live files' id is computed on the host from the files themselves (``LIVE_ID_SH``), not
+from a record that could drift from them.
+
+The id is the first 16 hex digits of SHA-256 over the unit file's bytes followed by the env
+file's bytes (what ``cat unit env | sha256sum`` reads), computed here and on the host alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fleet.render.units import RenderedFile
+
+ROOT = "/etc/fleet/revisions"
+META = "revision.json"
+UNIT = "unit"
+ENV = "env"
+ID_LENGTH = 16
+#: Prints the id of the live pair ``$U`` ``$E`` (shell variables set by the caller).
+LIVE_ID_SH = f'cat -- "$U" "$E" | sha256sum | cut -c1-{ID_LENGTH}'
+
+
+def revision_id(unit: bytes, env: bytes) -> str:
+    return hashlib.sha256(unit + env).hexdigest()[:ID_LENGTH]
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One instance's rendered pair of files and the model it serves."""
+
+    instance: str  #: the instance's unit name, e.g. ``vllm-0`` (unit ``fleet-vllm-0.service``)
+    unit: RenderedFile
+    env: RenderedFile
+    served_model: str
+
+    @property
+    def id(self) -> str:
+        return revision_id(self.unit.content.encode(), self.env.content.encode())
+
+    def directory(self, root: str = ROOT) -> str:
+        return f"{root}/{self.instance}/{self.id}"
+
+    def meta(self) -> str:
+        """``revision.json``: one line (the executor reads it with the id in one round trip)."""
+        return json.dumps({"id": self.id, "instance": self.instance, "served_model": self.served_model}) + "\n"
+
+
+def revisions_of(files: Sequence[RenderedFile], served_model: str) -> list[Revision]:
+    """Pair each instance's unit (``fleet-<instance>.service``) with its env file (``<instance>.env``)."""
+    envs = {f.path.rsplit("/", 1)[1].removesuffix(".env"): f for f in files if f.path.endswith(".env")}
+    out = []
+    for f in files:
+        name = f.path.rsplit("/", 1)[1]
+        if name.startswith("fleet-") and name.endswith(".service"):
+            instance = name.removeprefix("fleet-").removesuffix(".service")
+            out.append(Revision(instance, f, envs[instance], served_model))
+    return out

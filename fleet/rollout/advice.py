@@ -1,0 +1,30 @@
+"""What the on-call does next after a rollout, in words and commands."""
+
+from __future__ import annotations
+
+from fleet.rollout.engine import RolloutState, RolloutStatus
+
+
+def next_steps(state: RolloutState) -> list[str]:
+    """What the on-call does next, in words and commands."""
+    if state.status is RolloutStatus.RUNNING:
+        return [f"stopped between steps; resume with: fleet rollout --resume {state.id}"]
+    if state.status is RolloutStatus.DONE:
+        out = [f"every instance is healthy; `fleet history {state.id}` lists every step"]
+        if state.kind == "rollout":
+            out.append(f"to undo it: fleet rollback {state.id}")
+        return out
+    out = [f"halted: {state.reason}", f"`fleet history {state.id}` lists every step and its outcome"]
+    stuck = [i for i in state.instances.values() if i.rollback_failure]
+    if stuck:
+        for i in stuck:
+            out.append(
+                f"{i.ref} is not serving ({i.rollback_failure}): check `journalctl -u fleet-{i.ref.instance}.service` "
+                f"on {i.ref.host}, then `fleet rollback {state.id}` to try the previous release again"
+            )
+    elif any(i.rolling_back for i in state.instances.values()):
+        out.append(
+            "the failed batch is back on the release it ran before; later batches were not touched. Fix the cause "
+            "(the failure above), then run it again"
+        )
+    return out

@@ -1,0 +1,163 @@
+"""``fleet rollout INVENTORY`` / ``--model`` and ``fleet deploy`` on a serving fleet: a change of the
+serving settings rolls out through the engine, as a configuration revision per instance.
+
+Four lab hosts (one A10 each, one vLLM stand-in instance per host) serving Llama 3.1 8B after
+``fleet deploy``; Mistral 7B's config is staged beside it. Every test asserts the end state of
+every instance: unit active, the model it serves over HTTP, whether its process was restarted,
+and the revision (unit + env file) live on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.lab import lab as lab_ops
+from fleet.lab.models import staging_command
+from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
+
+from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
+from .deploying import REPO_ROOT
+from .test_rollout_lab import FLEET, instance_state, must
+
+pytestmark = pytest.mark.lab
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+MISTRAL = "mistralai/Mistral-7B-Instruct-v0.3"
+FAST = ["--batches", "1,-1", "--soak", "1", "--probe-interval", "0.5", "--health-timeout", "60", "--json"]
+HOSTS = 4
+
+
+def fleet_cli(lab: LabFleet, *args: str, journal: Path) -> tuple[int, dict[str, Any], str]:
+    env = {**os.environ, "FLEET_JOURNAL": str(journal)}
+    import time
+
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False, env=env
+    )
+    with open("/tmp/lead-timing.log", "a") as log:
+        log.write(f"{time.monotonic() - t0:.1f}s rc={proc.returncode} {' '.join(args[:3])}\n{proc.stderr[-3000:]}\n")
+    try:
+        data = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except ValueError:
+        data = {}
+    return proc.returncode, data, proc.stdout + proc.stderr
+
+
+def set_faults(lab: LabFleet, faults: dict[str, Any]) -> None:
+    text = json.dumps({"load_seconds": 2, **faults})
+    for i in range(HOSTS):
+        must(lab, i, f"echo '{text}' | sudo tee /etc/fleet-lab/vllm-faults.json >/dev/null")
+
+
+def live_revisions(lab: LabFleet, fleet: RolloutFleet) -> dict[str, str]:
+    out = {}
+    for i, host in enumerate(fleet.hosts):
+        for ref in fleet.instances:
+            if ref.host == host:
+                files = f"/etc/systemd/system/fleet-{ref.instance}.service /etc/fleet/{ref.instance}.env"
+                out[str(ref)] = must(lab, i, f"sudo cat {files} | sha256sum | cut -c1-16").strip()
+    return out
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabFleet, RolloutFleet, Path]]:
+    require_lab()
+    root = tmp_path_factory.mktemp("rollout-config-lab")
+    octet = free_octet(os.getpid() + 41, avoid=frozenset({TEST_OCTET}))
+    name = f"pc{os.getpid()}"
+    opts = replace(test_lab_options(root, name, octet, HOSTS, ("a10-1",)), stage_model=True)
+    try:
+        lab = LabFleet(opts, bring_up(opts))
+        # the fleet's own rollout policy (what `fleet deploy` uses): quick, for the lab
+        group_data = opts.inventory.parent / "group_data"
+        group_data.mkdir(exist_ok=True)
+        (group_data / "all.py").write_text(
+            'rollout = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "canary_bake_s": 0}\n'
+        )
+        for i in range(HOSTS):
+            must(lab, i, staging_command(MISTRAL) + " && sudo mkdir -p /etc/fleet-lab")
+        set_faults(lab, {})
+        journal = root / "journal.sqlite"
+        rc, _data, out = fleet_cli(lab, "deploy", str(opts.inventory), "--json", journal=journal)
+        assert rc == 0, out
+        fleet = load_fleet(str(opts.inventory))
+        assert len(fleet.instances) == HOSTS
+        yield lab, fleet, journal
+    finally:
+        lab_ops.down(name, root / "state")
+
+
+def serves(state: dict[str, dict[str, Any]]) -> dict[str, tuple[str, ...]]:
+    return {ref: tuple(s["serves"]) for ref, s in state.items()}
+
+
+def test_model_rollout_over_four_hosts_then_deploy_puts_the_inventory_back(
+    llama: tuple[LabFleet, RolloutFleet, Path],
+) -> None:
+    lab, fleet, journal = llama
+    inventory = str(lab.opts.inventory)
+    before = instance_state(lab, fleet)
+    revs_before = live_revisions(lab, fleet)
+    assert set(serves(before).values()) == {(LLAMA,)}, before
+
+    rc, data, out = fleet_cli(lab, "rollout", inventory, "--model", MISTRAL, *FAST, journal=journal)
+    assert rc == 0, out
+    after = instance_state(lab, fleet)
+    assert set(serves(after).values()) == {(MISTRAL,)}, after
+    assert all(after[r]["unit"] == "active/running" and after[r]["pid"] != before[r]["pid"] for r in after)
+    assert all(after[r]["runs"] == before[r]["runs"] for r in after)  # the release did not change
+    revs_after = live_revisions(lab, fleet)
+    assert all(revs_after[r] != revs_before[r] for r in revs_after)
+    rolled = [op for h in data["hosts"] for op in h["operations"] if op.startswith("rolled out")]
+    assert len(rolled) == HOSTS, data
+    # the old revision is still stored beside the new one (what a rollback puts back)
+    first = next(iter(fleet.instances))
+    stored = f"/etc/fleet/revisions/{first.instance}/{revs_before[str(first)]}/revision.json"
+    must(lab, 0, f"sudo test -f {stored}")
+
+    # The inventory still says Llama: `fleet deploy` rolls the fleet back to it through the engine.
+    rc, data, out = fleet_cli(lab, "deploy", inventory, "--json", journal=journal)
+    assert rc == 0, out
+    back = instance_state(lab, fleet)
+    assert set(serves(back).values()) == {(LLAMA,)}, back
+    assert live_revisions(lab, fleet) == revs_before
+    assert all(h["restarted"] for h in data["hosts"]), json.dumps(data, indent=1)
+
+    # Nothing changed since: a third run changes nothing and restarts nothing.
+    rc, data, out = fleet_cli(lab, "deploy", inventory, "--json", journal=journal)
+    assert rc == 0, out
+    summary = [(h["host"], h["status"], h["operations"], h["restarted"]) for h in data["hosts"]]
+    assert all(h["status"] == "unchanged" and not h["restarted"] for h in data["hosts"]), summary
+    assert {r: s["pid"] for r, s in instance_state(lab, fleet).items()} == {r: s["pid"] for r, s in back.items()}
+
+
+def test_a_model_that_fails_to_load_on_the_canary_is_rolled_back_to_the_old_files(
+    llama: tuple[LabFleet, RolloutFleet, Path],
+) -> None:
+    lab, fleet, journal = llama
+    inventory = str(lab.opts.inventory)
+    set_faults(lab, {"fail_load": [MISTRAL]})
+    try:
+        before = instance_state(lab, fleet)
+        revs_before = live_revisions(lab, fleet)
+        rc, data, out = fleet_cli(lab, "rollout", inventory, "--model", MISTRAL, *FAST, journal=journal)
+        assert rc == 1, out
+        after = instance_state(lab, fleet)
+        assert set(serves(after).values()) == {(LLAMA,)}, after
+        assert live_revisions(lab, fleet) == revs_before
+        restarted = {r for r in after if after[r]["pid"] != before[r]["pid"]}
+        assert len(restarted) == 1, (before, after)  # the canary: stopped, tried, back on the old files
+        failed = [h for h in data["hosts"] if h["status"] == "failed"]
+        assert len(failed) == 1 and "rollout" in (data["error"] or ""), data
+        assert all(after[r]["unit"] == "active/running" for r in after)
+    finally:
+        set_faults(lab, {})
