@@ -45,12 +45,14 @@ def history(
                 if as_json:
                     click.echo(json.dumps({"rollouts": [asdict(r) for r in records]}, indent=2))
                     return
-                table = Table("id", "fleet", "kind", "started (UTC)", "ended", "status", "steps", "by", "reason")
+                # id, when, what and how it ended never wrap (the id is what the on-call copies);
+                # the reason takes the room left. Steps, fleet and who: `--json` and `fleet history ID`.
+                table = Table()
+                for col in ("id", "started (UTC)", "kind", "status"):
+                    table.add_column(col, no_wrap=True)
+                table.add_column("reason", ratio=1, min_width=12)
                 for r in records:
-                    table.add_row(
-                        r.id, r.fleet, r.kind, _when(r.started_at), _when(r.ended_at), r.status, str(r.steps),
-                        f"{r.user}@{r.host}", r.reason,
-                    )  # fmt: skip
+                    table.add_row(r.id, _when(r.started_at)[5:16], r.kind, r.status, r.reason)
                 console().print(table)
                 return
             state = journal.latest_state(rollout_id)

@@ -436,7 +436,13 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
 
     def before(_ex: SshExecutor) -> list[Target]:
         return [
-            Target(ref, str(i.previous_release), i.previous_model or i.target.model, i.target.port)
+            Target(
+                ref,
+                str(i.previous_release),
+                i.previous_model or i.target.model,
+                i.target.port,
+                revision=i.previous_revision if i.target.revision else None,
+            )
             for ref, i in back.items()
             if ref in fleet.instances
         ]

@@ -41,7 +41,7 @@ def revisions_command(instances: Sequence[Instance], root: str = ROOT) -> str:
             f"U={shlex.quote(unit_path)}; E={shlex.quote(env_path)}; "
             f'echo "state {name} $(systemctl is-active -- {shlex.quote(unit)} 2>/dev/null)"; '
             f'if [ -f "$U" ] && [ -f "$E" ]; then echo "live {name} $({LIVE_ID_SH})"; fi; '
-            f'for d in {q}/*/; do [ -f "$d{META}" ] || continue; d=${{d%/}}; '
+            f'for d in {q}/*/; do [ -f "${{d}}{META}" ] || continue; d=${{d%/}}; '
             f'echo "stored {n} $(stat -c %Y "$d") ${{d##*/}}"; done'
         )
     return "; ".join(parts) + "; true"
@@ -90,6 +90,6 @@ def parse_revisions(output: Sequence[str]) -> dict[str, InstanceRevision]:
     return out
 
 
-def fact_instances(revisions: Sequence[Revision]) -> list[Instance]:
+def fact_instances(revisions: Sequence[Revision]) -> tuple[Instance, ...]:
     """The fact's argument for these revisions (one definition, so every caller hits pyinfra's cache)."""
-    return [(r.instance, f"fleet-{r.instance}.service", r.unit.path, r.env.path) for r in revisions]
+    return tuple((r.instance, f"fleet-{r.instance}.service", r.unit.path, r.env.path) for r in revisions)

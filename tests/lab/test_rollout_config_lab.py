@@ -161,3 +161,19 @@ def test_a_model_that_fails_to_load_on_the_canary_is_rolled_back_to_the_old_file
         assert all(after[r]["unit"] == "active/running" for r in after)
     finally:
         set_faults(lab, {})
+
+
+def test_rollback_of_a_model_rollout_puts_the_old_files_back(llama: tuple[LabFleet, RolloutFleet, Path]) -> None:
+    lab, fleet, journal = llama
+    inventory = str(lab.opts.inventory)
+    revs_before = live_revisions(lab, fleet)
+    rc, data, out = fleet_cli(lab, "rollout", inventory, "--model", MISTRAL, *FAST, journal=journal)
+    assert rc == 0, out
+    rollout_id = next(op.rsplit(" ", 1)[1].rstrip(")") for op in data["hosts"][0]["operations"] if "rollout" in op)
+    assert set(serves(instance_state(lab, fleet)).values()) == {(MISTRAL,)}
+    rc, data, out = fleet_cli(lab, "rollback", rollout_id, *FAST, journal=journal)
+    assert rc == 0 and data["kind"] == "rollback", out
+    after = instance_state(lab, fleet)
+    assert set(serves(after).values()) == {(LLAMA,)}, after
+    assert all(s["unit"] == "active/running" for s in after.values())
+    assert live_revisions(lab, fleet) == revs_before

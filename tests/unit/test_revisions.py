@@ -1,0 +1,124 @@
+"""Configuration revisions: the id (here and on the host alike), the fact, and the operation that
+stores them, against recorded fact output."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.facts.files import File, Sha1File
+
+from fleet.errors import FleetError
+from fleet.facts.revisions import InstanceRevisions, fact_instances, parse_revisions, revisions_command
+from fleet.operations import revisions
+from fleet.render.revision import LIVE_ID_SH, ROOT, Revision, revision_id, revisions_of
+from fleet.render.units import RenderedFile
+
+from .opharness import Value, key, run_op
+
+UNIT = RenderedFile("/etc/systemd/system/fleet-vllm-0.service", "[Service]\nExecStart=/x serve m\n", 0o644)
+ENV = RenderedFile("/etc/fleet/vllm-0.env", "# no key\n", 0o600)
+REV = Revision("vllm-0", UNIT, ENV, "m")
+
+
+def test_the_id_is_what_the_host_computes_from_the_live_files(tmp_path: Path) -> None:
+    unit, env = tmp_path / "u", tmp_path / "e"
+    unit.write_text(UNIT.content)
+    env.write_text(ENV.content)
+    out = subprocess.run(["sh", "-c", f"U={unit}; E={env}; {LIVE_ID_SH}"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == REV.id == revision_id(UNIT.content.encode(), ENV.content.encode())
+    assert REV.id == hashlib.sha256((UNIT.content + ENV.content).encode()).hexdigest()[:16]
+
+
+def test_any_change_to_either_file_is_a_new_revision() -> None:
+    assert Revision("vllm-0", UNIT, RenderedFile(ENV.path, "VLLM_API_KEY=k2\n", 0o600), "m").id != REV.id
+    flags = RenderedFile(UNIT.path, UNIT.content.replace("serve m", "serve m --max-model-len 4096"), 0o644)
+    assert Revision("vllm-0", flags, ENV, "m").id != REV.id
+
+
+def test_revisions_pair_each_unit_with_its_env_file() -> None:
+    files = [
+        UNIT,
+        ENV,
+        RenderedFile("/etc/systemd/system/fleet-vllm-1.service", "u1", 0o644),
+        RenderedFile("/etc/fleet/vllm-1.env", "e1", 0o600),
+    ]
+    revs = revisions_of(files, "served")
+    assert [(r.instance, r.unit.path, r.env.path, r.served_model) for r in revs] == [
+        ("vllm-0", UNIT.path, ENV.path, "served"),
+        ("vllm-1", "/etc/systemd/system/fleet-vllm-1.service", "/etc/fleet/vllm-1.env", "served"),
+    ]
+    assert REV.directory() == f"{ROOT}/vllm-0/{REV.id}"
+    assert '"served_model": "m"' in REV.meta() and REV.meta().count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([], {}),
+        (
+            ["state vllm-0 active", "live vllm-0 aaaa", "stored vllm-0 20 bbbb", "stored vllm-0 10 aaaa"],
+            {"vllm-0": {"state": "active", "live": "aaaa", "stored": [{"id": "aaaa", "mtime": 10},
+                                                                       {"id": "bbbb", "mtime": 20}]}},
+        ),
+        (["state vllm-1 inactive"], {"vllm-1": {"state": "inactive", "live": None, "stored": []}}),
+        (["state vllm-1"], {"vllm-1": {"state": "unknown", "live": None, "stored": []}}),
+    ],
+)  # fmt: skip
+def test_parse_revisions(lines: list[str], expected: dict[str, object]) -> None:
+    assert parse_revisions(lines) == expected
+
+
+def test_an_unreadable_line_is_an_error_not_a_guess() -> None:
+    with pytest.raises(FleetError, match="unreadable"):
+        parse_revisions(["stored vllm-0 notanumber aaaa"])
+
+
+def test_the_fact_command_quotes_every_path() -> None:
+    command = revisions_command([("vllm-0", "fleet-vllm-0.service", "/etc/a b;reboot", "/etc/e")])
+    assert "'/etc/a b;reboot'" in command and "; reboot" not in command
+
+
+def _facts(stored: list[str], live: str | None, state: str = "active") -> dict[object, object]:
+    lines = [f"state vllm-0 {state}"] + ([f"live vllm-0 {live}"] if live else [])
+    lines += [f"stored vllm-0 {i} {rid}" for i, rid in enumerate(stored)]
+    facts: dict[object, object] = {key(InstanceRevisions, instances=fact_instances([REV]), root=ROOT): lines}
+    for name in ("unit", "env", "revision.json"):
+        facts[key(Sha1File, path=f"{REV.directory()}/{name}")] = Value(None)
+        facts[key(File, path=f"{REV.directory()}/{name}")] = Value(None)
+    return facts
+
+
+def test_a_new_revision_is_stored_root_only_its_meta_last() -> None:
+    run = run_op(revisions.stored, _facts(["old1"], "old1"), revisions=[REV])  # type: ignore[arg-type]
+    assert run.texts[0] == f"install -d -m 0700 -- {ROOT} {ROOT}/vllm-0 {REV.directory()}"
+    written = [c for c in run.commands if c.stdin is not None]
+    assert len(written) == 3 and "revision.json" in written[-1].text
+    assert all("600" in c.text for c in written)
+
+
+def test_a_stored_revision_is_not_written_again() -> None:
+    run = run_op(revisions.stored, _facts(["old1", REV.id], REV.id), revisions=[REV])  # type: ignore[arg-type]
+    assert run.texts == [] and run.noops
+
+
+def test_old_revisions_are_pruned_but_never_the_live_one() -> None:
+    run = run_op(revisions.stored, _facts(["live0", "old1", "old2"], "live0"), revisions=[REV], keep=2)  # type: ignore[arg-type]
+    assert run.texts[-1] == f"rm -rf -- {ROOT}/vllm-0/old1 {ROOT}/vllm-0/old2"
+
+
+def test_the_fact_command_run_by_a_real_shell_lists_complete_revisions_only(tmp_path: Path) -> None:
+    root = tmp_path / "revisions"
+    (root / "vllm-0" / "aaaa").mkdir(parents=True)
+    (root / "vllm-0" / "aaaa" / "revision.json").write_text("{}\n")
+    (root / "vllm-0" / "half").mkdir()  # no revision.json: a store interrupted half-way
+    unit, env = tmp_path / "u", tmp_path / "e"
+    unit.write_text(UNIT.content)
+    env.write_text(ENV.content)
+    command = revisions_command([("vllm-0", "fleet-test-none.service", str(unit), str(env))], str(root))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    found = parse_revisions(out.splitlines())["vllm-0"]
+    assert [s["id"] for s in found["stored"]] == ["aaaa"]
+    assert found["live"] == REV.id
