@@ -27,7 +27,13 @@ def before_of(facts: InstanceFacts | None) -> dict[str, Any]:
     if facts is None:
         return {}
     unit = f"{facts.unit.active_state}/{facts.unit.sub_state}" if facts.unit else None
-    return {"release": facts.release, "model": facts.model, "unit": unit, "unreachable": facts.unreachable}
+    return {
+        "release": facts.release,
+        "revision": facts.revision,
+        "model": facts.model,
+        "unit": unit,
+        "unreachable": facts.unreachable,
+    }
 
 
 def _shape(state: RolloutState) -> tuple[Any, ...]:

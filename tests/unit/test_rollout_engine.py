@@ -236,7 +236,13 @@ def test_clean_rollout_over_four_hosts(tmp_path: Path) -> None:
     assert sim.log[:4] == ["hook lb disable h0/i0", "stop h0/i0", "flip v2 h0/i0", "start h0/i0"]
     steps = journal.steps("r1")
     flip = next(s for s in steps if s.action == "flip" and s.instance == "h0/i0")
-    assert flip.before == {"release": "v1", "model": "llama-8b", "unit": "inactive/dead", "unreachable": ""}
+    assert flip.before == {
+        "release": "v1",
+        "revision": "c1",
+        "model": "llama-8b",
+        "unit": "inactive/dead",
+        "unreachable": "",
+    }
     assert all(s.outcome == "ok" for s in steps)
     assert journal.history("lab")[0].status == "done"
 

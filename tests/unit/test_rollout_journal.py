@@ -85,7 +85,13 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
     steps = journal.steps("crash-1")
     assert [s.action for s in steps] == ["hook:drain", "stop"]
     assert steps[0].outcome == "ok" and steps[1].outcome is None
-    assert steps[1].before == {"release": "v1", "model": "llama-8b", "unit": "active/running", "unreachable": ""}
+    assert steps[1].before == {
+        "release": "v1",
+        "revision": "c1",
+        "model": "llama-8b",
+        "unit": "active/running",
+        "unreachable": "",
+    }
     assert state.status is RolloutStatus.RUNNING and state.inst(InstanceRef("h0", "i0")).phase is Phase.STOP
     assert journal.last_unfinished("lab") == "crash-1"
     # Resume against the hosts' true state (the stop never happened): the stop is taken again, the
