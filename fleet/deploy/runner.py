@@ -278,7 +278,7 @@ def deploy(
     if not start or _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent) if failed else None)
     if reboot:
-        _reboot(loaded, results, progress, step)
+        _reboot(loaded, plans, results, health_timeout, progress, step)
         failed = sum(r.status in FAILED for r in results.values())
         if _over(failed, len(selected), fail_percent):
             return finish(_stop_message(results, fail_percent))
@@ -342,15 +342,28 @@ def _ready(results: dict[str, HostResult]) -> list[str]:
     return [r.host for r in results.values() if r.status in ("changed", "unchanged") and r.reboot_required is None]
 
 
-def _reboot(loaded: LoadedInventory, results: dict[str, HostResult], progress: Progress, step: Step) -> None:
-    """Reboot, one at a time, the hosts whose driver change needs it; then they go on with the deploy."""
+def _reboot(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    timeout: float,
+    progress: Progress,
+    step: Step,
+) -> None:
+    """Reboot, one at a time, the hosts whose driver change needs it; then they go on with the deploy.
+
+    A host that was serving (one of its units active before the reboot) must serve again, its
+    units started at boot and healthy, before the next host goes down: a reboot takes a whole
+    host's capacity, and two at once would take two."""
     for r in results.values():
         if r.status in FAILED or r.reboot_required is None:
             continue
         target = _target(loaded, r.host)
+        units = [f"fleet-{i.unit_name}.service" for i in plans[r.host].instances]
         progress(f"{r.host}: rebooting ({', '.join(r.reboot_required)})")
         step(r.host, "rebooting")
         try:
+            was_serving = run_command(target, ssh_command(["systemctl", "is-active", "--quiet", "--", *units]))[0] == 0
             seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
             rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
         except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
@@ -362,6 +375,18 @@ def _reboot(loaded: LoadedInventory, results: dict[str, HostResult], progress: P
             continue
         r.reboot_required, r.status = None, "changed"
         r.operations.append(f"reboot ({seconds:.0f} s)")
+        if was_serving:
+            step(r.host, "rebooted: waiting until it serves again")
+            endpoints = _endpoints_of(loaded, plans, r.host)
+            wait_healthy(endpoints, _api_key(loaded, r.host), timeout)
+            r.endpoints = endpoints
+            bad = [e for e in endpoints if not e.healthy]
+            if bad:
+                r.status = "failed"
+                r.error = "rebooted, but not serving again: " + "; ".join(f"{e.unit}: {e.detail}" for e in bad)
+                r.error += "; no further host was rebooted"
+                step(r.host, "not serving after the reboot")
+                return  # the others keep their pending reboot (reported), their capacity intact
 
 
 def _preflight(
