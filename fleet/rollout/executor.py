@@ -32,8 +32,9 @@ class Executor(Protocol):
         ``InstanceFacts.unreachable`` (after the executor's own bounded retries), not raised."""
         ...
 
-    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
-        """The gate probes over HTTP (unit state included), bounded by ``policy.probe_timeout_s``."""
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy, model: str) -> Probe:
+        """The gate probes over HTTP (unit state included), bounded by ``policy.probe_timeout_s``;
+        ``model``: the served model the instance should list now (the completion asks for it)."""
         ...
 
     def stop_unit(self, ref: InstanceRef) -> None:

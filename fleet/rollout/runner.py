@@ -62,7 +62,7 @@ class Runner:
             f = self.executor.facts(ref)
             gating = state.inst(ref).phase is Phase.GATES or (state.baking and state.inst(ref).phase is Phase.DONE)
             if state.current and gating and not f.unreachable:
-                f = _with_probe(f, self.executor.probe(ref, state.policy))
+                f = _with_probe(f, self.executor.probe(ref, state.policy, state.inst(ref).model))
             return f
 
         if len(refs) <= 1 or self.max_parallel <= 1:

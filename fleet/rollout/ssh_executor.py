@@ -357,7 +357,7 @@ class SshExecutor:
             serving=serving,
         )
 
-    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy, model: str) -> Probe:
         s = self.spec(ref)
         seen = self._units.get(ref)
         if seen is not None and time.monotonic() - seen[0] < UNIT_FRESH_S:
@@ -367,7 +367,7 @@ class SshExecutor:
                 unit, _release = self.unit_and_release(ref)
             except ExecutorError as exc:
                 return Probe(time.time(), unreachable=str(exc))
-        return self.prober(ref).probe(s.model, policy, unit)
+        return self.prober(ref).probe(model, policy, unit)
 
     # ---- acting ----------------------------------------------------------------------------------
 

@@ -85,8 +85,8 @@ class ProcessExecutor:
             serving=bool(prober and running and prober.health().status == 200),
         )
 
-    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
-        return self._prober(ref).probe(SERVED[self.release[ref]], policy, self._unit(ref))
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy, model: str) -> Probe:
+        return self._prober(ref).probe(model, policy, self._unit(ref))
 
     def stop_unit(self, ref: InstanceRef) -> None:
         self.log.append(f"stop {ref}")

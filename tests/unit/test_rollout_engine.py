@@ -126,7 +126,7 @@ class SimFleet:
             serving=self.serving(s),
         )
 
-    def probe(self, ref: InstanceRef, policy: RolloutPolicy) -> Probe:
+    def probe(self, ref: InstanceRef, policy: RolloutPolicy, model: str) -> Probe:
         s = self.instances[ref]
         now = self.clock.now
         unit = UnitState(s.active, s.sub, s.n_restarts, s.main_pid)
@@ -137,12 +137,14 @@ class SimFleet:
             completion = CompletionAnswer(None, f"timed out after {policy.probe_timeout_s:g}s")
         elif any(abs(now - t) < 1 for t in self.flap_at):
             completion = CompletionAnswer(200, text="", finish_reason="abort")
+        served = self.model(s)
         return Probe(
             now,
             unit=unit,
             health=HttpAnswer(200),
-            models=ModelsAnswer(200, ids=(self.model(s),)),
-            completion=completion,
+            models=ModelsAnswer(200, ids=(served,)),
+            # as vLLM's /v1/completions: a model it does not serve is a 404 (the prober asks for ``model``)
+            completion=completion if model == served else CompletionAnswer(404, f"model {model} does not exist"),
         )
 
     def _reach(self, ref: InstanceRef, what: str) -> SimInstance:
