@@ -358,7 +358,7 @@ class SshExecutor:
         )
 
     def probe(self, ref: InstanceRef, policy: RolloutPolicy, model: str) -> Probe:
-        s = self.spec(ref)
+        self.spec(ref)  # an unknown instance is an ExecutorError, as for every step
         seen = self._units.get(ref)
         if seen is not None and time.monotonic() - seen[0] < UNIT_FRESH_S:
             unit = seen[1]  # ``facts`` read it a moment ago (the runner asks for facts, then the probe)
