@@ -54,8 +54,8 @@ class GpuMismatch(FleetError):
         super().__init__(
             f"host {host}: the inventory's gpu entry does not match the host's GPUs: "
             + "; ".join(differences)
-            + ". Nothing was written to this host. Fix the host's gpu entry, or remove it to plan from "
-            "the probe (check the host first if a GPU is missing: fleet audit)"
+            + ". Fix the host's gpu entry, or remove it to plan from the probe (if a GPU is missing, check "
+            "the host first: fleet audit)"
         )
 
 
