@@ -215,3 +215,21 @@ def test_memory_our_units_hold_counts_as_free_so_a_serving_host_plans_the_same()
     foreign = host_deploy.host_plan("gpu-3", BASE, _with_process("session-4.scope", 70 * GiB))
     assert [i.argv for i in foreign.instances] != idle  # someone else's memory lowers the utilization
     assert all(i.memory.utilization < 0.5 for i in foreign.instances)
+
+
+# ---- fleet deploy's checks before any host is touched ---------------------------------------------
+
+
+def test_deploy_checks_need_no_gpu_entry_but_still_refuse_bad_input_first(tmp_path: Path) -> None:
+    from fleet.deploy.runner import check_hosts
+    from fleet.errors import FleetError
+    from fleet.inventory.spec import load_inventory
+
+    inv = tmp_path / "inv.py"
+    hosts = [("gpu-1", BASE), ("gpu-2", {**BASE, "gpu": {"sku": "a10-24gb", "count": 1}})]
+    inv.write_text(f"gpus = {hosts!r}\n")
+    assert list(check_hosts(load_inventory(str(inv)))) == ["gpu-2"]  # gpu-1 is planned from its probe
+    bad = [("gpu-1", {**BASE, "model_config": str(tmp_path / "missing" / "config.json")})]
+    inv.write_text(f"gpus = {bad!r}\n")
+    with pytest.raises(FleetError, match=r"missing/config\.json"):
+        check_hosts(load_inventory(str(inv)))
