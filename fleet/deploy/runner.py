@@ -334,6 +334,9 @@ def deploy(
         for r in results.values():  # lock-step: hosts behind a failure did not finish their operations
             if r.status not in FAILED and _over(failed, len(selected), fail_percent):
                 r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
+    if not start and not _over(failed, len(selected), fail_percent):  # units are installed, not started
+        _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step)
+        failed = sum(r.status in FAILED for r in results.values())
     if not start or _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent) if failed else None)
     if reboot:
@@ -341,8 +344,7 @@ def deploy(
         failed = sum(r.status in FAILED for r in results.values())
         if _over(failed, len(selected), fail_percent):
             return finish(_stop_message(results, fail_percent))
-    again = [n for n in unprobed if results[n].reboot_required is None]
-    _units_once_probed(loaded, plans, results, again, progress, step)
+    _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step)
     failed = sum(r.status in FAILED for r in results.values())
     if _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent))
@@ -371,6 +373,11 @@ def deploy(
     return finish(error)
 
 
+def _answer_now(unprobed: list[str], results: dict[str, HostResult]) -> list[str]:
+    """Hosts whose NVML did not answer at first and may now: no reboot pending, not failed."""
+    return [n for n in unprobed if results[n].reboot_required is None and results[n].status not in FAILED]
+
+
 def _units_once_probed(
     loaded: LoadedInventory,
     plans: dict[str, HostPlan],
@@ -383,7 +390,6 @@ def _units_once_probed(
     from the inventory's gpu entry): this run installed the release (nvidia-ml-py for the probe),
     the driver, or rebooted them. Probe again and install their units from what NVML answers now
     (a second pyinfra run: State is single-use); still no answer: they stay as they are."""
-    names = [n for n in names if results[n].status not in FAILED]
     if not names:
         return
     progress(f"probing {len(names)} host(s) again for their units")
