@@ -65,9 +65,9 @@ class GpusNotKnownYet(FleetError):
     def __init__(self, host: str, why: str):
         self.host, self.why = host, why
         super().__init__(
-            f"host {host}: waiting for the driver: NVML does not answer yet ({why}) and the inventory has no "
-            "gpu entry, so its units are not rendered yet; the deploy renders them once the driver answers "
-            "(after the reboot: fleet deploy --reboot)"
+            f"host {host}: its units wait for NVML to answer ({why}; the inventory has no gpu entry): the "
+            "deploy renders them once it does, once the release is installed or, for a new driver, after "
+            "the reboot (fleet deploy --reboot)"
         )
 
 

@@ -24,6 +24,7 @@ from fleet.facts.runner import SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import load_inventory
 from fleet.lab import lab as lab_ops
 from fleet.operations.host import host_plan
+from fleet.rollout.fleet_inventory import load_fleet
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT, host_run
@@ -108,6 +109,10 @@ def test_an_inventory_without_gpu_entries_deploys_from_the_probe(probed_lab: Lab
     assert [e["healthy"] for e in host["endpoints"]] == [True, True], host
     name, data, facts = probe(path)
     assert [g.name for g in facts.gpus] == ["NVIDIA GeForce RTX 4090"] * 2
+    # serving: NVML shows the memory our units hold (the stand-in registers it), which the plan ignores
+    held = {p.unit for g in facts.gpus for p in g.processes or () if p.used_memory}
+    assert held == {"fleet-vllm-0.service", "fleet-vllm-1.service"}, held
+    assert all(g.memory is not None and g.memory.used > 0 for g in facts.gpus)
     plan = host_plan(name, data, facts)
     assert plan.gpus_source == "probe" and len(plan.instances) == 2
     for n, instance in enumerate(plan.instances):
@@ -118,6 +123,11 @@ def test_an_inventory_without_gpu_entries_deploys_from_the_probe(probed_lab: Lab
         running = cmdline.strip("\n").split("\n")
         assert running[running.index("serve") + 1 :] == instance.argv, (running, instance.argv)
         assert "--gpu-memory-utilization" in instance.argv
+    # the rollout sees the instances the deploy rendered (it probes a host without a gpu entry)
+    rollout = load_fleet(str(path))
+    assert [(s.unit, s.port, s.gpus) for s in rollout.instances.values()] == [
+        (f"fleet-{i.unit_name}.service", i.port, i.gpus) for i in plan.instances
+    ]
     # serving, the host's NVML shows our units' memory; the plan and the files stay the same
     rc, again = deploy(path)
     assert rc == 0 and isinstance(again, dict), again
@@ -172,7 +182,7 @@ def test_a_bare_host_without_gpu_entry_waits_for_its_driver_then_reboot_complete
     assert rc == 0 and isinstance(result, dict), result  # waiting is not a failure
     (host,) = result["hosts"]  # type: ignore[misc]
     assert host["status"] == "waiting" and host["reboot_required"], host
-    assert "waiting for the driver: NVML does not answer yet" in str(host["note"]), host
+    assert "its units wait for NVML to answer (NVML probe: " in str(host["note"]), host
     assert "vLLM units and env files" not in host["operations"] and host["endpoints"] == [], host
     assert any("NVIDIA driver" in op for op in host["operations"]), host["operations"]
     assert host_run(bare_lab, "ls /etc/systemd/system/fleet-vllm-0.service")[0] != 0

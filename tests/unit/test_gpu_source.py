@@ -159,7 +159,7 @@ def test_no_driver_yet_plans_from_the_inventory_entry_or_waits(fixture: str) -> 
     assert declared.why.startswith(f"NVML probe: {facts(fixture).status}")
     waiting = gpu_source(spec(), facts(fixture))
     assert waiting.waiting and waiting.origin == "none"
-    with pytest.raises(GpusNotKnownYet, match=r"host gpu-3: waiting for the driver: NVML does not answer yet"):
+    with pytest.raises(GpusNotKnownYet, match=r"host gpu-3: its units wait for NVML to answer \(NVML probe: "):
         host_deploy.host_plan("gpu-3", BASE, facts(fixture))
 
 
