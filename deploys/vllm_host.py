@@ -2,7 +2,10 @@
 
     pyinfra /var/lib/fleet-lab/lab/inventory.py deploys/vllm_host.py
 
-Each host's data drives it (see ``fleet.operations.host``). Commands run with sudo. It installs
+Each host's data drives it (see ``fleet.operations.host``); its GPUs come from its NVML probe
+(a ``gpu`` entry the probe contradicts stops the run before anything is written). A host whose
+NVML does not answer yet and has no ``gpu`` entry gets its units from a run after its driver and
+release are in place (``fleet deploy`` does that second pass itself). Commands run with sudo. It installs
 and enables but does not start or restart the units: ``fleet deploy`` does that after its
 preflight, and the rolling engine on a fleet that is already serving.
 """

@@ -85,8 +85,9 @@ def report(result: DeployResult, as_json: bool, title: str) -> NoReturn:
             healthy = sum(e.healthy for e in h.endpoints)
             instances = f"{healthy}/{len(h.endpoints)} healthy" if h.endpoints else ""
             ops = "\n".join(h.operations)
-            if h.error:
-                ops = (ops + "\n" if ops else "") + h.error
+            for extra in (h.error, h.note):
+                if extra:
+                    ops = (ops + "\n" if ops else "") + extra
             table.add_row(escape(h.host), h.status, escape(ops), needs, instances)
         console().print(table)
         if result.error:

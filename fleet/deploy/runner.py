@@ -1,7 +1,12 @@
 """Run the deploy of ``fleet.operations.host`` on an inventory through pyinfra's API.
 
 Order: validate every selected host's data and plan (errors for all hosts at once, before any
-host is touched); connect (strict host keys, as the inventory says); prepare the operations
+host is touched); connect (strict host keys, as the inventory says); probe each host's GPUs
+(the ``NvmlProbe`` fact, once per host) and plan it from what it has (``fleet.plan.gpu_source``:
+an inventory ``gpu`` entry the probe contradicts refuses the host before anything is written; a
+host whose NVML does not answer yet and has no entry waits: its units are rendered once the
+driver answers, later in the same run when this run's release or reboot brings it, else by the
+next deploy); prepare the operations
 (pyinfra runs each generator up to its first command: that is ``--dry``'s answer, per host and
 operation); execute in pyinfra's lock-step mode; preflight every host that is ready
 (``fleet.deploy.preflight``: the host's vLLM parses the new argv, the model resolves, the GPUs are
@@ -48,6 +53,7 @@ from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
+from fleet.plan.gpu_source import GpusNotKnownYet
 from fleet.plan.planner import HostPlan
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
@@ -69,13 +75,16 @@ FAILED = ("failed", "unreachable", "refused")
 class HostResult:
     host: str
     #: "changed", "unchanged", "would change", "no change", "failed", "unreachable", "refused"
-    #: (preflight), "stopped" (not finished: the deploy stopped at the fail-percent)
+    #: (preflight, or GPUs that differ from the inventory's), "stopped" (not finished: the deploy
+    #: stopped at the fail-percent), "waiting" (installed, but NVML does not answer yet: its units
+    #: are rendered by a deploy after the driver loads)
     status: str
     operations: list[str] = field(default_factory=list)  #: changed (or, dry, would change)
     error: str | None = None
     reboot_required: list[str] | None = None
     endpoints: list[Endpoint] = field(default_factory=list)
     restarted: bool = False
+    note: str | None = None  #: why the host's units wait for its driver
 
     def data(self) -> dict[str, Any]:
         return {
@@ -83,6 +92,7 @@ class HostResult:
             "status": self.status,
             "operations": self.operations,
             "error": self.error,
+            "note": self.note,
             "reboot_required": self.reboot_required,
             "endpoints": [e.__dict__ for e in self.endpoints],
             "restarted": self.restarted,
@@ -115,7 +125,13 @@ class DeployResult:
 
 
 def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
-    """Everything a deploy needs from each host's data, checked before any host is touched."""
+    """Everything a deploy needs from each host's data, checked before any host is touched.
+
+    Returns the plans from the inventory's ``gpu`` entries (hosts without one: their model is
+    checked); the deploy plans each host again from its probe (``_probe_plans``).
+    """
+    from fleet.model.arch import load_model
+
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
@@ -125,7 +141,10 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
             host_deploy.releases_kept(spec.name, data)
             host_deploy.release_spec(spec.name, data, "3")
             host_deploy.api_key(spec.name, data)
-            plans[spec.name] = host_deploy.host_plan(spec.name, data)
+            if spec.gpu is not None:
+                plans[spec.name] = host_deploy.host_plan(spec.name, data)
+            else:
+                load_model(spec.model, spec.model_config)
         except FleetError as exc:
             problems.append(str(exc))
     if problems:
@@ -172,6 +191,39 @@ def _add_deploy(state: State, func: Callable[..., Any], hosts: list[Host]) -> No
         gevent.joinall(greenlets)
     for g in greenlets:
         g.get()
+
+
+@dataclass
+class ProbePlans:
+    """Each probed host's plan, or why it waits for its driver, or why it is refused."""
+
+    plans: dict[str, HostPlan] = field(default_factory=dict)
+    waiting: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def unprobed(self) -> list[str]:
+        """Hosts whose NVML did not answer: waiting, or planned from their inventory gpu entry."""
+        return [*self.waiting, *(n for n, p in self.plans.items() if p.gpus_source != "probe")]
+
+
+def _probe_plans(state: State, hosts: list[Host]) -> ProbePlans:
+    """Probe the hosts' GPUs, all at once (the ``NvmlProbe`` fact, which the deploy's operations
+    then read without a second round trip), and plan each from what it has."""
+    import gevent
+
+    with ctx_state.use(state):
+        greenlets = [gevent.spawn(host_deploy.probe, h) for h in hosts]
+        gevent.joinall(greenlets)
+    out = ProbePlans()
+    for h, g in zip(hosts, greenlets, strict=True):
+        try:
+            out.plans[h.name] = host_deploy.host_plan(h.name, h.data.dict(), g.get())  # type: ignore[no-untyped-call]
+        except GpusNotKnownYet as exc:
+            out.waiting[h.name] = str(exc)
+        except FleetError as exc:  # GPUs unlike the inventory's entry, or nothing fits them
+            out.refused[h.name] = redact(str(exc))
+    return out
 
 
 def _over(failed: int, total: int, fail_percent: int) -> bool:
@@ -243,6 +295,20 @@ def deploy(
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
             return finish(_stop_message(results, fail_percent))
+        progress(f"probing the GPUs of {len(active)} host(s)")
+        for h in active:
+            step(h.name, "probing GPUs")
+        probed = _probe_plans(state, active)
+        plans.update(probed.plans)
+        waiting, unprobed = probed.waiting, probed.unprobed
+        for name, why in probed.refused.items():
+            results[name] = HostResult(name, "refused", error=f"{why} (nothing was written to the host)")
+            step(name, "refused: GPUs")
+        active = [h for h in active if h.name not in results]
+        if not dry and _over(len(results), len(selected), fail_percent):
+            for h in active:
+                results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
+            return finish(_stop_message(results, fail_percent))
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
@@ -250,7 +316,9 @@ def deploy(
         if dry:
             for h in active:
                 ops = _op_names(state, h, will=True)
-                results[h.name] = HostResult(h.name, "would change" if ops else "no change", ops)
+                results[h.name] = HostResult(
+                    h.name, "would change" if ops else "no change", ops, note=waiting.get(h.name)
+                )
             return finish()
         progress("running operations")
         for h in active:
@@ -268,6 +336,8 @@ def deploy(
             ops = _op_names(state, h, will=False)
             results[h.name] = HostResult(h.name, "changed" if ops else "unchanged", ops)
             results[h.name].reboot_required = h.get_fact(RebootRequired)
+            if h.name in waiting:
+                results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
     finally:
         _close(state)
     failed = sum(r.status in FAILED for r in results.values())
@@ -275,6 +345,9 @@ def deploy(
         for r in results.values():  # lock-step: hosts behind a failure did not finish their operations
             if r.status not in FAILED and _over(failed, len(selected), fail_percent):
                 r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
+    if not start and not _over(failed, len(selected), fail_percent):  # units are installed, not started
+        _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step)
+        failed = sum(r.status in FAILED for r in results.values())
     if not start or _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent) if failed else None)
     if reboot:
@@ -282,6 +355,10 @@ def deploy(
         failed = sum(r.status in FAILED for r in results.values())
         if _over(failed, len(selected), fail_percent):
             return finish(_stop_message(results, fail_percent))
+    _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step)
+    failed = sum(r.status in FAILED for r in results.values())
+    if _over(failed, len(selected), fail_percent):
+        return finish(_stop_message(results, fail_percent))
     states = _unit_states(loaded, plans, _ready(results))
     quiet = [n for n in _ready(results) if _quiet(states.get(n), results[n], staged.get(n))]
     busy = [n for n in _ready(results) if n not in quiet]
@@ -300,6 +377,65 @@ def deploy(
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     return finish(error)
+
+
+def _answer_now(unprobed: list[str], results: dict[str, HostResult]) -> list[str]:
+    """Hosts whose NVML did not answer at first and may now: no reboot pending, not failed."""
+    return [n for n in unprobed if results[n].reboot_required is None and results[n].status not in FAILED]
+
+
+def _units_once_probed(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    names: list[str],
+    progress: Progress,
+    step: Step,
+) -> None:
+    """Hosts whose NVML did not answer when the run began (their units wait, or were planned
+    from the inventory's gpu entry): this run installed the release (nvidia-ml-py for the probe),
+    the driver, or rebooted them. Probe again and install their units from what NVML answers now
+    (a second pyinfra run: State is single-use); still no answer: they stay as they are."""
+    if not names:
+        return
+    progress(f"probing {len(names)} host(s) again for their units")
+    fresh = loaded.reload(names)
+    hosts = [fresh.pyinfra.get_host(n) for n in names]
+    state = State(fresh.pyinfra, _config(), initial_limit=hosts)
+    try:
+        for name in names:
+            step(name, "probing GPUs")
+        connect_all(state)
+        probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
+        for name, why in probed.refused.items():  # its driver answers only now
+            written = "units written from the gpu entry before NVML answered, none started"
+            results[name].status = "refused"
+            results[name].error = f"{why} ({written if name in plans else 'no unit was written'})"
+        for name, why in probed.waiting.items():
+            results[name].status, results[name].note = "waiting", why
+        ready = [h for h in hosts if h.name in probed.plans]
+        if not ready:
+            return
+        for h in ready:
+            step(h.name, "installing units")
+        _add_deploy(state, host_deploy.vllm_units, ready)
+        try:
+            run_ops(state)
+        except PyinfraError as exc:
+            progress(f"pyinfra: {exc}")
+        for h in ready:
+            r = results[h.name]
+            if h in state.failed_hosts:
+                r.status, r.error = "failed", _failure(state, h)
+                continue
+            plans[h.name] = probed.plans[h.name]
+            ops = _op_names(state, h, will=False)
+            r.operations += ops
+            r.note = None
+            if ops or r.status == "waiting":
+                r.status = "changed"
+    finally:
+        _close(state)
 
 
 def _quiet(states: list[UnitState] | None, result: HostResult, staged: host_deploy.Staged | None) -> bool:
@@ -359,11 +495,13 @@ def _reboot(
         if r.status in FAILED or r.reboot_required is None:
             continue
         target = _target(loaded, r.host)
-        units = [f"fleet-{i.unit_name}.service" for i in plans[r.host].instances]
+        plan = plans.get(r.host)  # none yet: the host waits for its driver to plan from the probe
+        units = [f"fleet-{i.unit_name}.service" for i in plan.instances] if plan else []
         progress(f"{r.host}: rebooting ({', '.join(r.reboot_required)})")
         step(r.host, "rebooting")
         try:
-            was_serving = run_command(target, ssh_command(["systemctl", "is-active", "--quiet", "--", *units]))[0] == 0
+            active = ssh_command(["systemctl", "is-active", "--quiet", "--", *units])
+            was_serving = bool(units) and run_command(target, active)[0] == 0
             seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
             rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
         except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:

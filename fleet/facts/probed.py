@@ -1,6 +1,7 @@
 """GPU facts for the planner from live hosts: probe every reachable host, say why others were not.
 
-``fleet plan`` uses these instead of the inventory's ``gpu`` data wherever a host answers; a host
+``fleet plan`` uses these instead of the inventory's ``gpu`` data wherever a host answers (as
+``fleet deploy`` plans them: memory our own units hold counts as free); a host
 that cannot be probed (unreachable, no driver, no nvidia-ml-py) keeps the inventory's data, and
 the note says so.
 """
@@ -14,6 +15,7 @@ from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, run_fact_on_hosts, targets_from_inventory
 from fleet.gpus import HostGpus
 from fleet.inventory.spec import LoadedInventory
+from fleet.plan.gpu_source import planning_gpus
 
 
 def probe_host_gpus(
@@ -29,7 +31,7 @@ def probe_host_gpus(
         if isinstance(result, HostUnreachable):
             notes[name] = f"not probed: {result.reason}"
         elif isinstance(result, HostFacts) and result.ok and result.gpus:
-            gpus[name] = result.host_gpus()
+            gpus[name] = planning_gpus(result)  # as fleet deploy plans it: our own units' memory is free
         else:
             notes[name] = f"probe answered {result.status}" + (f" ({result.error_class})" if result.error_class else "")
     return gpus, notes

@@ -9,28 +9,38 @@ Host data read here (besides the keys ``fleet.inventory.spec`` validates):
 * ``nvidia_driver_version``: the driver to pin (default: the one the vLLM release is tested with).
 * ``nvidia_fabric_manager``: force the fabric manager on or off (default: on for NVSwitch hosts).
 * ``vllm_extras``: vLLM extras (list of names); ``releases_kept``: releases kept (default 3).
+
+GPUs: each host is planned from its NVML probe (the ``NvmlProbe`` fact, gathered once per host
+and run); the inventory's ``gpu`` entry, when there is one, is checked against it, and used only
+while NVML does not answer yet (``fleet.plan.gpu_source``). A host with neither is not refused:
+its units wait for the driver (``vllm_units`` renders nothing for it in that run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from pyinfra.api.deploy import deploy
+from pyinfra.api.host import Host
 from pyinfra.api.state import State
-from pyinfra.context import host
+from pyinfra.context import ctx_host, host
 from pyinfra.operations import systemd
 
 from fleet.errors import FleetError
 from fleet.facts.driver import PythonVersion
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
 from fleet.facts.releases import VllmReleases
 from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_instances
 from fleet.gpus import Fabric
 from fleet.inventory.spec import HostSpec, host_spec
 from fleet.operations import layout, nvidia, revisions, units, vllm
+from fleet.plan.gpu_source import GpusNotKnownYet, gpu_source
 from fleet.plan.planner import HostPlan
 from fleet.render.revision import Revision, revisions_of
 from fleet.render.units import HostPaths, RenderedFile, render_host
@@ -39,6 +49,13 @@ from fleet.secret_store import SecretError, read_secret
 #: The driver each vLLM series is deployed with (580 branch: CUDA 13.x user space).
 DEFAULT_DRIVER = {"0.33": "580.95.05"}
 DEFAULT_RELEASES_KEPT = 3
+
+#: What a host's NVML probe answered (``HostFacts``), or why there is no answer (a string); None
+#: where the host is not probed at all (planning offline: the inventory's ``gpu`` entry).
+Probe = HostFacts | str | None
+#: one probe per host of a pyinfra run (pyinfra 3 keeps no fact cache; its ``Host`` objects are
+#: single-use, so an entry lives as long as its run)
+_PROBES: WeakKeyDictionary[Host, HostFacts | str] = WeakKeyDictionary()
 
 
 class HostDataError(FleetError):
@@ -114,14 +131,36 @@ def releases_kept(name: str, data: Mapping[str, Any]) -> int:
     return kept
 
 
-def host_plan(name: str, data: Mapping[str, Any]) -> HostPlan:
-    """The host's serving plan (GPUs from the inventory or its lab profile)."""
+def probe(target: Host | None = None) -> HostFacts | str:
+    """The host's NVML probe (the ``NvmlProbe`` fact), gathered once per host of a pyinfra run
+    (``target``: that host; default: pyinfra's current host). A string: why there is no answer."""
+    h: Host = target if target is not None else ctx_host.get()  # type: ignore[no-untyped-call]
+    answer = _PROBES.get(h)
+    if answer is None:
+        try:
+            facts = h.get_fact(NvmlProbe)
+        except FleetError as exc:  # ProbeOutputError: an answer this fleet does not understand
+            answer = f"the probe's output was not understood: {exc}"
+        else:  # pyinfra gives the fact's default (None) when its command could not run
+            answer = facts if facts is not None else "the probe could not run on the host"
+        _PROBES[h] = answer
+    return answer
+
+
+def host_plan(name: str, data: Mapping[str, Any], probed: Probe = None) -> HostPlan:
+    """The host's serving plan, from its probe where NVML answers (``fleet.plan.gpu_source``).
+
+    ``GpuMismatch``: the inventory's gpu entry disagrees with the probe; ``GpusNotKnownYet``: no
+    GPU facts yet (the host waits for its driver); ``PlanError``: nothing fits.
+    """
     from fleet.model.arch import load_model
-    from fleet.plan.outcomes import gpus_for
     from fleet.plan.planner import plan_host
 
     spec = _spec(name, data)
-    return plan_host(spec, gpus_for(spec), load_model(spec.model, spec.model_config))
+    source = gpu_source(spec, probed)
+    if source.gpus is None:
+        raise GpusNotKnownYet(name, source.why)
+    return plan_host(spec, source.gpus, load_model(spec.model, spec.model_config))
 
 
 def api_key(name: str, data: Mapping[str, Any]) -> str | None:
@@ -140,19 +179,24 @@ def unit_names(files: Sequence[RenderedFile]) -> list[str]:
     return [f.path.rsplit("/", 1)[1] for f in files if f.path.endswith(".service")]
 
 
-def rendered_files(name: str, data: Mapping[str, Any], paths: HostPaths) -> list[RenderedFile]:
+def rendered_files(name: str, data: Mapping[str, Any], paths: HostPaths, probed: Probe = None) -> list[RenderedFile]:
     """The host's units and env files from its plan (API key from ``env:`` refs, if set)."""
     ref = _spec(name, data).api_key_ref
-    return render_host(host_plan(name, data), api_key(name, data), str(ref) if ref else None, paths)
+    return render_host(host_plan(name, data, probed), api_key(name, data), str(ref) if ref else None, paths)
 
 
-def served_model(name: str, data: Mapping[str, Any]) -> str:
-    """The model name the host's instances answer to (``/v1/models``)."""
-    return _spec(name, data).served_model_name or host_plan(name, data).model
+def served_name(spec: HostSpec, plan: HostPlan) -> str:
+    """The model name a host's instances answer to (``/v1/models``)."""
+    return spec.served_model_name or plan.model
 
 
-def host_revisions(name: str, data: Mapping[str, Any], paths: HostPaths) -> list[Revision]:
-    return revisions_of(rendered_files(name, data, paths), served_model(name, data))
+def served_model(name: str, data: Mapping[str, Any], probed: Probe = None) -> str:
+    return served_name(_spec(name, data), host_plan(name, data, probed))
+
+
+def host_revisions(name: str, data: Mapping[str, Any], paths: HostPaths, probed: Probe = None) -> list[Revision]:
+    plan_model = served_model(name, data, probed)
+    return revisions_of(rendered_files(name, data, paths, probed), plan_model)
 
 
 #: unit states in which the instance's process runs (or is about to): its files are not touched
@@ -176,6 +220,7 @@ class Staged:
     running: set[str] = field(default_factory=set)  #: instances whose unit ran: their files wait
     live: dict[str, str | None] = field(default_factory=dict)  #: instance -> revision in place
     current: str | None = None  #: the release ``current`` named before this deploy
+    found: dict[str, InstanceRevision] | None = None  #: the InstanceRevisions fact, gathered once
 
     @property
     def waiting(self) -> list[str]:
@@ -184,7 +229,7 @@ class Staged:
         return sorted(i for i in self.running if moved or self.live.get(i) != self.revisions.get(i))
 
 
-_STAGED: weakref.WeakKeyDictionary[State, dict[str, Staged]] = weakref.WeakKeyDictionary()
+_STAGED: WeakKeyDictionary[State, dict[str, Staged]] = WeakKeyDictionary()
 
 
 def staged_of(state: State) -> dict[str, Staged]:
@@ -196,9 +241,12 @@ def _staged() -> Staged:
     return staged_of(host.state).setdefault(host.name, Staged())
 
 
-def _found(paths: HostPaths) -> dict[str, InstanceRevision]:
-    revs = host_revisions(host.name, _data(), paths)
-    return host.get_fact(InstanceRevisions, instances=fact_instances(revs))
+def _revisions_found(revs: Sequence[Revision]) -> dict[str, InstanceRevision]:
+    """The host's InstanceRevisions fact, gathered once per run (pyinfra 3 keeps no fact cache)."""
+    staged = _staged()
+    if staged.found is None:
+        staged.found = host.get_fact(InstanceRevisions, instances=fact_instances(revs))
+    return staged.found
 
 
 def _data() -> dict[str, Any]:
@@ -222,6 +270,14 @@ def _paths() -> HostPaths:
     return HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
 
 
+def _any_running() -> bool:
+    try:
+        revs = host_revisions(host.name, _data(), _paths(), probe())
+    except GpusNotKnownYet:
+        return False  # no units can be there yet
+    return any(running(f) for f in _revisions_found(revs).values())
+
+
 @deploy("vLLM release")
 def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
     """Build the release; make it ``current`` unless an instance runs (then the engine does, per
@@ -236,7 +292,7 @@ def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
     staged.current = host.get_fact(VllmReleases, root=root)["current"]
     vllm.service_user(name="vLLM system user")
     vllm.release(name=f"vLLM release {spec.release_id}", spec=spec, root=root)
-    if not any(running(f) for f in _found(_paths()).values()):
+    if not _any_running():
         vllm.activate(name="current release", release_id=spec.release_id, root=root)
     vllm.prune(name="prune old releases", keep=releases_kept(host.name, data), root=root)
 
@@ -245,13 +301,18 @@ def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
 def vllm_units(paths: HostPaths | None = None) -> None:
     """Store every instance's configuration as a revision; write it in place for idle units only."""
     data = _data()
-    revs = host_revisions(host.name, data, paths or _paths())
-    found = host.get_fact(InstanceRevisions, instances=fact_instances(revs))
+    try:
+        revs = host_revisions(host.name, data, paths or _paths(), probe())
+    except GpusNotKnownYet as exc:
+        host.noop(str(exc))
+        return
+    found = _revisions_found(revs)
     staged = _staged()
     staged.revisions = {r.instance: r.id for r in revs}
     staged.running = {r.instance for r in revs if running(found.get(r.instance))}
     staged.live = {r.instance: _live(found.get(r.instance)) for r in revs}
-    revisions.stored(name="configuration revisions", revisions=revs, keep=releases_kept(host.name, data))
+    keep = releases_kept(host.name, data)
+    revisions.stored(name="configuration revisions", revisions=revs, keep=keep, found=found)
     idle = [f for r in revs if r.instance not in staged.running for f in (r.unit, r.env)]
     units.installed(name="vLLM units and env files", files=idle)
 
@@ -259,12 +320,17 @@ def vllm_units(paths: HostPaths | None = None) -> None:
 @deploy("vLLM start")
 def vllm_start() -> None:
     """Start (first deploy) the host's units that are not running; running ones are left alone."""
-    for unit in unit_names(rendered_files(host.name, _data(), HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current"))):
+    paths = HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
+    for unit in unit_names(rendered_files(host.name, _data(), paths, probe())):
         systemd.service(name=f"start {unit}", service=unit, running=True)
 
 
 @deploy("vLLM host")
 def vllm_host() -> None:
+    """The whole host. Its GPUs are checked first: an inventory gpu entry the probe contradicts
+    (``GpuMismatch``) stops the host before any operation is added."""
+    with contextlib.suppress(GpusNotKnownYet):  # the driver and release go on; vllm_units says why not units
+        host_plan(host.name, _data(), probe())
     nvidia_driver()
     vllm_release()
     vllm_units()

@@ -10,27 +10,34 @@ serving unit's are put in place by the rolling engine between its stop and its s
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 
-from fleet.facts.revisions import InstanceRevisions, fact_instances
+from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_instances
 from fleet.operations import layout
 from fleet.operations.files import Commands, atomic_file
 from fleet.render.revision import ENV, META, ROOT, UNIT, Revision
 
 
 @operation()
-def stored(revisions: Sequence[Revision], keep: int = 3, root: str = ROOT) -> Commands:
+def stored(
+    revisions: Sequence[Revision],
+    keep: int = 3,
+    root: str = ROOT,
+    found: Mapping[str, InstanceRevision] | None = None,
+) -> Commands:
     """
     Store every revision not stored yet; keep at most ``keep`` per instance (never the live one).
 
     + revisions: one per instance, from the host's rendered files
     + keep: revisions kept per instance (at least 2: the live one and the one before)
     + root: the revision store
+    + found: the ``InstanceRevisions`` fact when the caller already has it (one round trip fewer)
     """
-    found = host.get_fact(InstanceRevisions, instances=fact_instances(revisions), root=root)
+    if found is None:
+        found = host.get_fact(InstanceRevisions, instances=fact_instances(revisions), root=root)
     changed = False
     for rev in revisions:
         have = found.get(rev.instance) or {"state": "unknown", "live": None, "stored": []}

@@ -1,7 +1,11 @@
 """A serving fleet as the rollout engine sees it, read from an inventory: its instances (one per
 systemd unit ``fleet deploy`` installed), how to reach each host, the API keys and the policy.
 
-Everything is checked here, before any host is touched: a bad inventory, a bad ``rollout``
+The instances are planned as ``fleet deploy`` planned them (``fleet.operations.host.host_plan``):
+a host without a ``gpu`` entry in the inventory is probed first (the NVML probe over SSH, one
+round trip per host, all hosts at once; read-only).
+
+Everything else is checked here, before any host is touched: a bad inventory, a bad ``rollout``
 setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
 the file, host and field.
 """
@@ -14,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet.errors import FleetError
-from fleet.facts.runner import SshTarget
-from fleet.inventory.spec import LoadedInventory, load_inventory
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
+from fleet.facts.runner import SshTarget, run_fact_on_hosts
+from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.rollout.batches import InstanceRef
@@ -59,6 +65,13 @@ class RolloutFleet:
         ]
 
 
+def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:
+    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer)."""
+    targets = [ssh[s.name] for s in specs if s.gpu is None]
+    answers = run_fact_on_hosts(targets, NvmlProbe)
+    return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
+
+
 def load_fleet(
     inventory: str, limit: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> RolloutFleet:
@@ -83,14 +96,21 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
         datas[spec.name] = data
         try:
             ssh[spec.name] = SshTarget.from_data(spec.name, data)
-            plan = host_deploy.host_plan(spec.name, data)
             keys[spec.name] = host_deploy.api_key(spec.name, data)  # as ``fleet deploy`` renders it
+        except FleetError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise FleetError("\n".join(problems))
+    probes = _probe_unplanned(loaded.hosts, ssh)
+    for spec in loaded.hosts:
+        try:
+            plan = host_deploy.host_plan(spec.name, datas[spec.name], probes.get(spec.name))
         except FleetError as exc:
             problems.append(str(exc))
             continue
         address = spec.bind_address if spec.bind_address not in (None, "0.0.0.0", "::") else None
         address = address or spec.ssh_hostname or spec.name
-        served = host_deploy.served_model(spec.name, data)
+        served = host_deploy.served_name(spec, plan)
         for inst in plan.instances:
             ref = InstanceRef(spec.name, inst.unit_name)
             instances[ref] = InstanceSpec(
