@@ -346,7 +346,7 @@ def deploy(
             if r.status not in FAILED and _over(failed, len(selected), fail_percent):
                 r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
     if not start and not _over(failed, len(selected), fail_percent):  # units are installed, not started
-        _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step)
+        _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
         failed = sum(r.status in FAILED for r in results.values())
     if not start or _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent) if failed else None)
@@ -355,7 +355,7 @@ def deploy(
         failed = sum(r.status in FAILED for r in results.values())
         if _over(failed, len(selected), fail_percent):
             return finish(_stop_message(results, fail_percent))
-    _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step)
+    _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
     failed = sum(r.status in FAILED for r in results.values())
     if _over(failed, len(selected), fail_percent):
         return finish(_stop_message(results, fail_percent))
@@ -391,6 +391,7 @@ def _units_once_probed(
     names: list[str],
     progress: Progress,
     step: Step,
+    staged: dict[str, host_deploy.Staged],
 ) -> None:
     """Hosts whose NVML did not answer when the run began (their units wait, or were planned
     from the inventory's gpu entry): this run installed the release (nvidia-ml-py for the probe),
@@ -429,6 +430,10 @@ def _units_once_probed(
                 r.status, r.error = "failed", _failure(state, h)
                 continue
             plans[h.name] = probed.plans[h.name]
+            second = host_deploy.staged_of(state).get(h.name)
+            if second is not None:  # what this pass found and stored is what the engine rolls
+                first = staged.setdefault(h.name, host_deploy.Staged())
+                first.revisions, first.running, first.live = second.revisions, second.running, second.live
             ops = _op_names(state, h, will=False)
             r.operations += ops
             r.note = None
@@ -696,12 +701,13 @@ def results_of_rollout(final: RolloutState, fleet: RolloutFleet, results: dict[s
         mine = {ref: i for ref, i in final.instances.items() if ref.host == name}
         r.endpoints = [
             Endpoint(fleet.instances[ref].unit, fleet.instances[ref].url, i.model, i.phase is Phase.DONE,
-                     i.rollback_failure or i.failure or i.note)
+                     i.rollback_failure or i.failure or (f"serving {i.model}" if i.phase is Phase.DONE else i.note))
             for ref, i in mine.items()
         ]  # fmt: skip
         moved = [ref.instance for ref, i in mine.items() if i.touched and i.phase is Phase.DONE]
         if moved:
             r.restarted = True
+            r.status = "changed" if r.status == "unchanged" else r.status
             r.operations.append(f"rolled out {', '.join(moved)} (rollout {final.id})")
         failed = [i for i in mine.values() if i.phase in (Phase.FAILED, Phase.ROLLED_BACK, Phase.ROLLBACK_FAILED)]
         if failed:
