@@ -84,7 +84,8 @@ class Runner:
         elif action.kind is Act.FLIP:
             ex.flip_release(ref, action.release, action.revision)
         elif action.kind is Act.HOOK:
-            return ex.run_hook(action.argv, state.policy.hooks.timeout_s)
+            hooks = state.policy.hooks
+            return ex.run_hook(ref, action.argv, hooks.timeout_s, hooks.on)
         return "ok"
 
     def _execute_all(self, actions: Sequence[Action], state: RolloutState) -> list[tuple[bool, str]]:
