@@ -290,12 +290,14 @@ class SshExecutor:
             raise ExecutorError(f"host {host}: `{ssh_command(argv)}` exited {rc}: {(err or out).strip()[-300:]}")
         return out
 
-    def prober(self, ref: InstanceRef) -> InstanceProber:
+    def prober(self, ref: InstanceRef, timeout_s: float | None = None) -> InstanceProber:
+        """HTTP to the instance, each request bounded by ``timeout_s`` (default: ``http_timeout_s``)."""
         s = self.spec(ref)
         key = self.__keys.get(ref.host)
+        timeout = self.http_timeout_s if timeout_s is None else timeout_s
         if ref.host in self.gates_over_ssh:
-            return SshProber(self._conns[ref.host], s.port, self.http_timeout_s, key)
-        return InstanceProber(s.url, self.http_timeout_s, key)
+            return SshProber(self._conns[ref.host], s.port, timeout, key)
+        return InstanceProber(s.url, timeout, key)
 
     # ---- observing -------------------------------------------------------------------------------
 
@@ -406,7 +408,9 @@ class SshExecutor:
                 unit, _release = self.unit_and_release(ref)
             except ExecutorError as exc:
                 return Probe(time.time(), unreachable=str(exc))
-        return self.prober(ref).probe(model, policy, unit)
+        # ``probe_timeout_s`` bounds each gate request: a completion from an engine that is alive
+        # but hung (or stalled) is a timeout after that long, not after the executor's default.
+        return self.prober(ref, policy.probe_timeout_s).probe(model, policy, unit)
 
     # ---- acting ----------------------------------------------------------------------------------
 
