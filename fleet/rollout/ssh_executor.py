@@ -164,7 +164,12 @@ class _Conn:
                 chan_in.channel.shutdown_write()
                 stdout = out.read().decode(errors="replace")
                 stderr = err.read().decode(errors="replace")
-                return out.channel.recv_exit_status(), stdout, stderr
+                status = out.channel.recv_exit_status()
+                if status == -1:
+                    # paramiko: "If no exit status is provided by the server, -1 is returned": the
+                    # connection ended under the command (the host went down), not a command's failure.
+                    raise EOFError("the connection closed before the command's exit status came")
+                return status, stdout, stderr
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 last = exc
                 if sent and not resend:
