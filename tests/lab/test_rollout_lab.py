@@ -557,7 +557,8 @@ def test_a_host_that_loses_power_mid_rollout_halts_it_naming_the_host(
         phases = {i["instance"]: i["phase"] for i in result["instances"]}
         assert phases == {f"{h0}/vllm-0": "done", f"{h1}/vllm-0": "rollback_failed",
                           f"{h0}/vllm-1": "pending", f"{h1}/vllm-1": "pending"}  # fmt: skip
-        assert any(f"{h1}/vllm-0 is not serving" in line for line in result["next"]), result["next"]
+        assert any(line.startswith(f"{h1}/vllm-0 is not serving: host {h1} cannot be reached") and
+                   f"Bring {h1} back" in line for line in result["next"]), result["next"]  # fmt: skip
         # the live host: the canary stays on the new release, its other instance was never stopped
         live = instance_state_of_host(lab, fleet, 0)
         assert live[f"{h0}/vllm-0"]["runs"] == "next" and live[f"{h0}/vllm-0"]["unit"] == "active/running"

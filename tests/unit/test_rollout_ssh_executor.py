@@ -141,3 +141,28 @@ def test_what_a_hook_on_the_host_answered(rc: int, out: str, err: str, expected:
     with pytest.raises(ExecutorError) as exc:
         host_hook_result("gpu01", argv, 30, rc, out, err)
     assert str(exc.value) == expected
+
+
+def test_next_steps_for_an_instance_whose_host_is_down_say_to_bring_it_back() -> None:
+    from dataclasses import replace
+
+    from fleet.cli.rollout import next_steps
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.engine import Phase
+
+    state = _state("halted")
+    ref = InstanceRef("h0", "vllm-0")
+    down = replace(
+        state.inst(ref),  # type: ignore[attr-defined]
+        phase=Phase.ROLLBACK_FAILED,
+        rolling_back=True,
+        rollback_failure="host unreachable during drain: host h0: SSH failed: [Errno 111] Connection refused",
+    )
+    lines = next_steps(replace(state, instances={**state.instances, ref: down}))  # type: ignore[type-var, attr-defined]
+    assert any(
+        line.startswith("h0/vllm-0 is not serving: host h0 cannot be reached (host unreachable during drain")
+        and "Bring h0 back" in line
+        and "fleet rollback R1" in line
+        for line in lines
+    ), lines
+    assert not any("journalctl" in line for line in lines)
