@@ -1,9 +1,9 @@
 """What the engine needs done on hosts and over HTTP: the ``Executor`` protocol.
 
 The deploy/rollout CLI implements it over SSH (systemd, NVML, the release link, hooks on the
-control machine or on the host) and ``fleet.rollout.probe`` (HTTP gates). Every method is idempotent: the runner
-may repeat a step after a crash (stopping a stopped unit, flipping a link to where it points,
-starting an active unit are no-ops). A method that cannot do its job raises ``ExecutorError``
+control machine or on the host) and ``fleet.rollout.probe`` (HTTP gates). Every method is
+idempotent: the runner may repeat a step after a crash (stopping a stopped unit, flipping a link
+to where it points, starting an active unit are no-ops). A method that cannot do its job raises ``ExecutorError``
 with a message for the operator; the runner records it as the step's outcome. The runner calls
 the step methods of *different* instances from several threads at once (a batch restarts
 together), so they must be safe to call concurrently for different instances.

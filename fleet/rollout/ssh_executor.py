@@ -165,9 +165,11 @@ class _Conn:
                 stdout = out.read().decode(errors="replace")
                 stderr = err.read().decode(errors="replace")
                 status = out.channel.recv_exit_status()
-                if status == -1:
-                    # paramiko: "If no exit status is provided by the server, -1 is returned": the
-                    # connection ended under the command (the host went down), not a command's failure.
+                transport = client.get_transport()
+                if status == -1 and (transport is None or not transport.is_active()):
+                    # paramiko: "If no exit status is provided by the server, -1 is returned". With
+                    # the connection gone too, the host went down under the command: not its failure.
+                    # (With the connection up, -1 is a command killed by a signal: its own failure.)
                     raise EOFError("the connection closed before the command's exit status came")
                 return status, stdout, stderr
             except (paramiko.SSHException, OSError, EOFError) as exc:
