@@ -570,8 +570,11 @@ def test_a_host_that_loses_power_mid_rollout_halts_it_naming_the_host(
         ours = [(s["instance"], s["action"], s["outcome"]) for s in data["steps"] if s["instance"].startswith(h1)]
         assert ours[0] == (f"{h1}/vllm-0", "stop", "ok"), ours
         assert all(i != f"{h1}/vllm-1" for i, _a, _o in ours)  # never touched
-        failed = [s for s in data["steps"] if s["outcome"] == "failed"]
-        assert all(h1 in s["outcome_detail"] for s in failed), failed
+        failed = [s for s in data["steps"] if s["outcome"] == "failed"]  # a step sent to the dead host, if any
+        assert all(f"host {h1}: SSH failed" in s["outcome_detail"] for s in failed), failed
+        down = next(i for i in data["instances"] if i["instance"] == f"{h1}/vllm-0")
+        assert down["phase"] == "rollback_failed", down
+        assert f"host {h1}: SSH failed" in down["failure"] and "host unreachable" in down["rollback_failure"], down
     finally:
         if proc.poll() is None:
             proc.kill()
