@@ -132,6 +132,13 @@ def served_model_of(meta: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _why(exc: BaseException | None) -> str:
+    """An SSH failure in words (paramiko's EOFError says nothing)."""
+    if exc is None:
+        return "no answer"
+    return str(exc) or "the connection closed"
+
+
 class _Conn:
     """One host's SSH connection, opened lazily, reopened once when it broke."""
 
@@ -142,8 +149,9 @@ class _Conn:
 
     def _client(self, fresh: bool) -> paramiko.SSHClient:
         with self.lock:
-            if fresh and self.client is not None:
-                self.client.close()
+            transport = self.client.get_transport() if self.client is not None else None
+            if self.client is not None and (fresh or transport is None or not transport.is_active()):
+                self.client.close()  # asked to, or paramiko saw the connection end (e.g. the host rebooted)
                 self.client = None
             if self.client is None:
                 self.client = connect(self.target, timeout=10.0)
@@ -157,8 +165,8 @@ class _Conn:
             sent = False
             try:
                 client = self._client(fresh=attempt > 0)
+                sent = True  # from here on the host may run it, even if no answer comes back
                 chan_in, out, err = client.exec_command(command, timeout=timeout)
-                sent = True
                 if stdin:
                     chan_in.write(stdin)
                 chan_in.channel.shutdown_write()
@@ -176,9 +184,9 @@ class _Conn:
                 last = exc
                 if sent and not resend:
                     raise ExecutorError(
-                        f"host {self.target.name}: SSH failed after the command was sent (it may have run): {exc}"
+                        f"host {self.target.name}: SSH failed after the command was sent (it may have run): {_why(exc)}"
                     ) from exc
-        raise ExecutorError(f"host {self.target.name}: SSH failed: {last or 'no answer'}")
+        raise ExecutorError(f"host {self.target.name}: SSH failed: {_why(last)}")
 
     def close(self) -> None:
         with self.lock:
