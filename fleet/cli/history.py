@@ -68,6 +68,18 @@ def history(
                     "status": state.status.value,
                     "reason": state.reason,
                     "steps": [asdict(s) for s in steps],
+                    "instances": [
+                        {
+                            "instance": str(ref),
+                            "phase": i.phase.value,
+                            "release": i.release,
+                            "failure": i.failure,
+                            "rollback_failure": i.rollback_failure,
+                            # gates that went red during the soak and restarted it (a flap)
+                            "soak_resets": i.track.soak_resets if i.track else 0,
+                        }
+                        for ref, i in state.instances.items()
+                    ],
                 },
                 indent=2,
             )
@@ -82,6 +94,9 @@ def history(
         table.add_row(str(s.seq), _when(s.at), s.instance or "-", s.detail, before, outcome)
     out = console()
     out.print(table)
+    for ref, i in state.instances.items():
+        if i.track is not None and i.track.soak_resets:
+            out.print(f"{ref}: soak reset {i.track.soak_resets} time(s): a gate went red while it soaked")
     out.print(
         f"rollout {state.id} ({state.fleet}): {state.status.value}" + (f": {state.reason}" if state.reason else "")
     )

@@ -18,6 +18,13 @@ def next_steps(state: RolloutState) -> list[str]:
     stuck = [i for i in state.instances.values() if i.rollback_failure]
     if stuck:
         for i in stuck:
+            if "host unreachable" in i.rollback_failure:
+                out.append(
+                    f"{i.ref} is not serving: host {i.ref.host} cannot be reached ({i.rollback_failure}). Bring "
+                    f"{i.ref.host} back (its units start at boot on the release its `current` link names), then run "
+                    f"the rollout again, or `fleet rollback {state.id}`"
+                )
+                continue
             out.append(
                 f"{i.ref} is not serving ({i.rollback_failure}): check `journalctl -u fleet-{i.ref.instance}.service` "
                 f"on {i.ref.host}, then `fleet rollback {state.id}` to try the previous release again"

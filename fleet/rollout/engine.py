@@ -36,7 +36,7 @@ from fleet.rollout.batches import Batch, InstanceRef, admit, budget_of, plan_bat
 from fleet.rollout.gates import Check, Expect, GateTrack, Probe, Status, evaluate, start_track
 from fleet.rollout.gates import step as gate_step
 from fleet.rollout.observe import InstanceFacts, Observations
-from fleet.rollout.policy import OnFailure, OrphanPolicy, RolloutPolicy, parse_policy, policy_to_raw
+from fleet.rollout.policy import HookPlace, OnFailure, OrphanPolicy, RolloutPolicy, parse_policy, policy_to_raw
 
 
 class Phase(StrEnum):
@@ -433,7 +433,8 @@ def _phase_step(
     if inst.phase is Phase.DRAIN:
         argv = p.hooks.argv("drain", host=ref.host, instance=ref.instance, port=inst.target.port)
         if argv is not None and "drain" not in inst.hooks_done:
-            return inst, Action(Act.HOOK, ref, "take the instance out of traffic", hook="drain", argv=tuple(argv))
+            why = "take the instance out of traffic" + _hook_place(p)
+            return inst, Action(Act.HOOK, ref, why, hook="drain", argv=tuple(argv))
         return _to(inst, Phase.DRAINING, now), None
     if inst.phase is Phase.DRAINING:
         if f.process_gone or not _unit_running(f):
@@ -479,7 +480,8 @@ def _phase_step(
     if inst.phase is Phase.UNDRAIN:
         argv = p.hooks.argv("undrain", host=ref.host, instance=ref.instance, port=inst.target.port)
         if argv is not None and "undrain" not in inst.hooks_done:
-            return inst, Action(Act.HOOK, ref, "put the instance back into traffic", hook="undrain", argv=tuple(argv))
+            why = "put the instance back into traffic" + _hook_place(p)
+            return inst, Action(Act.HOOK, ref, why, hook="undrain", argv=tuple(argv))
         return _to(inst, Phase.ROLLED_BACK if inst.rolling_back else Phase.DONE, now), None
     raise AssertionError(inst.phase)
 
@@ -488,6 +490,11 @@ def _on_target(inst: InstanceState, f: InstanceFacts) -> bool:
     """The instance's release link and (when the target names one) its configuration are the ones
     it is heading for."""
     return f.release == inst.release and (inst.revision is None or f.revision == inst.revision)
+
+
+def _hook_place(p: RolloutPolicy) -> str:
+    """Where the hook runs, for the journal and the live view (nothing for the default)."""
+    return " (hook runs on the host)" if p.hooks.on is HookPlace.HOST else ""
 
 
 def kind_skips_current(inst: InstanceState) -> bool:

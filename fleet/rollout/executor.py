@@ -1,9 +1,9 @@
 """What the engine needs done on hosts and over HTTP: the ``Executor`` protocol.
 
 The deploy/rollout CLI implements it over SSH (systemd, NVML, the release link, hooks on the
-control machine) and ``fleet.rollout.probe`` (HTTP gates). Every method is idempotent: the runner
-may repeat a step after a crash (stopping a stopped unit, flipping a link to where it points,
-starting an active unit are no-ops). A method that cannot do its job raises ``ExecutorError``
+control machine or on the host) and ``fleet.rollout.probe`` (HTTP gates). Every method is
+idempotent: the runner may repeat a step after a crash (stopping a stopped unit, flipping a link
+to where it points, starting an active unit are no-ops). A method that cannot do its job raises ``ExecutorError``
 with a message for the operator; the runner records it as the step's outcome. The runner calls
 the step methods of *different* instances from several threads at once (a batch restarts
 together), so they must be safe to call concurrently for different instances.
@@ -18,7 +18,7 @@ from fleet.errors import FleetError
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.gates import Probe
 from fleet.rollout.observe import InstanceFacts
-from fleet.rollout.policy import RolloutPolicy
+from fleet.rollout.policy import HookPlace, RolloutPolicy
 
 
 class ExecutorError(FleetError):
@@ -52,6 +52,7 @@ class Executor(Protocol):
         put that stored configuration revision in place (unit and env file, daemon-reload)."""
         ...
 
-    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
-        """Run a drain/undrain hook on the control machine (argv, no shell); its output, or raise."""
+    def run_hook(self, ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
+        """Run a drain/undrain hook for ``ref`` (argv, no shell) on the control machine, or with
+        ``on=HookPlace.HOST`` on ``ref``'s host as the SSH user; its output, or raise."""
         ...

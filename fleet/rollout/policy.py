@@ -34,7 +34,7 @@ Inventory data, under the key ``rollout`` (group or host data)::
         "completion": {"prompt": "Reply with OK.", "max_tokens": 4},
         "metrics": [{"name": "vllm:num_requests_waiting", "max": 64}],
         "hooks": {"drain": "lbctl disable {host}:{port}", "undrain": "lbctl enable {host}:{port}",
-                  "timeout_s": 60},
+                  "timeout_s": 60, "on": "control"},   # or "host": run on the instance's host
         "whole_host": False,
     }
 """
@@ -75,6 +75,13 @@ class OrphanPolicy(StrEnum):
     FAIL = "fail"
 
 
+class HookPlace(StrEnum):
+    """Where drain/undrain hooks run."""
+
+    CONTROL = "control"  #: on the machine running fleet (e.g. a load balancer's API or CLI)
+    HOST = "host"  #: on the instance's host, over the rollout's SSH connection, as the SSH user
+
+
 @dataclass(frozen=True)
 class MetricThreshold:
     """A bound on a ``/metrics`` value (summed over the series that match ``labels``)."""
@@ -97,11 +104,14 @@ class MetricThreshold:
 
 @dataclass(frozen=True)
 class Hooks:
-    """Commands run on the control machine around each instance's restart (argv, never a shell)."""
+    """Commands run around each instance's restart (argv, never a shell): on the control machine,
+    or (``on: host``) on the instance's host, e.g. to reach a load balancer's local admin socket
+    (HAProxy's ``disable server`` on its stats socket)."""
 
     drain: tuple[str, ...] | None = None
     undrain: tuple[str, ...] | None = None
     timeout_s: float = 60.0
+    on: HookPlace = HookPlace.CONTROL
 
     def argv(self, which: str, *, host: str, instance: str, port: int) -> list[str] | None:
         """The hook's argv with ``{host}``, ``{instance}``, ``{port}`` filled in, each within its argument."""
@@ -173,7 +183,8 @@ POLICY_KEYS: dict[str, str] = {
     "timeouts": "{unit, health, models, completion, metrics}: seconds per gate",
     "completion": "{prompt, max_tokens}: the real completion the gate asks for",
     "metrics": "list of {name, min?, max?, labels?}: bounds on /metrics values",
-    "hooks": "{drain, undrain, timeout_s}: commands with {host}, {instance}, {port}",
+    "hooks": '{drain, undrain, timeout_s, on}: commands with {host}, {instance}, {port}; on: "control" '
+    '(default: run here) or "host" (on the instance\'s host over SSH, as the SSH user)',
 }
 
 
@@ -236,6 +247,9 @@ def _hook(c: _Checker, fld: str, value: Any) -> tuple[str, ...] | None:
         c.problem(fld, value, "a command (string or list of arguments) run without a shell")
         return None
     for arg in argv:
+        if "\0" in arg:
+            c.problem(fld, value, "a command without NUL characters")
+            return None
         try:
             names = {name for _, name, _, _ in string.Formatter().parse(arg) if name is not None}
         except ValueError as exc:
@@ -351,7 +365,7 @@ def _validate(raw: Mapping[str, Any], c: _Checker, ordering: bool = True) -> Rol
         batches = tuple(c.size(f"batches[{i}]", v, rest_ok=True) for i, v in enumerate(batches_raw))
     t = _sub(c, raw, "timeouts", GATE_NAMES)
     comp = _sub(c, raw, "completion", ("prompt", "max_tokens"))
-    hooks = _sub(c, raw, "hooks", ("drain", "undrain", "timeout_s"))
+    hooks = _sub(c, raw, "hooks", ("drain", "undrain", "timeout_s", "on"))
     prompt = comp.get("prompt", d.completion.prompt)
     if not isinstance(prompt, str) or not prompt.strip():
         c.problem("completion.prompt", prompt, "a non-empty string")
@@ -378,6 +392,7 @@ def _validate(raw: Mapping[str, Any], c: _Checker, ordering: bool = True) -> Rol
             drain=_hook(c, "hooks.drain", hooks.get("drain")),
             undrain=_hook(c, "hooks.undrain", hooks.get("undrain")),
             timeout_s=c.seconds("hooks.timeout_s", hooks.get("timeout_s", d.hooks.timeout_s), 1),
+            on=c.choice("hooks.on", hooks.get("on", d.hooks.on.value), HookPlace),
         ),
     )
     if ordering:
@@ -447,6 +462,7 @@ def policy_to_raw(p: RolloutPolicy) -> dict[str, Any]:
             "drain": list(p.hooks.drain) if p.hooks.drain else None,
             "undrain": list(p.hooks.undrain) if p.hooks.undrain else None,
             "timeout_s": p.hooks.timeout_s,
+            "on": p.hooks.on.value,
         },
     }
 

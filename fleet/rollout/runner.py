@@ -38,7 +38,10 @@ def before_of(facts: InstanceFacts | None) -> dict[str, Any]:
 
 def _shape(state: RolloutState) -> tuple[Any, ...]:
     """What of a state is worth a journal write when no action is taken (not clocks or notes)."""
-    phases = tuple((str(r), i.phase.value, i.rolling_back) for r, i in state.instances.items())
+    phases = tuple(
+        (str(r), i.phase.value, i.rolling_back, i.track.soak_resets if i.track else 0)
+        for r, i in state.instances.items()
+    )  # a soak reset is journaled when it happens
     return (state.status, state.batch_index, state.current, state.failing, phases, len(state.batches), state.baking)
 
 
@@ -84,7 +87,8 @@ class Runner:
         elif action.kind is Act.FLIP:
             ex.flip_release(ref, action.release, action.revision)
         elif action.kind is Act.HOOK:
-            return ex.run_hook(action.argv, state.policy.hooks.timeout_s)
+            hooks = state.policy.hooks
+            return ex.run_hook(ref, action.argv, hooks.timeout_s, hooks.on)
         return "ok"
 
     def _execute_all(self, actions: Sequence[Action], state: RolloutState) -> list[tuple[bool, str]]:

@@ -21,7 +21,11 @@ What each step reads or does on a host:
 * the gates: HTTP from this machine (``fleet.rollout.probe``), or, for hosts whose port cannot
   be reached from here, ``curl`` on the host over the same SSH connection (the API key goes to
   curl on stdin, never in argv);
-* hooks: on the control machine (argv, no shell).
+* hooks: on the control machine (argv, no shell), or with ``hooks.on: host`` on the instance's
+  host over the same SSH connection as the SSH user: the argv joined by ``ssh_command`` and run
+  under coreutils ``timeout`` (so a hook that runs over is ended on the host, not left behind
+  when the channel gives up); a hook whose command was sent is never sent again after a broken
+  connection (it may have run).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from fleet.rollout.batches import InstanceRef
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
-from fleet.rollout.policy import RolloutPolicy
+from fleet.rollout.policy import HookPlace, RolloutPolicy
 from fleet.rollout.probe import InstanceProber, _Reply
 
 SSH_TIMEOUT_S = 60.0
@@ -128,6 +132,13 @@ def served_model_of(meta: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _why(exc: BaseException | None) -> str:
+    """An SSH failure in words (paramiko's EOFError says nothing)."""
+    if exc is None:
+        return "no answer"
+    return str(exc) or "the connection closed"
+
+
 class _Conn:
     """One host's SSH connection, opened lazily, reopened once when it broke."""
 
@@ -138,34 +149,77 @@ class _Conn:
 
     def _client(self, fresh: bool) -> paramiko.SSHClient:
         with self.lock:
-            if fresh and self.client is not None:
-                self.client.close()
+            transport = self.client.get_transport() if self.client is not None else None
+            if self.client is not None and (fresh or transport is None or not transport.is_active()):
+                self.client.close()  # asked to, or paramiko saw the connection end (e.g. the host rebooted)
                 self.client = None
             if self.client is None:
                 self.client = connect(self.target, timeout=10.0)
             return self.client
 
-    def run(self, command: str, timeout: float, stdin: bytes = b"") -> tuple[int, str, str]:
+    def run(self, command: str, timeout: float, stdin: bytes = b"", *, resend: bool = True) -> tuple[int, str, str]:
+        """Run ``command``; on a broken connection reconnect once and send it again, unless it
+        was already sent and ``resend`` is False (a command that must not run twice)."""
         last: Exception | None = None
         for attempt in range(2):
+            sent = False
             try:
                 client = self._client(fresh=attempt > 0)
+                sent = True  # from here on the host may run it, even if no answer comes back
                 chan_in, out, err = client.exec_command(command, timeout=timeout)
                 if stdin:
                     chan_in.write(stdin)
                 chan_in.channel.shutdown_write()
                 stdout = out.read().decode(errors="replace")
                 stderr = err.read().decode(errors="replace")
-                return out.channel.recv_exit_status(), stdout, stderr
+                status = out.channel.recv_exit_status()
+                transport = client.get_transport()
+                if status == -1 and (transport is None or not transport.is_active()):
+                    # paramiko: "If no exit status is provided by the server, -1 is returned". With
+                    # the connection gone too, the host went down under the command: not its failure.
+                    # (With the connection up, -1 is a command killed by a signal: its own failure.)
+                    raise EOFError("the connection closed before the command's exit status came")
+                return status, stdout, stderr
             except (paramiko.SSHException, OSError, EOFError) as exc:
                 last = exc
-        raise ExecutorError(f"host {self.target.name}: SSH failed: {last or 'no answer'}")
+                if sent and not resend:
+                    raise ExecutorError(
+                        f"host {self.target.name}: SSH failed after the command was sent (it may have run): {_why(exc)}"
+                    ) from exc
+        raise ExecutorError(f"host {self.target.name}: SSH failed: {_why(last)}")
 
     def close(self) -> None:
         with self.lock:
             if self.client is not None:
                 self.client.close()
                 self.client = None
+
+
+#: Seconds a hook on a host gets after SIGTERM (coreutils ``timeout -k``) before SIGKILL.
+HOOK_KILL_AFTER_S = 5.0
+
+
+def host_hook_command(argv: Sequence[str], timeout_s: float) -> str:
+    """The command line that runs a hook on a host: its argv under coreutils ``timeout``, escaped."""
+    if not argv:
+        raise ExecutorError("an empty hook command")
+    return ssh_command(["timeout", "-k", f"{HOOK_KILL_AFTER_S:g}", f"{timeout_s:g}", *argv])
+
+
+def host_hook_result(host: str, argv: Sequence[str], timeout_s: float, rc: int, out: str, err: str) -> str:
+    """A host hook's output, or the ``ExecutorError`` its exit status means (coreutils ``timeout``:
+    124 timed out, 137 killed after the grace, 126 not executable, 127 not found)."""
+    name = f"host {host}: hook {argv[0]}"
+    tail = (err or out).strip()[-300:]
+    if rc == 0:
+        return out
+    if rc in (124, 128 + 9):  # 137: SIGKILLed after the grace
+        raise ExecutorError(f"{name} timed out after {timeout_s:g}s (hooks.timeout_s) and was ended on the host")
+    if rc == 127:
+        raise ExecutorError(f"{name}: command not found on the host ({tail or 'no such file'}); install it there")
+    if rc == 126:
+        raise ExecutorError(f"{name}: not executable on the host ({tail})")
+    raise ExecutorError(f"{name} exited {rc}: {tail}")
 
 
 class SshProber(InstanceProber):
@@ -251,12 +305,14 @@ class SshExecutor:
             raise ExecutorError(f"host {host}: `{ssh_command(argv)}` exited {rc}: {(err or out).strip()[-300:]}")
         return out
 
-    def prober(self, ref: InstanceRef) -> InstanceProber:
+    def prober(self, ref: InstanceRef, timeout_s: float | None = None) -> InstanceProber:
+        """HTTP to the instance, each request bounded by ``timeout_s`` (default: ``http_timeout_s``)."""
         s = self.spec(ref)
         key = self.__keys.get(ref.host)
+        timeout = self.http_timeout_s if timeout_s is None else timeout_s
         if ref.host in self.gates_over_ssh:
-            return SshProber(self._conns[ref.host], s.port, self.http_timeout_s, key)
-        return InstanceProber(s.url, self.http_timeout_s, key)
+            return SshProber(self._conns[ref.host], s.port, timeout, key)
+        return InstanceProber(s.url, timeout, key)
 
     # ---- observing -------------------------------------------------------------------------------
 
@@ -367,7 +423,9 @@ class SshExecutor:
                 unit, _release = self.unit_and_release(ref)
             except ExecutorError as exc:
                 return Probe(time.time(), unreachable=str(exc))
-        return self.prober(ref).probe(model, policy, unit)
+        # ``probe_timeout_s`` bounds each gate request: a completion from an engine that is alive
+        # but hung (or stalled) is a timeout after that long, not after the executor's default.
+        return self.prober(ref, policy.probe_timeout_s).probe(model, policy, unit)
 
     # ---- acting ----------------------------------------------------------------------------------
 
@@ -428,14 +486,20 @@ class SshExecutor:
                 f"{self.revisions}/{ref.instance}", revision or ""]  # fmt: skip
         self.run(ref.host, argv, sudo=True)
 
-    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
+    def run_hook(self, ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
+        """A drain/undrain hook: on this machine, or (``on=HookPlace.HOST``) on ``ref``'s host as
+        the SSH user. Placeholders were filled in per argument by the policy; no shell either way."""
+        if on is HookPlace.HOST:
+            command = host_hook_command(argv, timeout_s)
+            rc, out, err = self._conns[ref.host].run(command, timeout_s + HOOK_KILL_AFTER_S + 10, resend=False)
+            return host_hook_result(ref.host, argv, timeout_s, rc, out, err)
         try:
-            out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ExecutorError(f"hook {argv[0]}: {exc}") from exc
-        if out.returncode:
-            raise ExecutorError(f"hook {argv[0]} exited {out.returncode}: {out.stderr.strip()[-300:]}")
-        return out.stdout
+        if done.returncode:
+            raise ExecutorError(f"hook {argv[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}")
+        return done.stdout
 
     # ---- releases (for ``fleet rollback``) -------------------------------------------------------
 

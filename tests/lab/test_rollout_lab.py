@@ -4,8 +4,13 @@ Two lab hosts with two RTX 4090s each: ``fleet deploy`` installs release A and s
 stand-in instances per host (four in all). Other releases are made on the hosts the way a venv is
 relocated (a copy with its paths rewritten): ``next`` (a good one) and ``bad`` (its engine fails
 to load the model: the stand-in's ``fail_load`` fault, switched on for that release only through
-``FLEET_LAB_FAULTS``). Every test asserts the end state of every instance: unit active, the
-release its process runs, the model it serves over HTTP, and which processes were restarted.
+``FLEET_LAB_FAULTS``); the fault tests below make ``hung`` (``hang_after_load``) and ``flappy``
+(a stall window) the same way. Every test asserts the end state of every instance: unit active,
+the release its process runs, the model it serves over HTTP, and which processes were restarted.
+
+The tests share one lab and run in file order; the last one cuts a host's power and brings it
+back. Settings the command line has no option for (gate timeouts, hooks) go into a copy of the
+lab's inventory with a ``rollout`` entry on every host (``inventory_with``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import pytest
 
 from fleet.lab import lab as lab_ops
 from fleet.lab import ssh
+from fleet.lab.base import LOGIN_USER
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import Journal
 from fleet.rollout.probe import InstanceProber
@@ -41,6 +47,8 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 HUB = "/var/lib/vllm/hf/hub/models--meta-llama--Llama-3.1-8B-Instruct"
 ROOT = "/opt/fleet/vllm"
 FAST = ["--batches", "1,-1", "--soak", "1", "--probe-interval", "0.5", "--health-timeout", "60", "--json"]
+#: Releases the tests make beside the one ``fleet deploy`` installed.
+MADE = ("next", "bad", "hung", "flappy")
 
 
 def on_host(lab: LabFleet, index: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
@@ -82,7 +90,7 @@ def bring_up_serving(root: Path, name: str, octet: int, hosts: int = 2) -> tuple
     assert len(fleet.instances) == 2 * hosts, fleet.instances
     for i in range(hosts):
         make_release(lab, i, "next")
-        make_release(lab, i, "bad", fail_load=True)
+        make_release(lab, i, "bad", faults={"fail_load": [MODEL], "load_seconds": 1})
     return lab, fleet
 
 
@@ -98,20 +106,22 @@ def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabFleet
         lab_ops.down(name, root / "state")
 
 
-def make_release(lab: LabFleet, index: int, name: str, fail_load: bool = False) -> None:
-    """A copy of the current release relocated to ``releases/<name>`` (shebangs rewritten)."""
+def make_release(lab: LabFleet, index: int, name: str, faults: dict[str, Any] | None = None) -> None:
+    """A copy of the current release relocated to ``releases/<name>`` (shebangs rewritten); with
+    ``faults``, its ``vllm`` runs with those stand-in faults (``/etc/fleet-lab/<name>.json``)."""
     script = (
         f"set -e; r={ROOT}; a=$(readlink $r/current); a=${{a#releases/}}; n={name}; "
         "sudo cp -a $r/releases/$a $r/releases/$n; cd $r/releases/$n; "
         'for f in $(sudo grep -rIl "releases/$a" bin pyvenv.cfg); do [ -L "$f" ] || '
         'sudo sed -i "s#releases/$a#releases/$n#g" "$f"; done'
     )
-    if fail_load:
+    if faults is not None:
+        encoded = base64.b64encode(json.dumps(faults).encode()).decode()
         script += (
-            "; sudo mv bin/vllm bin/vllm-real; printf '#!/bin/sh\\nexport FLEET_LAB_FAULTS=/etc/fleet-lab/bad.json\\n"
+            "; sudo mv bin/vllm bin/vllm-real; printf '#!/bin/sh\\n"
+            f"export FLEET_LAB_FAULTS=/etc/fleet-lab/{name}.json\\n"
             'exec "$(dirname "$0")/vllm-real" "$@"\\n\' | sudo tee bin/vllm >/dev/null; sudo chmod 755 bin/vllm; '
-            f'echo \'{{"fail_load": ["{MODEL}"], "load_seconds": 1}}\' '
-            "| sudo tee /etc/fleet-lab/bad.json >/dev/null"
+            f"echo {encoded} | base64 -d | sudo tee /etc/fleet-lab/{name}.json >/dev/null"
         )
     must(lab, index, script)
 
@@ -266,7 +276,7 @@ def test_rollback_to_the_previous_release_is_a_link_flip(
     lab, fleet = serving
     journal = tmp_path / "j.sqlite"
     first = must(lab, 0, f"ls {ROOT}/releases").split()
-    original = next(r for r in first if r not in ("next", "bad"))
+    original = next(r for r in first if r not in MADE)
     rc, result = fleet_cli("rollout", fleet.inventory, "--release", "next", *FAST, journal=journal)
     assert rc == 0 and result["status"] == "done", result
     listing = {i: must(lab, i, f"stat -c '%n %i %Y' {ROOT}/releases/*") for i in range(2)}
@@ -314,3 +324,277 @@ def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_a
             assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
     finally:
         must(lab, 0, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
+
+
+# ---- faults during a rollout, hooks on the host, a host that goes down ------------------------------
+
+
+def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any]) -> str:
+    """A copy of the lab's inventory with ``rollout`` settings on every host (group data, as an
+    operator would set them); the hosts, their SSH settings and their serving data are unchanged."""
+    import pprint
+    import runpy
+
+    hosts = runpy.run_path(fleet.inventory)["lab"]
+    hosts = [(name, {**data, "rollout": rollout}) for name, data in hosts]
+    path.write_text(f"lab = {pprint.pformat(hosts, sort_dicts=False)}\n")
+    return str(path)
+
+
+def history(rollout_id: str, journal: Path) -> dict[str, Any]:
+    rc, data = fleet_cli("history", rollout_id, "--json", journal=journal)
+    assert rc == 0, data
+    assert isinstance(data, dict), data
+    return data
+
+
+def test_alive_but_hung_canary_is_caught_by_the_completion_gate_and_rolled_back(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The new release loads and answers ``/health`` 200 but never produces a token (an engine
+    alive but hung, vllm#39863). Only a real completion sees it: the canary fails its completion
+    gate, goes back to the release it ran, the rollout halts, and no other instance is touched."""
+    lab, fleet = serving
+    for i in range(len(fleet.hosts)):
+        make_release(lab, i, "hung", faults={"hang_after_load": True, "load_seconds": 1})
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "probe_timeout_s": 1,
+              "drain_timeout_s": 2, "timeouts": {"completion": 3}}  # fmt: skip
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    before = instance_state(lab, fleet)
+    release = before[next(iter(before))]["runs"]
+    journal = tmp_path / "j.sqlite"
+    rc, result = fleet_cli("rollout", inventory, "--release", "hung", "--json", journal=journal)
+    assert rc == 1, result
+    canary = f"{fleet.hosts[0]}/vllm-0"
+    assert result["status"] == "halted"
+    assert result["reason"].startswith(
+        f"batch 1 failed ({canary}: completion gate: completion: timed out after 1s (alive but not generating?)"
+    ), result["reason"]
+    assert "(timeouts.completion=3s)" in result["reason"]
+    phases = {i["instance"]: i["phase"] for i in result["instances"]}
+    assert phases == {canary: "rolled_back", **{n: "pending" for n in before if n != canary}}
+    after = instance_state(lab, fleet)
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["runs"] == release, (name, inst)
+        assert inst["serves"] == (MODEL,) and inst["current"] == release, (name, inst)
+        assert (inst["pid"] != before[name]["pid"]) == (name == canary), (name, before[name], inst)
+    # the old release serves for real again: a completion with tokens from the canary
+    spec = fleet.instances[next(r for r in fleet.instances if str(r) == canary)]
+    answer = InstanceProber(spec.url, 10).completion(MODEL, "Reply with OK.", 2)
+    assert answer.status == 200 and answer.completion_tokens == 2, answer
+    data = history(result["id"], journal)
+    actions = ["stop", "flip", "start", "stop", "flip", "start"]
+    assert [(s["instance"], s["action"]) for s in data["steps"]] == [(canary, a) for a in actions]
+    assert all(s["outcome"] == "ok" for s in data["steps"])
+
+
+def unit_times(lab: LabFleet, index: int, unit: str) -> dict[str, float]:
+    """The unit's systemd timestamps (µs, UTC) as Unix seconds."""
+    from datetime import UTC, datetime
+
+    props = "ActiveEnterTimestamp,ActiveExitTimestamp,ExecMainStartTimestamp"
+    out = must(lab, index, f"systemctl show --timestamp=us+utc -p {props} {unit}")
+    times = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        stamp = datetime.strptime(value.strip(), "%a %Y-%m-%d %H:%M:%S.%f UTC").replace(tzinfo=UTC)
+        times[key] = stamp.timestamp()
+    return times
+
+
+def test_drain_and_undrain_hooks_run_on_the_host_around_each_restart(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """``hooks.on: host``: the hooks run on the instance's host as the SSH user (a stand-in for a
+    local load balancer's admin command that logs what it was asked and when). The drain hook runs
+    before systemd stops the unit, the undrain hook after the new process loaded (2 s) and soaked."""
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    hook = "/usr/local/bin/fleet-test-lb"
+    log = "/var/tmp/fleet-test-lb.log"
+    script = base64.b64encode(
+        b'#!/bin/bash\nprintf \'%s %s %s\\n\' "$EPOCHREALTIME" "$(id -un)" "$*" >> ' + log.encode() + b"\n"
+    ).decode()
+    must(lab, 0, f"echo {script} | base64 -d | sudo tee {hook} >/dev/null && sudo chmod 755 {hook} && rm -f {log}")
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5,
+              "hooks": {"drain": [hook, "drain", "{host}", "{instance}", "port={port}"],
+                        "undrain": [hook, "undrain", "{host}", "{instance}", "port={port}"],
+                        "on": "host", "timeout_s": 10}}  # fmt: skip
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    assert not Path(log).exists()  # the hooks must not run here
+    before = instance_state(lab, fleet)
+    journal = tmp_path / "j.sqlite"
+    rc, result = fleet_cli("restart", inventory, "--limit", h0, "--health-timeout", "60", "--json", journal=journal)
+    assert rc == 0, result
+    after = instance_state(lab, fleet)
+    assert_all_serving(before, after, before[f"{h0}/vllm-0"]["runs"])
+    for name in after:
+        assert (after[name]["pid"] != before[name]["pid"]) == name.startswith(f"{h0}/"), name
+    lines = [line.split() for line in must(lab, 0, f"cat {log}").splitlines()]
+    ports = {ref.instance: spec.port for ref, spec in fleet.instances.items() if ref.host == h0}
+    assert [words[1:] for words in lines] == [
+        [LOGIN_USER, "drain", h0, "vllm-0", f"port={ports['vllm-0']}"],
+        [LOGIN_USER, "undrain", h0, "vllm-0", f"port={ports['vllm-0']}"],
+        [LOGIN_USER, "drain", h0, "vllm-1", f"port={ports['vllm-1']}"],
+        [LOGIN_USER, "undrain", h0, "vllm-1", f"port={ports['vllm-1']}"],
+    ]
+    at = [float(words[0]) for words in lines]
+    for n, instance in enumerate(("vllm-0", "vllm-1")):
+        times = unit_times(lab, 0, f"fleet-{instance}.service")
+        drained, undrained = at[2 * n], at[2 * n + 1]
+        assert drained < times["ActiveExitTimestamp"], (instance, drained, times)  # drained, then stopped
+        assert times["ExecMainStartTimestamp"] > drained
+        # back into traffic only after the model loaded (2 s) and every gate stayed green (soak 1 s)
+        assert undrained >= times["ActiveEnterTimestamp"] + 3.0, (instance, undrained, times)
+    with Journal(journal) as j:
+        steps = [(s.instance, s.action) for s in j.steps(result["id"])]
+        details = [s.detail for s in j.steps(result["id"]) if s.action.startswith("hook")]
+    assert steps == [(f"{h0}/{i}", a) for i in ("vllm-0", "vllm-1")
+                     for a in ("hook:drain", "stop", "start", "hook:undrain")]  # fmt: skip
+    assert all(d.endswith("(hook runs on the host)") for d in details), details
+
+
+def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, RolloutFleet], tmp_path: Path) -> None:
+    """The new release serves, then its engine stalls for 2.5 s (no token; ``/health`` stays 200)
+    and recovers: the completion gate goes green, red, green. The soak (3 s) starts again after the
+    stall, so each instance takes at least load + stall + soak, and the journal counts the reset."""
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    stall_after, stall, soak = 1.0, 2.5, 3.0
+    make_release(lab, 0, "flappy",
+                 faults={"stall_after_seconds": stall_after, "stall_seconds": stall, "load_seconds": 1})  # fmt: skip
+    policy = {"batches": [1, -1], "soak_s": soak, "probe_interval_s": 0.5, "probe_timeout_s": 1,
+              "timeouts": {"completion": 10}}  # fmt: skip
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    before = instance_state(lab, fleet)
+    journal = tmp_path / "j.sqlite"
+    rc, result = fleet_cli("rollout", inventory, "--release", "flappy", "--limit", h0, "--json", journal=journal)
+    assert rc == 0, result
+    assert result["status"] == "done"
+    data = history(result["id"], journal)
+    resets = {i["instance"]: i["soak_resets"] for i in data["instances"]}
+    assert resets[f"{h0}/vllm-0"] >= 1 and resets[f"{h0}/vllm-1"] >= 1, resets
+    steps = data["steps"]
+    started = next(s["at"] for s in steps if s["instance"] == f"{h0}/vllm-0" and s["action"] == "start")
+    next_stop = next(s["at"] for s in steps if s["instance"] == f"{h0}/vllm-1" and s["action"] == "stop")
+    # loaded (1 s), soaking when the stall came (1 s after ready), the stall (2.5 s), a full soak after it
+    assert next_stop - started >= 1 + stall_after + stall + soak - 0.5, (started, next_stop)
+    after = instance_state(lab, fleet)
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+        assert inst["restarts"] == before[name]["restarts"], (name, inst)
+        if name.startswith(f"{h0}/"):
+            assert inst["runs"] == "flappy" and inst["pid"] != before[name]["pid"], (name, inst)
+        else:
+            assert inst == before[name], name  # never touched
+    rc, out, _ = on_host(
+        lab, 0, "sudo journalctl -u fleet-vllm-0.service -o cat --no-pager | grep -c 'engine steps stall'"
+    )
+    assert rc == 0 and int(out) >= 1  # the stall did happen on the host
+
+
+def power_cut(lab: LabFleet, index: int) -> None:
+    """Pull the plug on a lab host: SIGKILL its init (PID 1 of the host's PID namespace); the
+    kernel then kills every process of the host at once (sshd and vLLM with them), as a power
+    loss does. Nothing is shut down cleanly."""
+    import signal as sig
+
+    from fleet.lab.lab import machine_for
+
+    state = lab.state
+    m = machine_for(lab.dir, state, state.hosts[index])
+    nspawn = m.pid()
+    assert nspawn is not None, "host not running"
+    todo, inits = [nspawn], []
+    while todo:
+        pid = todo.pop()
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(nspid) > 1 and nspid[-1] == "1":
+            inits.append(pid)
+            continue
+        todo += [int(c) for c in children]
+    assert len(inits) == 1, inits
+    os.kill(inits[0], sig.SIGKILL)
+
+
+def test_a_host_that_loses_power_mid_rollout_halts_it_naming_the_host(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Batch 2 (the second host's first instance) has been stopped when that host loses power.
+    The rollout halts with a reason that names the host, its batch's instance is reported as not
+    rolled back (the host is gone), no instance on the other host is left stopped, and the journal
+    says what happened. Once the host is back, the same rollout finishes. (Runs last: it reboots.)"""
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "timeouts": {"unit": 5, "health": 60},
+              "host_deadline_s": 120, "progress_deadline_s": 300}  # fmt: skip
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    before = instance_state(lab, fleet)
+    journal = tmp_path / "j.sqlite"
+    argv = [str(FLEET), "rollout", inventory, "--release", "next", "--json", "--journal", str(journal)]
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut = False
+    try:
+        rid = _wait_for_step(journal, "stop", 2)  # batch 2 began: its instance was stopped
+        with Journal(journal) as j:
+            second = [s.instance for s in j.steps(rid) if s.action == "stop"][1]
+        assert second == f"{h1}/vllm-0", second
+        power_cut(lab, 1)
+        cut = True
+        out, err = proc.communicate(timeout=180)
+        assert proc.returncode == 1, out + err
+        result = json.loads(out)
+        assert result["status"] == "halted"
+        reason = result["reason"]
+        assert reason.startswith(f"batch 2 failed ({h1}/vllm-0: "), reason
+        assert f"rollback failed on {h1}/vllm-0 (host unreachable" in reason, reason
+        assert f"host {h1}: SSH failed" in reason, reason  # the on-call sees which host and why
+        phases = {i["instance"]: i["phase"] for i in result["instances"]}
+        assert phases == {f"{h0}/vllm-0": "done", f"{h1}/vllm-0": "rollback_failed",
+                          f"{h0}/vllm-1": "pending", f"{h1}/vllm-1": "pending"}  # fmt: skip
+        assert any(line.startswith(f"{h1}/vllm-0 is not serving: host {h1} cannot be reached") and
+                   f"Bring {h1} back" in line for line in result["next"]), result["next"]  # fmt: skip
+        # the live host: the canary stays on the new release, its other instance was never stopped
+        live = instance_state_of_host(lab, fleet, 0)
+        assert live[f"{h0}/vllm-0"]["runs"] == "next" and live[f"{h0}/vllm-0"]["unit"] == "active/running"
+        untouched = ("unit", "pid", "restarts", "runs", "serves")
+        assert {k: live[f"{h0}/vllm-1"][k] for k in untouched} == {k: before[f"{h0}/vllm-1"][k] for k in untouched}
+        assert all(v["serves"] == (MODEL,) for v in live.values()), live
+        data = history(rid, journal)
+        assert data["status"] == "halted" and h1 in data["reason"]
+        ours = [(s["instance"], s["action"], s["outcome"]) for s in data["steps"] if s["instance"].startswith(h1)]
+        assert ours[0] == (f"{h1}/vllm-0", "stop", "ok"), ours
+        assert all(i != f"{h1}/vllm-1" for i, _a, _o in ours)  # never touched
+        failed = [s for s in data["steps"] if s["outcome"] == "failed"]  # a step sent to the dead host, if any
+        assert all(f"host {h1}: SSH failed" in s["outcome_detail"] for s in failed), failed
+        down = next(i for i in data["instances"] if i["instance"] == f"{h1}/vllm-0")
+        assert down["phase"] == "rollback_failed", down
+        assert f"host {h1}: SSH failed" in down["failure"] and "host unreachable" in down["rollback_failure"], down
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        if cut:
+            lab_ops.restart_host(lab.opts.name, lab.state.hosts[1].name, lab.opts.state_root)
+    # back: its units start at boot on the release its link names (the flip happened before the cut);
+    # the same rollout, run again, finishes and every instance serves the new release.
+    rc, again = fleet_cli("rollout", inventory, "--release", "next", "--json", journal=journal, timeout=600)
+    assert rc == 0, again
+    final = instance_state(lab, fleet)
+    for name, inst in final.items():
+        assert inst["unit"] == "active/running" and inst["runs"] == "next" and inst["serves"] == (MODEL,), (name, inst)
+
+
+def instance_state_of_host(lab: LabFleet, fleet: RolloutFleet, index: int) -> dict[str, dict[str, Any]]:
+    """``instance_state`` for one host (the others may be down)."""
+    host = fleet.hosts[index]
+    one = RolloutFleet(
+        fleet.name, fleet.inventory, (host,), {host: fleet.ssh[host]},
+        {r: s for r, s in fleet.instances.items() if r.host == host}, fleet.host_data, fleet.api_keys,
+    )  # fmt: skip
+    return instance_state(lab, one)

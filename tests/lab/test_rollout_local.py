@@ -26,7 +26,7 @@ from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
 from fleet.rollout.journal import Journal
 from fleet.rollout.observe import GpuProcess, InstanceFacts
-from fleet.rollout.policy import GateTimeouts, Hooks, RolloutPolicy
+from fleet.rollout.policy import GateTimeouts, HookPlace, Hooks, RolloutPolicy
 from fleet.rollout.probe import InstanceProber
 from fleet.rollout.runner import Runner
 from tests.lab import test_vllm_standin_local as standin
@@ -115,7 +115,8 @@ class ProcessExecutor:
         self.log.append(f"flip {ref} {release}")
         self.release[ref] = release
 
-    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
+    def run_hook(self, ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
+        # every "host" of this executor is this machine: a hook runs here wherever ``on`` says
         out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
         if out.returncode:
             raise ExecutorError(f"hook {argv[0]} exited {out.returncode}: {out.stderr.strip()}")

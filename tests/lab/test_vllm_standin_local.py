@@ -822,6 +822,27 @@ def test_fault_crash_after_seconds_exits_0(lab: Lab, tmp_path: Path, run: Callab
     assert not any(g["procs"] for g in nvml(lab, server))
 
 
+def test_fault_stall_window_then_recovery_with_health_200(tmp_path: Path, run: Callable[..., Server]) -> None:
+    """A stall window: no token for a while, ``/health`` 200 throughout, then tokens again (the
+    half-alive server of ray-project/ray#61263). A request made during the stall finishes once the
+    stall is over; a client that gives up sooner sees a timeout."""
+    _faults(tmp_path, {"stall_after_seconds": 1.0, "stall_seconds": 2.0})
+    server = run(LLAMA_8B, "--max-model-len", "4096", env={"FLEET_LAB_TOKEN_SECONDS": "0.001"}, wait=True)
+    assert http(server.url + "/v1/completions", {"prompt": "before", "max_tokens": 2}, timeout=2)[0] == 200
+    assert wait_for(lambda: "lab fault: engine steps stall" in server.log(), timeout=5)
+    stalled_at = time.monotonic()
+    assert http(server.url + "/health")[0] == 200
+    with pytest.raises(TimeoutError):
+        http(server.url + "/v1/completions", {"prompt": "during", "max_tokens": 2}, timeout=0.5)
+    status, body, _ = http(server.url + "/v1/completions", {"prompt": "waits it out", "max_tokens": 2}, timeout=10)
+    done = time.monotonic()
+    assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 2
+    assert 1.5 <= done - stalled_at < 3.0  # answered once the 2 s stall was over, not before
+    assert "lab fault: engine steps resume" in server.log()
+    assert http(server.url + "/v1/completions", {"prompt": "after", "max_tokens": 2}, timeout=2)[0] == 200
+    assert http(server.url + "/health")[0] == 200 and server.proc.poll() is None
+
+
 # ---- smaller API behaviours --------------------------------------------------------------------
 
 

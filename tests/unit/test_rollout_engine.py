@@ -31,7 +31,7 @@ from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import CompletionAnswer, HttpAnswer, ModelsAnswer, Probe, UnitState
 from fleet.rollout.journal import Journal
 from fleet.rollout.observe import GpuProcess, InstanceFacts, Observations
-from fleet.rollout.policy import GateTimeouts, Hooks, OnFailure, OrphanPolicy, RolloutPolicy
+from fleet.rollout.policy import GateTimeouts, HookPlace, Hooks, OnFailure, OrphanPolicy, RolloutPolicy
 from fleet.rollout.runner import Runner
 
 GiB = 2**30
@@ -179,8 +179,10 @@ class SimFleet:
                 raise ExecutorError(f"configuration revision {revision} is not stored on the host")
             s.revision = revision
 
-    def run_hook(self, argv: Sequence[str], timeout_s: float) -> str:
-        self.log.append("hook " + " ".join(argv))
+    def run_hook(self, ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
+        if on is HookPlace.HOST and self._down(ref.host):  # over the host's SSH connection
+            raise ExecutorError(f"host {ref.host}: SSH failed: connect timed out (hook {argv[0]})")
+        self.log.append("hook " + " ".join(argv) + ("" if on is HookPlace.CONTROL else f" @{ref.host}"))
         return ""
 
     # -- for assertions ------------------------------------------------------------------------
@@ -461,7 +463,7 @@ def test_state_round_trips_through_the_journal_form(tmp_path: Path) -> None:
 def test_a_failing_drain_hook_fails_the_instance_before_it_is_stopped(tmp_path: Path) -> None:
     sim = SimFleet(Clock(), [1, 1])
 
-    def hook(argv: Sequence[str], timeout_s: float) -> str:
+    def hook(ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
         sim.log.append("hook " + " ".join(argv))
         if argv[1] == "disable":
             raise ExecutorError("drain hook lb disable h0/i0 exited 1: backend not found")
@@ -700,3 +702,43 @@ def test_rollback_without_a_recorded_revision_is_reported_not_guessed() -> None:
     decision = decide(failed, obs, 1.0)
     assert decision.state.inst(ref).phase is Phase.ROLLBACK_FAILED
     assert "no previous configuration" in decision.state.inst(ref).rollback_failure
+
+
+def test_hooks_on_the_host_get_the_instance_and_say_so_in_the_journal(tmp_path: Path) -> None:
+    sim = SimFleet(Clock(), [1, 1])
+    on_host = replace(POLICY, batches=(1, -1), hooks=replace(POLICY.hooks, on=HookPlace.HOST))
+    state, journal = run(tmp_path, sim, on_host)
+    assert state.status is RolloutStatus.DONE, state.reason
+    hooks = [line for line in sim.log if line.startswith("hook")]
+    assert hooks == ["hook lb disable h0/i0 @h0", "hook lb enable h0/i0 @h0",
+                     "hook lb disable h1/i0 @h1", "hook lb enable h1/i0 @h1"]  # fmt: skip
+    # drain before the stop, undrain after the start (and the gates), per instance
+    for host in ("h0", "h1"):
+        lines = [line for line in sim.log if f"{host}/i0" in line]
+        assert lines[0].startswith("hook lb disable") and lines[-1].startswith("hook lb enable"), lines
+        assert lines[1] == f"stop {host}/i0"
+    details = [s.detail for s in journal.steps("r1") if s.action.startswith("hook")]
+    assert details[0] == "hook h0/i0 drain: take the instance out of traffic (hook runs on the host)"
+    assert details[1] == "hook h0/i0 undrain: put the instance back into traffic (hook runs on the host)"
+
+
+def test_a_drain_hook_on_a_host_that_went_down_fails_the_instance_before_any_stop(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    on_host = replace(POLICY, batches=(1, -1), hooks=replace(POLICY.hooks, on=HookPlace.HOST))
+    original = sim.run_hook
+
+    def host_dies_first(ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
+        if ref.host == "h1" and argv[1] == "disable":
+            sim.down_from["h1"] = clock.now  # gone between the observation and the hook
+        return original(ref, argv, timeout_s, on)
+
+    sim.run_hook = host_dies_first  # type: ignore[method-assign]
+    state, _ = run(tmp_path, sim, on_host)
+    assert state.status is RolloutStatus.HALTED
+    h1 = state.inst(InstanceRef("h1", "i0"))
+    assert h1.failure == "hook failed: host h1: SSH failed: connect timed out (hook lb)"
+    assert not h1.changed and "stop h1/i0" not in sim.log  # never stopped
+    assert h1.phase is Phase.ROLLBACK_FAILED and "host unreachable" in h1.rollback_failure
+    assert "rollback failed on h1/i0 (host unreachable" in state.reason
+    assert sim.releases() == {"h0/i0": "v2", "h1/i0": "v1"}  # the canary's batch stays

@@ -68,3 +68,21 @@ def test_history_errors(tmp_path: Path) -> None:
     journal_with_two_rollouts(path)
     unknown = fleet("history", "nope", "--journal", str(path))
     assert unknown.returncode == 2 and "no rollout 'nope'" in unknown.stderr and "Traceback" not in unknown.stderr
+
+
+def test_history_json_says_how_often_a_flapping_gate_reset_the_soak(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(path)
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    state = new_rollout("r-flap", "lab", "rollout", targets(sim), POLICY, clock.now)
+    journal.begin(state)
+    sim.flap_at.add(clock.now + 12)  # h0/i0 loaded at ~+5, soaking (10 s) when one answer is "abort"
+    Runner(sim, journal, clock=clock, sleep=clock.sleep).run(state)
+    journal.close()
+    data = json.loads(fleet("history", "r-flap", "--journal", str(path), "--json").stdout)
+    assert data["status"] == "done"
+    resets = {i["instance"]: i["soak_resets"] for i in data["instances"]}
+    assert resets == {"h0/i0": 1, "h1/i0": 0}
+    table = fleet("history", "r-flap", "--journal", str(path))
+    assert "h0/i0: soak reset 1 time(s): a gate went red while it soaked" in table.stdout

@@ -9,6 +9,7 @@ from fleet.rollout.errors import PolicyError
 from fleet.rollout.policy import (
     POLICY_KEYS,
     BatchUnit,
+    HookPlace,
     MetricThreshold,
     OnFailure,
     RolloutPolicy,
@@ -72,6 +73,13 @@ def test_full_policy() -> None:
         ),
         ({"hooks": {"drain": "lb {hostname}"}}, "hooks.drain='lb {hostname}': unknown placeholder(s) ['hostname']"),
         ({"hooks": {"drain": "lb 'open"}}, 'hooks.drain="lb \'open": a command line shlex can split'),
+        ({"hooks": {"drain": "lb x", "on": "remote"}}, "hooks.on='remote': one of control, host"),
+        ({"hooks": {"drain": "lb x", "on": True}}, "hooks.on=True: one of control, host"),
+        ({"hooks": {"drain": ["lb", "a\0b"]}}, "hooks.drain=['lb', 'a\\x00b']: a command without NUL characters"),
+        (
+            {"hooks": {"drain": "lb x", "where": "host"}},
+            "hooks.where='host': unknown key; allowed: drain, undrain, timeout_s, on",
+        ),
         ({"metrics": [{"name": "bad name", "max": 1}]}, "metrics[0].name='bad name': a Prometheus metric name"),
         ({"metrics": [{"name": "vllm:x"}]}, "metrics[0]={'name': 'vllm:x'}: needs min or max"),
         ({"metrics": [{"name": "vllm:x", "min": 2, "max": 1}]}, "min must not exceed max"),
@@ -134,8 +142,29 @@ def test_policy_round_trips_through_its_inventory_form() -> None:
         {
             "batches": [1, "10%", -1],
             "metrics": [{"name": "vllm:num_requests_waiting", "max": 8, "labels": {"engine": "0"}}],
-            "hooks": {"drain": "lb off {host}"},
+            "hooks": {"drain": "lb off {host}", "on": "host"},
             "orphans": "fail",
         }
     )
+    assert p.hooks.on is HookPlace.HOST
     assert parse(policy_to_raw(p)) == p
+
+
+def test_hooks_run_on_the_control_machine_unless_told_otherwise() -> None:
+    assert parse(None).hooks.on is HookPlace.CONTROL
+    assert parse({"hooks": {"drain": "lb off {host}"}}).hooks.on is HookPlace.CONTROL
+    p = parse({"hooks": {"drain": ["hactl", "disable", "be/{instance}", "port {port}"], "on": "host"}})
+    assert p.hooks.on is HookPlace.HOST
+    # placeholders are filled in within each argument; nothing is split or interpreted by a shell
+    assert p.hooks.argv("drain", host="gpu01", instance="vllm-1", port=8001) == [
+        "hactl",
+        "disable",
+        "be/vllm-1",
+        "port 8001",
+    ]
+    # a journal written before ``on`` existed reads back as "control"
+    from fleet.rollout.policy import policy_to_raw
+
+    raw = policy_to_raw(parse({"hooks": {"drain": "lb off {host}"}}))
+    del raw["hooks"]["on"]
+    assert parse(raw).hooks.on is HookPlace.CONTROL

@@ -102,3 +102,67 @@ def test_next_steps_tell_the_on_call_what_to_do(status: str, expected: str) -> N
     from fleet.cli.rollout import next_steps
 
     assert any(expected in line for line in next_steps(_state(status)))  # type: ignore[arg-type]
+
+
+def test_a_hook_on_the_host_is_its_argv_under_timeout_and_quoted_for_the_remote_shell() -> None:
+    import shlex
+
+    from fleet.rollout.ssh_executor import host_hook_command
+
+    argv = ["sh", "-c", 'echo "disable server be/vllm-0" | socat stdio /run/haproxy.sock', "a b; rm -rf / $(x)"]
+    command = host_hook_command(argv, 30)
+    assert shlex.split(command) == ["timeout", "-k", "5", "30", *argv]  # the remote shell sees exactly the argv
+    assert host_hook_command(["lb"], 2.5).startswith("timeout -k 5 2.5 lb")
+
+
+@pytest.mark.parametrize(
+    ("rc", "out", "err", "expected"),
+    [
+        (0, "drained\n", "", "drained\n"),
+        (124, "", "", "host gpu01: hook lbctl timed out after 30s (hooks.timeout_s) and was ended on the host"),
+        (137, "", "", "host gpu01: hook lbctl timed out after 30s (hooks.timeout_s) and was ended on the host"),
+        (127, "", "timeout: failed to run command 'lbctl': No such file or directory",
+         "host gpu01: hook lbctl: command not found on the host (timeout: failed to run command 'lbctl': No such "
+         "file or directory); install it there"),
+        (126, "", "timeout: failed to run command 'lbctl': Permission denied",
+         "host gpu01: hook lbctl: not executable on the host (timeout: failed to run command 'lbctl': Permission "
+         "denied)"),
+        (3, "", "backend be/vllm-0 not found\n", "host gpu01: hook lbctl exited 3: backend be/vllm-0 not found"),
+    ],
+)  # fmt: skip
+def test_what_a_hook_on_the_host_answered(rc: int, out: str, err: str, expected: str) -> None:
+    from fleet.rollout.executor import ExecutorError
+    from fleet.rollout.ssh_executor import host_hook_result
+
+    argv = ["lbctl", "disable", "be/vllm-0"]
+    if rc == 0:
+        assert host_hook_result("gpu01", argv, 30, rc, out, err) == expected
+        return
+    with pytest.raises(ExecutorError) as exc:
+        host_hook_result("gpu01", argv, 30, rc, out, err)
+    assert str(exc.value) == expected
+
+
+def test_next_steps_for_an_instance_whose_host_is_down_say_to_bring_it_back() -> None:
+    from dataclasses import replace
+
+    from fleet.cli.rollout import next_steps
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.engine import Phase
+
+    state = _state("halted")
+    ref = InstanceRef("h0", "vllm-0")
+    down = replace(
+        state.inst(ref),  # type: ignore[attr-defined]
+        phase=Phase.ROLLBACK_FAILED,
+        rolling_back=True,
+        rollback_failure="host unreachable during drain: host h0: SSH failed: [Errno 111] Connection refused",
+    )
+    lines = next_steps(replace(state, instances={**state.instances, ref: down}))  # type: ignore[type-var, attr-defined]
+    assert any(
+        line.startswith("h0/vllm-0 is not serving: host h0 cannot be reached (host unreachable during drain")
+        and "Bring h0 back" in line
+        and "fleet rollback R1" in line
+        for line in lines
+    ), lines
+    assert not any("journalctl" in line for line in lines)

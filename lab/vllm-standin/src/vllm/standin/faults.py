@@ -7,6 +7,7 @@ or empty file means no faults. Keys (all optional)::
       "fail_load": ["meta-llama/Llama-3.1-8B-Instruct", "/models/x"],
       "hang_after_load": true,
       "crash_after_seconds": 30,
+      "stall_after_seconds": 5, "stall_seconds": 2, "stall_every_seconds": 30,
       "load_seconds": 20
     }
 
@@ -16,11 +17,21 @@ or empty file means no faults. Keys (all optional)::
   a token (the "alive but hung" engine); requests wait until the client gives up.
 * ``crash_after_seconds``: N seconds after the server is ready the engine dies: in-flight
   requests fail, ``/health`` answers 503, and the watchdog then ends the process (status 0).
+* ``stall_after_seconds`` / ``stall_seconds`` / ``stall_every_seconds``: N seconds after the
+  server is ready the engine stops producing tokens for ``stall_seconds``, then goes on as if
+  nothing happened; with ``stall_every_seconds`` the stall comes back that often (counted from
+  the start of one stall to the start of the next). ``/health`` stays 200 and requests wait
+  (those whose client gives up stay counted in ``vllm:num_requests_running``). This is the
+  half-alive server that a ping-style health check does not see: the engine's steps stall for a
+  while and recover (Ray Serve issue ray-project/ray#61263, "Health check does not detect
+  request-serving stalls"; vLLM's ``/health`` only asks whether the engine core is alive,
+  ``vllm/entrypoints/serve/instrumentator/health.py``). A gate that probes with a real
+  completion sees it go red and green again: the flap that must reset a soak.
 * ``load_seconds``: how long loading takes (wins over ``$FLEET_LAB_LOAD_SECONDS``).
 
 The file is read at start and re-read every second while serving, so ``hang_after_load`` and
 ``crash_after_seconds`` can be switched on for a running server (the crash clock starts when
-the running server first sees the key).
+the running server first sees the key; so does the stall clock).
 """
 
 from __future__ import annotations
@@ -43,11 +54,26 @@ class Faults:
     hang_after_load: bool = False
     crash_after_seconds: float | None = None
     load_seconds: float | None = None
+    stall_after_seconds: float | None = None
+    stall_seconds: float = 0.0
+    stall_every_seconds: float | None = None
     problems: tuple[str, ...] = field(default=())
 
     def fails_load(self, *names: str) -> bool:
         wanted = {n.rstrip("/") for n in self.fail_load}
         return any(name.rstrip("/") in wanted for name in names if name)
+
+    def stalled(self, elapsed: float) -> bool:
+        """Whether the engine is in a stall ``elapsed`` seconds after the stall clock started
+        (the server became ready, or first saw the key)."""
+        if self.stall_after_seconds is None or self.stall_seconds <= 0:
+            return False
+        into = elapsed - self.stall_after_seconds
+        if into < 0:
+            return False
+        if self.stall_every_seconds is not None:
+            into %= self.stall_every_seconds
+        return into < self.stall_seconds
 
 
 def read_faults(path: Path | None = None) -> Faults:
@@ -68,11 +94,28 @@ def read_faults(path: Path | None = None) -> Faults:
             fail_load = [fail_load]
         crash = data.get("crash_after_seconds")
         load = data.get("load_seconds")
+        stall_after = _seconds(data, "stall_after_seconds")
+        stall = _seconds(data, "stall_seconds") or 0.0
+        every = _seconds(data, "stall_every_seconds")
+        if every is not None and every <= stall:
+            raise ValueError(f"stall_every_seconds ({every:g}) must be more than stall_seconds ({stall:g})")
         return Faults(
             fail_load=tuple(str(x) for x in fail_load),
             hang_after_load=bool(data.get("hang_after_load", False)),
             crash_after_seconds=float(crash) if crash is not None else None,
             load_seconds=float(load) if load is not None else None,
+            stall_after_seconds=stall_after,
+            stall_seconds=stall,
+            stall_every_seconds=every,
         )
     except (ValueError, TypeError) as exc:
         return Faults(problems=(f"{path}: {exc}",))
+
+
+def _seconds(data: dict[str, object], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{key}: {value!r} is not a number of seconds >= 0")
+    return float(value)

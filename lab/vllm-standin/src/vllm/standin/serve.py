@@ -243,6 +243,9 @@ class Serve:
         watchdog = _env_float("FLEET_LAB_WATCHDOG_SECONDS", 5.0)
         execute_timeout = _env_float("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", 300.0)
         crash_at = ready_at + faults.crash_after_seconds if faults.crash_after_seconds is not None else None
+        stall_from = ready_at if faults.stall_after_seconds is not None else None
+        current = faults
+        was_stalled = False
         fatal_sent = False
         dead_since: float | None = None
         next_fault_read = time.monotonic() + 1.0
@@ -253,9 +256,15 @@ class Serve:
             if now >= next_fault_read:
                 next_fault_read = now + 1.0
                 current = faults_mod.read_faults()
-                engine.hung = current.hang_after_load
                 if crash_at is None and current.crash_after_seconds is not None:
                     crash_at = now + current.crash_after_seconds
+                if stall_from is None and current.stall_after_seconds is not None:
+                    stall_from = now
+            stalled = stall_from is not None and current.stalled(now - stall_from)
+            if stalled != was_stalled:
+                was_stalled = stalled
+                logger.info("lab fault: engine steps %s", "stall" if stalled else "resume")
+            engine.hung = current.hang_after_load or stalled
             if not fatal_sent and crash_at is not None and now >= crash_at:
                 core.inject_fatal("RuntimeError", "CUDA error: an illegal memory access was encountered "
                                                   "(fault injected by the fleet lab)")  # fmt: skip
