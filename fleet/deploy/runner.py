@@ -38,6 +38,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
+from fleet.deploy import factcache, prefetch
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
@@ -246,6 +247,7 @@ def deploy(
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
+        caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
         _add_deploy(state, host_deploy.vllm_host, active)
         if dry:
             for h in active:
@@ -268,6 +270,7 @@ def deploy(
             ops = _op_names(state, h, will=False)
             results[h.name] = HostResult(h.name, "changed" if ops else "unchanged", ops)
             results[h.name].reboot_required = h.get_fact(RebootRequired)
+        progress(factcache.summary(caches))
     finally:
         _close(state)
     failed = sum(r.status in FAILED for r in results.values())
