@@ -6,7 +6,8 @@ command before the operations ask for them; the operations still read them throu
 result); a fact listed here that no operation reads costs one command's time inside the batch.
 The list follows what the operations read on a host where nothing changes (the re-run a fleet
 sees most): the driver's repository files, packages and loaded module; Python; the service
-user's groups, users and home; the releases; each rendered unit and env file; the enabled units.
+user's groups, users and home; the releases; each rendered unit and env file; whether the units
+(and the fabric manager, on NVSwitch hosts) are enabled.
 ``tests/lab/test_fleet_deploy_lab.py`` checks that a no-change re-run reads no fact on its own.
 """
 
@@ -24,7 +25,7 @@ from fleet.facts.driver import NvidiaKernelModule, PythonVersion
 from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.facts.releases import VllmReleases
 from fleet.operations import host as host_deploy
-from fleet.operations import nvidia, vllm
+from fleet.operations import nvidia, units, vllm
 from fleet.render.units import HostPaths
 
 
@@ -38,10 +39,13 @@ def vllm_host_facts(host: Host) -> list[FactRequest]:
     data: dict[str, Any] = dict(host.data.dict())  # type: ignore[no-untyped-call]
     paths = HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
     out = [FactRequest(LinuxDistribution), FactRequest(Arch)]
-    if host_deploy.driver_settings(host.name, data) is not None:
+    driver = host_deploy.driver_settings(host.name, data)
+    if driver is not None:
         for path in (nvidia.KEYRING_PATH, nvidia.SOURCES_PATH, nvidia.PREFERENCES_PATH):
             out += _file(path)
         out += [FactRequest(DebPackageStates), FactRequest(NvidiaKernelModule)]
+        if driver.fabric_manager:
+            out.append(FactRequest(SystemdEnabled, {"services": [nvidia.FABRIC_MANAGER_UNIT]}))
     out += [
         FactRequest(RebootRequired),
         FactRequest(PythonVersion),
@@ -51,7 +55,8 @@ def vllm_host_facts(host: Host) -> list[FactRequest]:
         FactRequest(Directory, {"path": paths.state_dir}),  # the service user's home
         FactRequest(VllmReleases, {"root": vllm.DEFAULT_ROOT}),
     ]
-    for f in host_deploy.rendered_files(host.name, data, paths):
+    files = host_deploy.rendered_files(host.name, data, paths)
+    for f in files:
         out += _file(f.path)
-    out.append(FactRequest(SystemdEnabled))
+    out.append(FactRequest(SystemdEnabled, {"services": units.unit_names(files)}))
     return out

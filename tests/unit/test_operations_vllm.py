@@ -160,7 +160,7 @@ def _unit_facts(unit_sha: bool, env_sha: bool, enabled: bool) -> dict:
         key(Sha1File, path=ENV.path): sha(ENV, env_sha),
         key(File, path=UNIT.path): _file_stat("-rw-r--r--"),
         key(File, path=ENV.path): _file_stat("-rw-------"),
-        key(SystemdEnabled): Value({"fleet-vllm-0.service": enabled}),
+        key(SystemdEnabled, services=["fleet-vllm-0.service"]): Value({"fleet-vllm-0.service": enabled}),
     }
 
 
