@@ -73,16 +73,17 @@ class FactCache:
         return own, repr(sorted(executor.items()))
 
     def _key(self, fact: type[FactBase[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key | None:
+        """The read's key, or None to leave it to pyinfra (positional arguments, per-call global
+        arguments such as ``_sudo=False``, arguments the fact does not take)."""
+        if args:
+            return None
         own, executor = self._executor(kwargs)
         if len(own) != len(kwargs):
-            return None  # per-call global arguments (``_sudo=False``...): read it as asked
-        try:
-            request = FactRequest(fact, own) if not args else None
-            bound = request.arguments() if request is not None else None
-        except TypeError:
-            return None  # pyinfra will raise the right error
-        if bound is None:
             return None
+        try:
+            bound = FactRequest(fact, own).arguments()
+        except TypeError:
+            return None  # pyinfra raises the right error
         return (fact, repr(sorted(bound.items())), executor)
 
     def _prefetch(self) -> None:
