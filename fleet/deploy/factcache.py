@@ -35,6 +35,7 @@ from pyinfra.api.facts import get_fact as pyinfra_get_fact
 from pyinfra.api.host import Host
 from pyinfra.api.state import State
 
+from fleet.errors import FleetError
 from fleet.facts.batch import NO_ANSWER, FactBatch, FactRequest, answer_of
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,11 @@ class FactCache:
 
     def _prefetch(self) -> None:
         self._prefetched = True
-        requests = self.requests(self.host)
+        try:
+            requests = self.requests(self.host)
+        except FleetError as exc:  # the host's data: the operation that reads it reports it, in its place
+            logger.debug("%s: no fact batch (%s)", self.host.name, exc)
+            return
         if not requests:
             return
         self._reading = True

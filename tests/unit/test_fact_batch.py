@@ -23,6 +23,7 @@ from pyinfra.facts.server import Arch, Groups, Os, Users, Which
 from typing_extensions import override
 
 from fleet.deploy import factcache
+from fleet.errors import FleetError
 from fleet.facts.batch import MISSING, NO_ANSWER, BatchAnswer, FactBatch, FactRequest, answer_of, lines_of
 from fleet.facts.releases import VllmReleases
 
@@ -167,3 +168,14 @@ def test_reads_with_their_own_global_arguments_bypass_the_cache(local: Any, tmp_
     host.get_fact(Arch, _shell_executable="bash")
     host.get_fact(Arch, _shell_executable="bash")
     assert (caches[host.name].stats.hits, caches[host.name].stats.misses) == (1, 2)
+
+
+def test_a_host_whose_data_cannot_list_its_facts_reads_them_on_their_own(local: Any) -> None:
+    state, host = local
+
+    def broken(_h: Host) -> list[FactRequest]:
+        raise FleetError("host @local: releases_kept='x': a whole number from 2 to 100")
+
+    caches = factcache.install(state, [host], broken)
+    assert host.get_fact(Arch) == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    assert (caches[host.name].stats.batched, caches[host.name].stats.misses) == (0, 1)
