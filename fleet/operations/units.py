@@ -45,7 +45,8 @@ def installed(files: Sequence[RenderedFile], enable: bool = True) -> Commands:
     if not enable:
         return
     units = unit_names(files)
-    enabled = host.get_fact(SystemdEnabled, services=units)  # these units only: not every unit's state
+    # these units only (not every unit on the host); none: nothing to ask
+    enabled = host.get_fact(SystemdEnabled, services=units) if units else {}
     todo = [u for u in units if not enabled.get(u)]
     if todo:
         yield shlex.join(["systemctl", "enable", *todo])
