@@ -6,8 +6,9 @@ command before the operations ask for them; the operations still read them throu
 result); a fact listed here that no operation reads costs one command's time inside the batch.
 The list follows what the operations read on a host where nothing changes (the re-run a fleet
 sees most): the driver's repository files, packages and loaded module; Python; the service
-user's groups, users and home; the releases; each rendered unit and env file; whether the units
-(and the fabric manager, on NVSwitch hosts) are enabled.
+user's groups, users and home; the releases; each instance's configuration revisions and unit
+state; each rendered unit and env file; whether the units (and the fabric manager, on NVSwitch
+hosts) are enabled.
 ``tests/lab/test_fleet_deploy_lab.py`` checks that a no-change re-run reads no fact on its own.
 """
 
@@ -24,6 +25,7 @@ from fleet.facts.batch import FactRequest
 from fleet.facts.driver import NvidiaKernelModule, PythonVersion
 from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.facts.releases import VllmReleases
+from fleet.facts.revisions import InstanceRevisions, fact_instances
 from fleet.operations import host as host_deploy
 from fleet.operations import nvidia, units, vllm
 from fleet.render.units import HostPaths
@@ -55,7 +57,9 @@ def vllm_host_facts(host: Host) -> list[FactRequest]:
         FactRequest(Directory, {"path": paths.state_dir}),  # the service user's home
         FactRequest(VllmReleases, {"root": vllm.DEFAULT_ROOT}),
     ]
-    files = host_deploy.rendered_files(host.name, data, paths)
+    revisions = host_deploy.host_revisions(host.name, data, paths)
+    out.append(FactRequest(InstanceRevisions, {"instances": fact_instances(revisions)}))
+    files = [f for r in revisions for f in (r.unit, r.env)]  # written in place while their unit is idle
     for f in files:
         out += _file(f.path)
     out.append(FactRequest(SystemdEnabled, {"services": units.unit_names(files)}))
