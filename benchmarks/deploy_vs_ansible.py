@@ -25,6 +25,10 @@ load), with facts read in one batch per host (``fleet.deploy.factcache``):
         4        27.6s          58.2s   0.47          7.2s           34.2s   0.21
         4        48.1s          79.6s   0.61          8.1s           49.5s   0.16  (load 7-11)
        16       100.8s         190.0s   0.53         13.4s          125.3s   0.11
+        4        20.3s          44.3s   0.46          3.4s           28.9s   0.12  (load 2-4.5, *)
+
+(*) after the configuration revisions and the rolling engine in ``fleet deploy``; the rows above
+were measured just before them.
 
 Before the batch (load ~5): 4 hosts re-run 8.6 s vs 22.4 s (0.38x), first run 24.2 s vs 42.9 s;
 16 hosts re-run 24.2 s vs 92.0 s (0.26x), first run 76.0 s vs 152.8 s. A no-change re-run then
