@@ -12,6 +12,7 @@ Exit codes, the same for every command:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -107,8 +108,37 @@ def internal_error(exc: BaseException, debug: bool) -> NoReturn:
     sys.exit(EXIT_INTERNAL)
 
 
+#: The commands, one module per verb: ``name: (module, attribute)``, imported only when that
+#: command runs (or ``--help`` lists them), so ``fleet deploy`` does not pay for ``fleet audit``'s
+#: imports (click's documented pattern for lazily loaded subcommands).
+COMMANDS = {
+    "audit": ("fleet.cli.audit", "audit"),
+    "deploy": ("fleet.cli.deploy", "deploy"),
+    "history": ("fleet.cli.history", "history"),
+    "lab": ("fleet.cli.lab", "lab"),
+    "monitor": ("fleet.cli.monitor", "monitor"),
+    "plan": ("fleet.cli.plan", "plan"),
+    "restart": ("fleet.cli.rollout", "restart"),
+    "rollback": ("fleet.cli.rollout", "rollback"),
+    "rollout": ("fleet.cli.rollout", "rollout"),
+    "status": ("fleet.cli.status", "status"),
+}
+
+
 class FleetGroup(click.Group):
-    """Turns any exception a command did not handle into exit 3 (a bug), never a bare traceback."""
+    """Turns any exception a command did not handle into exit 3 (a bug), never a bare traceback;
+    loads each command's module when it is asked for (``COMMANDS``)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS:
+            module, attribute = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), attribute)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -142,29 +172,3 @@ def fail(
     else:
         console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     sys.exit(code)
-
-
-def _register_commands() -> None:
-    """Attach the commands, one module per verb (imported late: they import the library)."""
-    from fleet.cli.audit import audit
-    from fleet.cli.deploy import deploy
-    from fleet.cli.history import history
-    from fleet.cli.lab import lab
-    from fleet.cli.monitor import monitor
-    from fleet.cli.plan import plan
-    from fleet.cli.rollout import restart, rollback, rollout
-    from fleet.cli.status import status
-
-    main.add_command(plan)
-    main.add_command(deploy)
-    main.add_command(lab)
-    main.add_command(monitor)
-    main.add_command(status)
-    main.add_command(history)
-    main.add_command(audit)
-    main.add_command(restart)
-    main.add_command(rollout)
-    main.add_command(rollback)
-
-
-_register_commands()

@@ -43,6 +43,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
+from fleet.deploy import factcache, prefetch
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
@@ -312,6 +313,7 @@ def deploy(
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
+        caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
         _add_deploy(state, host_deploy.vllm_host, active)
         if dry:
             for h in active:
@@ -338,6 +340,7 @@ def deploy(
             results[h.name].reboot_required = h.get_fact(RebootRequired)
             if h.name in waiting:
                 results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
+        progress(factcache.summary(caches))
     finally:
         _close(state)
     failed = sum(r.status in FAILED for r in results.values())

@@ -95,7 +95,7 @@ def driver(version: str, fabric_manager: bool = False) -> Commands:
     unheld = [p for p in packages if p in wrong or not installed[p]["held"]]
     if unheld:
         yield shlex.join(["apt-mark", "hold", *unheld])
-    if fabric_manager and not host.get_fact(SystemdEnabled).get(FABRIC_MANAGER_UNIT):
+    if fabric_manager and not host.get_fact(SystemdEnabled, services=[FABRIC_MANAGER_UNIT]).get(FABRIC_MANAGER_UNIT):
         yield shlex.join(["systemctl", "enable", FABRIC_MANAGER_UNIT])
     if not wrong and not unheld:
         host.noop(f"NVIDIA driver {version} installed and held")

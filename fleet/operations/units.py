@@ -21,6 +21,11 @@ from fleet.render.units import RenderedFile
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".target", ".path", ".mount")
 
 
+def unit_names(files: Sequence[RenderedFile]) -> list[str]:
+    """The systemd units among ``files`` (their file names)."""
+    return [f.path.rsplit("/", 1)[1] for f in files if f.path.endswith(UNIT_SUFFIXES)]
+
+
 @operation()
 def installed(files: Sequence[RenderedFile], enable: bool = True) -> Commands:
     """
@@ -39,8 +44,9 @@ def installed(files: Sequence[RenderedFile], enable: bool = True) -> Commands:
         yield "systemctl daemon-reload"
     if not enable:
         return
-    enabled = host.get_fact(SystemdEnabled)
-    units = [f.path.rsplit("/", 1)[1] for f in files if f.path.endswith(UNIT_SUFFIXES)]
+    units = unit_names(files)
+    # these units only (not every unit on the host); none: nothing to ask
+    enabled = host.get_fact(SystemdEnabled, services=units) if units else {}
     todo = [u for u in units if not enabled.get(u)]
     if todo:
         yield shlex.join(["systemctl", "enable", *todo])

@@ -139,12 +139,14 @@ def on(lab: LabFleet, i: int, command: str, timeout: float = 120) -> tuple[int, 
         client.close()
 
 
-def deploy3(lab: LabFleet, *args: str) -> tuple[int, dict[str, object] | str]:
+def deploy3(lab: LabFleet, *args: str, log: list[str] | None = None) -> tuple[int, dict[str, object] | str]:
     proc = subprocess.run(
         [str(FLEET), "deploy", str(lab.opts.inventory), "--json", "--health-timeout", "180", *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200, check=False,
         env={**os.environ, "FLEET_LAB_API_KEY": KEY},
     )  # fmt: skip
+    if log is not None:
+        log.append(proc.stderr)
     try:
         return proc.returncode, json.loads(proc.stdout)
     except ValueError:
@@ -214,8 +216,12 @@ def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet)
 def test_a_second_run_changes_nothing_and_restarts_nothing(fleet3: LabFleet) -> None:
     before = unit_pids(fleet3)
     assert len(before) >= 3
-    rc, result = deploy3(fleet3)
+    log: list[str] = []
+    rc, result = deploy3(fleet3, log=log)
     assert rc == 0 and isinstance(result, dict), result
+    # Every fact the operations read came in one batch per host (fleet.deploy.prefetch), and
+    # nothing changed, so nothing was read again.
+    assert "facts on 3 host(s):" in log[0] and "0 read on their own" in log[0], log[0]
     for h in result["hosts"]:  # type: ignore[union-attr]
         assert h["status"] == "unchanged" and h["operations"] == [] and not h["restarted"], h
         assert all(e["healthy"] for e in h["endpoints"])

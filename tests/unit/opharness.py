@@ -28,7 +28,7 @@ FactKey = tuple[type, tuple[tuple[str, Any], ...]]
 
 
 def key(fact: type, **kwargs: Any) -> FactKey:
-    return (fact, tuple(sorted(kwargs.items())))
+    return (fact, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items())))
 
 
 @dataclass

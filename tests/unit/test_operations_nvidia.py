@@ -52,7 +52,7 @@ def driver_facts(distro: Value, packages: list[str], dpkg: list[str], module: li
         key(File, path=nvidia.PREFERENCES_PATH): _file(),
         key(DebPackageStates): dpkg,
         key(NvidiaKernelModule): module or [],
-        key(SystemdEnabled): Value(enabled or {}),
+        key(SystemdEnabled, services=[nvidia.FABRIC_MANAGER_UNIT]): Value(enabled or {}),
     }
     return facts
 

@@ -160,7 +160,7 @@ def _unit_facts(unit_sha: bool, env_sha: bool, enabled: bool) -> dict:
         key(Sha1File, path=ENV.path): sha(ENV, env_sha),
         key(File, path=UNIT.path): _file_stat("-rw-r--r--"),
         key(File, path=ENV.path): _file_stat("-rw-------"),
-        key(SystemdEnabled): Value({"fleet-vllm-0.service": enabled}),
+        key(SystemdEnabled, services=["fleet-vllm-0.service"]): Value({"fleet-vllm-0.service": enabled}),
     }
 
 
@@ -177,3 +177,10 @@ def test_units_second_run_changes_nothing() -> None:
 def test_env_change_alone_does_not_reload_systemd() -> None:
     run = run_op(units.installed, _unit_facts(True, False, True), files=[UNIT, ENV])
     assert len(run.texts) == 1 and "vllm-0.env" in run.texts[0]
+
+
+def test_units_with_no_unit_files_ask_systemd_nothing() -> None:
+    # Only the env file: no SystemdEnabled read is recorded, so reading it would raise KeyError.
+    facts = {k: v for k, v in _unit_facts(True, True, True).items() if k[0] is not SystemdEnabled}
+    assert run_op(units.installed, facts, files=[ENV]).texts == []
+    assert run_op(units.installed, {}, files=[]).texts == []

@@ -1,0 +1,176 @@
+"""Facts read once per host and reused until the host runs a command: a deploy's fact cache.
+
+pyinfra 3 reads every fact anew each time an operation asks (``pyinfra.api.facts.get_fact``),
+and runs each operation's generator twice: once while preparing (to learn whether it would
+change anything) and again while executing. On a host where nothing changes, a deploy so reads
+each fact two or three times, each read one SSH round trip through ``sudo``.
+
+:func:`install` puts a cache in front of ``get_fact`` on each pyinfra ``Host`` of a deploy:
+
+* the first fact a host is asked for brings, in one command (:class:`fleet.facts.batch.FactBatch`),
+  every fact a list of requests names (the facts the deploy is known to read), each answer
+  processed by its own fact class;
+* a fact read (from the batch or on its own) is reused while the host has run no command since;
+  any command, upload or download on the host (an operation's change) empties its cache, so a
+  fact read after a change is read from the host again.
+
+The operations are unchanged: they still call ``host.get_fact`` and decide from what it returns.
+A fact the batch does not cover, or whose batch answer pyinfra would treat as more than a value
+(a failed command, a missing command, output the fact cannot process), is read on its own by
+pyinfra, with pyinfra's own errors. The cache keys a read by the fact, its arguments as pyinfra
+binds them, and the connector arguments (``sudo``, user, shell...) it would run with.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+from pyinfra.api.facts import FactBase, ShortFactBase
+from pyinfra.api.facts import get_fact as pyinfra_get_fact
+from pyinfra.api.host import Host
+from pyinfra.api.state import State
+
+from fleet.errors import FleetError
+from fleet.facts.batch import NO_ANSWER, FactBatch, FactRequest, answer_of
+
+logger = logging.getLogger(__name__)
+
+#: The facts a host's deploy reads, from the host (its name and data).
+Requests = Callable[[Host], list[FactRequest]]
+Key = tuple[type[FactBase[Any]], str, str]
+
+
+@dataclass
+class Stats:
+    batched: int = 0  #: facts brought by the batch
+    hits: int = 0  #: reads answered from the cache
+    misses: int = 0  #: reads that went to the host on their own
+    invalidations: int = 0  #: times a command emptied the cache
+
+
+@dataclass
+class FactCache:
+    state: State
+    host: Host
+    requests: Requests
+    stats: Stats = field(default_factory=Stats)
+    _values: dict[Key, Any] = field(default_factory=dict)
+    _prefetched: bool = False
+    _reading: bool = False  #: a fact command is running (not an operation's command)
+
+    def _executor(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """(the fact's own keyword arguments, the connector arguments it runs with), as pyinfra's
+        ``get_fact`` splits them (the operation's global arguments, then the call's)."""
+        context = dict(self.host.current_op_global_arguments or {})
+        context.update(kwargs)
+        global_arguments, _found = pop_global_arguments(self.state, self.host, context)
+        own = {k: v for k, v in kwargs.items() if k not in global_arguments}
+        executor = {k: global_arguments.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in global_arguments}
+        return own, repr(sorted(executor.items()))
+
+    def _key(self, fact: type[FactBase[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key | None:
+        """The read's key, or None to leave it to pyinfra (positional arguments, per-call global
+        arguments such as ``_sudo=False``, arguments the fact does not take)."""
+        if args:
+            return None
+        own, executor = self._executor(kwargs)
+        if len(own) != len(kwargs):
+            return None
+        try:
+            bound = FactRequest(fact, own).arguments()
+        except TypeError:
+            return None  # pyinfra raises the right error
+        return (fact, repr(sorted(bound.items())), executor)
+
+    def _prefetch(self) -> None:
+        self._prefetched = True
+        try:
+            requests = self.requests(self.host)
+        except FleetError as exc:  # the host's data: the operation that reads it reports it, in its place
+            logger.debug("%s: no fact batch (%s)", self.host.name, exc)
+            return
+        if not requests:
+            return
+        self._reading = True
+        try:
+            answers = pyinfra_get_fact(
+                self.state, self.host, FactBatch, kwargs={"commands": [r.shell() for r in requests]},
+                apply_failed_hosts=False,
+            )  # fmt: skip
+        finally:
+            self._reading = False
+        for i, request in enumerate(requests):
+            value = answer_of(request, answers.get(i))
+            key = self._key(request.fact, (), dict(request.kwargs))
+            if value is not NO_ANSWER and key is not None:
+                self._values[key] = value
+                self.stats.batched += 1
+
+    def get_fact(self, fact: type[FactBase[Any]], *args: Any, **kwargs: Any) -> Any:
+        if issubclass(fact, ShortFactBase):
+            return pyinfra_get_fact(self.state, self.host, fact, args=args, kwargs=kwargs)
+        if not self._prefetched:
+            self._prefetch()
+        key = self._key(fact, args, kwargs)
+        if key is not None and key in self._values:
+            self.stats.hits += 1
+            return copy.deepcopy(self._values[key])
+        self.stats.misses += 1
+        logger.debug("%s: fact %s %s read on its own (not in the batch)", self.host.name, fact.__name__, kwargs)
+        self._reading = True
+        try:
+            value = pyinfra_get_fact(self.state, self.host, fact, args=args, kwargs=kwargs)
+        finally:
+            self._reading = False
+        if key is not None and self.host not in self.state.failed_hosts:
+            self._values[key] = copy.deepcopy(value)
+        return value
+
+    def changed(self) -> None:
+        """The host ran something: what was read may be out of date."""
+        if self._values:
+            self.stats.invalidations += 1
+        self._values.clear()
+
+    def guard(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` (a command, an upload, a download on the host), emptying the cache first
+        unless a fact is being read."""
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if not self._reading:
+                self.changed()
+            return method(*args, **kwargs)
+
+        return guarded
+
+
+def install(state: State, hosts: Iterable[Host], requests: Requests) -> dict[str, FactCache]:
+    """Put a :class:`FactCache` in front of each host's ``get_fact`` (for this ``state`` only:
+    pyinfra's ``Host`` objects belong to one ``State``). Returns the caches by host name."""
+    caches: dict[str, FactCache] = {}
+    for host in hosts:
+        cache = FactCache(state, host, requests)
+        for name in ("run_shell_command", "put_file", "get_file"):
+            setattr(host, name, cache.guard(getattr(host, name)))
+        setattr(host, "get_fact", cache.get_fact)  # noqa: B010 (a method of this one object)
+        caches[host.name] = cache
+    return caches
+
+
+def summary(caches: dict[str, FactCache]) -> str:
+    """One line for the log: how the facts were read."""
+    total = Stats()
+    for c in caches.values():
+        total.batched += c.stats.batched
+        total.hits += c.stats.hits
+        total.misses += c.stats.misses
+        total.invalidations += c.stats.invalidations
+    return (
+        f"facts on {len(caches)} host(s): {total.batched} batched, {total.hits} reads from the cache, "
+        f"{total.misses} read on their own, cache emptied {total.invalidations} time(s) by a change"
+    )

@@ -1,0 +1,70 @@
+"""The facts ``fleet.operations.host.vllm_host`` reads on a host, to bring them in one batch.
+
+This list decides nothing: it names which facts :mod:`fleet.deploy.factcache` brings in one
+command before the operations ask for them; the operations still read them through
+``host.get_fact`` and decide from them. A fact missing here is read on its own (slower, same
+result); a fact listed here that no operation reads costs one command's time inside the batch.
+The list follows what the operations read on a host where nothing changes (the re-run a fleet
+sees most): the driver's repository files, packages and loaded module; Python; the service
+user's groups, users and home; the releases; each instance's configuration revisions and unit
+state; each rendered unit and env file; whether the units (and the fabric manager, on NVSwitch
+hosts) are enabled.
+``tests/lab/test_fleet_deploy_lab.py`` checks that a no-change re-run reads no fact on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api.host import Host
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import Arch, Groups, LinuxDistribution, Os, Users
+from pyinfra.facts.systemd import SystemdEnabled
+
+from fleet.facts.batch import FactRequest
+from fleet.facts.driver import NvidiaKernelModule, PythonVersion
+from fleet.facts.packages import DebPackageStates, RebootRequired
+from fleet.facts.releases import VllmReleases
+from fleet.facts.revisions import InstanceRevisions, fact_instances
+from fleet.operations import host as host_deploy
+from fleet.operations import nvidia, units, vllm
+from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.render.units import HostPaths
+
+
+def _file(path: str) -> list[FactRequest]:
+    """What ``fleet.operations.files.atomic_file`` reads of ``path``."""
+    return [FactRequest(Sha1File, {"path": path}), FactRequest(File, {"path": path})]
+
+
+def vllm_host_facts(host: Host) -> list[FactRequest]:
+    """The facts the ``vllm_host`` deploy reads on ``host`` (see the module docstring)."""
+    data: dict[str, Any] = dict(host.data.dict())  # type: ignore[no-untyped-call]
+    paths = HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
+    out = [FactRequest(LinuxDistribution), FactRequest(Arch)]
+    driver = host_deploy.driver_settings(host.name, data)
+    if driver is not None:
+        for path in (nvidia.KEYRING_PATH, nvidia.SOURCES_PATH, nvidia.PREFERENCES_PATH):
+            out += _file(path)
+        out += [FactRequest(DebPackageStates), FactRequest(NvidiaKernelModule)]
+        if driver.fabric_manager:
+            out.append(FactRequest(SystemdEnabled, {"services": [nvidia.FABRIC_MANAGER_UNIT]}))
+    out += [
+        FactRequest(RebootRequired),
+        FactRequest(PythonVersion),
+        FactRequest(Groups),
+        FactRequest(Os),
+        FactRequest(Users),
+        FactRequest(Directory, {"path": paths.state_dir}),  # the service user's home
+        FactRequest(VllmReleases, {"root": vllm.DEFAULT_ROOT}),
+    ]
+    try:  # planned as the deploy plans it: from the host's probe (already gathered)
+        revisions = host_deploy.host_revisions(host.name, data, paths, host_deploy.probe(host))
+    except GpusNotKnownYet:
+        return out  # no units to render yet (the host waits for its driver)
+    out.append(FactRequest(InstanceRevisions, {"instances": fact_instances(revisions)}))
+    files = [f for r in revisions for f in (r.unit, r.env)]  # written in place while their unit is idle
+    for f in files:
+        out += _file(f.path)
+    out.append(FactRequest(SystemdEnabled, {"services": units.unit_names(files)}))
+    return out

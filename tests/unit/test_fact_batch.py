@@ -1,0 +1,181 @@
+"""Facts in one batch (``fleet.facts.batch``) and the deploy's fact cache (``fleet.deploy.factcache``),
+against this machine's own shell through pyinfra's local connector (``@local``): each fact read
+from the batch must equal the same fact read on its own, and a command on the host must empty
+the cache."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api.config import Config
+from pyinfra.api.connect import connect_all
+from pyinfra.api.facts import FactBase
+from pyinfra.api.facts import get_fact as pyinfra_get_fact
+from pyinfra.api.host import Host
+from pyinfra.api.inventory import Inventory
+from pyinfra.api.state import State
+from pyinfra.facts.files import Directory, File, Sha1File
+from pyinfra.facts.server import Arch, Groups, Os, Users, Which
+from typing_extensions import override
+
+from fleet.deploy import factcache
+from fleet.errors import FleetError
+from fleet.facts.batch import MISSING, NO_ANSWER, BatchAnswer, FactBatch, FactRequest, answer_of, lines_of
+from fleet.facts.releases import VllmReleases
+
+
+class Printed(FactBase[list[str]]):
+    """Prints ``text`` as is (``printf '%s'``): the edge cases of line splitting."""
+
+    @override
+    def command(self, text: str) -> str:
+        import shlex
+
+        return f"printf '%s' {shlex.quote(text)}"
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
+class Fails(FactBase[str]):
+    @override
+    def command(self) -> str:
+        return "echo partial; exit 3"
+
+
+class NeedsMissingCommand(FactBase[str]):
+    @override
+    def requires_command(self) -> str:
+        return "fleet-no-such-command-here"
+
+    @override
+    def command(self) -> str:
+        return "fleet-no-such-command-here --version"
+
+
+@pytest.fixture
+def local() -> Any:
+    inventory = Inventory((["@local"], {}))
+    state = State(inventory, Config())  # type: ignore[no-untyped-call]
+    connect_all(state)
+    host = inventory.get_host("@local")
+    yield state, host
+    for h in inventory:
+        h.disconnect()  # type: ignore[no-untyped-call]
+
+
+def batch(state: State, host: Host, requests: list[FactRequest]) -> dict[int, BatchAnswer]:
+    answers: dict[int, BatchAnswer] = pyinfra_get_fact(
+        state, host, FactBatch, kwargs={"commands": [r.shell() for r in requests]}
+    )
+    return answers
+
+
+@pytest.mark.parametrize(
+    "text", ["", "one", "one\n", "one\ntwo", "one\ntwo\n", "\n", "a\n\n", "\n\nb", "tab\there\n", "ünï\n"]
+)
+def test_lines_split_as_pyinfra_splits_a_commands_output(text: str) -> None:
+    proc = subprocess.run(["sh", "-c", "printf '%s' \"$1\"", "x", text], capture_output=True, text=True, check=True)
+    assert lines_of(proc.stdout) == [line.rstrip("\n") for line in proc.stdout.splitlines(keepends=True)]
+
+
+def test_each_fact_from_the_batch_equals_the_fact_read_on_its_own(local: Any, tmp_path: Path) -> None:
+    state, host = local
+    f = tmp_path / "file"
+    f.write_text("content\n")
+    requests = [
+        FactRequest(Sha1File, {"path": str(f)}),
+        FactRequest(File, {"path": str(f)}),
+        FactRequest(File, {"path": str(tmp_path / "absent")}),
+        FactRequest(Sha1File, {"path": str(tmp_path / "absent")}),
+        FactRequest(Directory, {"path": str(tmp_path)}),
+        FactRequest(VllmReleases, {"root": str(tmp_path)}),
+        FactRequest(Arch),
+        FactRequest(Os),
+        FactRequest(Groups),
+        FactRequest(Users),
+        FactRequest(Which, {"command": "sh"}),
+        *[FactRequest(Printed, {"text": t}) for t in ("", "x", "x\n", "a\n\nb\n\n", "##0 not a marker\n")],
+    ]
+    answers = batch(state, host, requests)
+    assert sorted(answers) == list(range(len(requests)))
+    for i, r in enumerate(requests):
+        alone = pyinfra_get_fact(state, host, r.fact, kwargs=dict(r.kwargs))
+        assert answer_of(r, answers[i]) == alone, (r, answers[i])
+    assert answer_of(requests[0], answers[0]) == hashlib.sha1(b"content\n").hexdigest()
+
+
+def test_failed_or_missing_commands_are_left_to_pyinfra(local: Any) -> None:
+    state, host = local
+    requests = [FactRequest(Fails), FactRequest(NeedsMissingCommand), FactRequest(Arch)]
+    answers = batch(state, host, requests)
+    assert answers[0] == BatchAnswer(3, ["partial"])
+    assert answers[1] == BatchAnswer(0, [MISSING])
+    assert answer_of(requests[0], answers[0]) is NO_ANSWER
+    assert answer_of(requests[1], answers[1]) is NO_ANSWER
+    assert answer_of(requests[2], answers[2]) not in (NO_ANSWER, None)
+    assert answer_of(requests[2], None) is NO_ANSWER
+
+
+def test_unreadable_batch_lines_are_no_answer() -> None:
+    answers = FactBatch().process(["0 !!notbase64", "x YQo=", "1 YQow", "2 YQ=="])
+    assert answers == {1: BatchAnswer(0, ["a"])}  # "a\n0": output "a", status 0; "a" alone has no status
+
+
+def test_the_cache_serves_batched_facts_until_the_host_runs_a_command(local: Any, tmp_path: Path) -> None:
+    state, host = local
+    f = tmp_path / "file"
+    f.write_text("one\n")
+    listed = [FactRequest(Sha1File, {"path": str(f)}), FactRequest(Arch)]
+    caches = factcache.install(state, [host], lambda _h: listed)
+    cache = caches[host.name]
+    first = host.get_fact(Sha1File, path=str(f))
+    assert first == hashlib.sha1(b"one\n").hexdigest()
+    assert (cache.stats.batched, cache.stats.hits, cache.stats.misses) == (2, 1, 0)
+    assert host.get_fact(Arch) == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    # A read of something the list did not name goes to the host, and is then cached too.
+    host.get_fact(File, path=str(f))
+    host.get_fact(File, path=str(f))
+    assert (cache.stats.hits, cache.stats.misses) == (3, 1)
+    # Reads do not empty the cache; a command run on the host does (an operation's change).
+    f.write_text("two\n")
+    assert host.get_fact(Sha1File, path=str(f)) == first  # nothing ran through pyinfra: cached
+    ok, _out = host.run_shell_command("true")
+    assert ok and cache.stats.invalidations == 1
+    assert host.get_fact(Sha1File, path=str(f)) == hashlib.sha1(b"two\n").hexdigest()
+    assert cache.stats.misses == 2
+    assert "1 read on their own" not in factcache.summary(caches)
+    assert "2 read on their own" in factcache.summary(caches)
+
+
+def test_a_cached_value_cannot_be_changed_by_its_reader(local: Any, tmp_path: Path) -> None:
+    state, host = local
+    factcache.install(state, [host], lambda _h: [FactRequest(Directory, {"path": str(tmp_path)})])
+    value = host.get_fact(Directory, path=str(tmp_path))
+    value["mode"] = 0
+    assert host.get_fact(Directory, path=str(tmp_path))["mode"] != 0
+
+
+def test_reads_with_their_own_global_arguments_bypass_the_cache(local: Any, tmp_path: Path) -> None:
+    state, host = local
+    caches = factcache.install(state, [host], lambda _h: [FactRequest(Arch)])
+    host.get_fact(Arch)
+    host.get_fact(Arch, _shell_executable="bash")
+    host.get_fact(Arch, _shell_executable="bash")
+    assert (caches[host.name].stats.hits, caches[host.name].stats.misses) == (1, 2)
+
+
+def test_a_host_whose_data_cannot_list_its_facts_reads_them_on_their_own(local: Any) -> None:
+    state, host = local
+
+    def broken(_h: Host) -> list[FactRequest]:
+        raise FleetError("host @local: releases_kept='x': a whole number from 2 to 100")
+
+    caches = factcache.install(state, [host], broken)
+    assert host.get_fact(Arch) == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    assert (caches[host.name].stats.batched, caches[host.name].stats.misses) == (0, 1)
