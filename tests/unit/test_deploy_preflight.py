@@ -97,7 +97,11 @@ def test_serve_check_command_quotes_the_argv_and_reads_the_answer() -> None:
 def test_unit_states_reads_its_lines_and_refuses_garbage() -> None:
     from fleet.facts.unit_states import UnitState, UnitStates
 
-    got = UnitStates().process(["fleet-vllm-0.service active stale", "", "fleet-vllm-1.service inactive fresh"])
+    got = UnitStates().process(
+        ["now 1000.5 50.0", "begin fleet-vllm-0.service", "Id=fleet-vllm-0.service", "ActiveState=active",
+         "ActiveEnterTimestamp=@900", "mtime 950", "end", "", "begin fleet-vllm-1.service", "ActiveState=inactive",
+         "ActiveEnterTimestamp=", "mtime 950", "end"]
+    )  # fmt: skip
     assert got == [UnitState("fleet-vllm-0.service", True, True), UnitState("fleet-vllm-1.service", False, False)]
     with pytest.raises(FleetError, match="unreadable line"):
         UnitStates().process(["fleet-vllm-0.service maybe"])
