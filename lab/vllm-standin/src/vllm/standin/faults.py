@@ -7,7 +7,8 @@ or empty file means no faults. Keys (all optional)::
       "fail_load": ["meta-llama/Llama-3.1-8B-Instruct", "/models/x"],
       "hang_after_load": true,
       "crash_after_seconds": 30,
-      "load_seconds": 20
+      "load_seconds": 20,
+      "unknown_flags": ["--no-enable-prefix-caching"]
     }
 
 * ``fail_load``: loading the weights fails (exit 1, a safetensors error) when the model
@@ -17,6 +18,11 @@ or empty file means no faults. Keys (all optional)::
 * ``crash_after_seconds``: N seconds after the server is ready the engine dies: in-flight
   requests fail, ``/health`` answers 503, and the watchdog then ends the process (status 0).
 * ``load_seconds``: how long loading takes (wins over ``$FLEET_LAB_LOAD_SECONDS``).
+* ``unknown_flags``: options this host's vLLM does not know, as a build or release whose parser
+  differs from the one fleet planned for: the whole argument behind any of the listed spellings
+  (``--no-enable-prefix-caching`` takes ``--enable-prefix-caching`` with it) is left out of
+  ``vllm serve``'s parser and of ``make_arg_parser``, so both refuse it the way vLLM refuses a
+  flag it does not have (``unrecognized arguments``). Read when a parser is built.
 
 The file is read at start and re-read every second while serving, so ``hang_after_load`` and
 ``crash_after_seconds`` can be switched on for a running server (the crash clock starts when
@@ -25,6 +31,7 @@ the running server first sees the key).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass, field
@@ -43,6 +50,7 @@ class Faults:
     hang_after_load: bool = False
     crash_after_seconds: float | None = None
     load_seconds: float | None = None
+    unknown_flags: frozenset[str] = frozenset()
     problems: tuple[str, ...] = field(default=())
 
     def fails_load(self, *names: str) -> bool:
@@ -68,11 +76,34 @@ def read_faults(path: Path | None = None) -> Faults:
             fail_load = [fail_load]
         crash = data.get("crash_after_seconds")
         load = data.get("load_seconds")
+        unknown = data.get("unknown_flags") or []
+        if isinstance(unknown, str):
+            unknown = [unknown]
         return Faults(
             fail_load=tuple(str(x) for x in fail_load),
             hang_after_load=bool(data.get("hang_after_load", False)),
             crash_after_seconds=float(crash) if crash is not None else None,
             load_seconds=float(load) if load is not None else None,
+            unknown_flags=frozenset(str(x) for x in unknown),
         )
     except (ValueError, TypeError) as exc:
         return Faults(problems=(f"{path}: {exc}",))
+
+
+def drop_unknown_flags(
+    parser: argparse.ArgumentParser, unknown: frozenset[str] | None = None
+) -> argparse.ArgumentParser:
+    """Remove from ``parser`` every argument with a spelling in ``unknown`` (default: the
+    ``unknown_flags`` fault in force); returns the parser."""
+    unknown = read_faults().unknown_flags if unknown is None else unknown
+    if not unknown:
+        return parser
+    for action in list(parser._actions):
+        if unknown & set(action.option_strings):
+            parser._remove_action(action)
+            for spelling in action.option_strings:
+                parser._option_string_actions.pop(spelling, None)
+            for group in parser._action_groups:
+                if action in group._group_actions:
+                    group._group_actions.remove(action)
+    return parser
