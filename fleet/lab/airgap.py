@@ -13,9 +13,9 @@ one output-hook chain that sends each host's packets to a chain of its own::
     to the index address:port (TCP) accept   (pip and apt: the lab's index serves both)
     anything else                   reject with icmpx admin-prohibited
 
-so a connection anywhere else fails at once (``EHOSTUNREACH``; ``EPERM`` for UDP) instead of
-hanging: the control machine's other ports on 127.0.0.1, the other lab hosts, DNS, any public
-address. Packets not sent from a host's sockets (the control machine's own, SYN-ACKs of the
+so a connection anywhere else fails at once (``EHOSTUNREACH``, ``EACCES`` over IPv6, ``EPERM``
+for UDP) instead of hanging: the control machine's other ports on 127.0.0.1 and ::1, the other
+lab hosts, DNS, any public address. Packets not sent from a host's sockets (the control machine's own, SYN-ACKs of the
 hosts' listeners) do not match and pass. nft resolves a cgroup path to its id when the rule is
 loaded, so the table is loaded again whenever a host's cgroup is made anew (``up``,
 ``restart_host``); ``down`` deletes it. The rules are written by :func:`ruleset` (pure).
