@@ -25,29 +25,14 @@ RECORDED = [
 ]
 RECORDED_TEXT = "\n".join("" if line == "end" else line for line in RECORDED)
 
-#: In systemd's format for ``systemctl show -p Id,LoadState,ActiveState,SubState,NRestarts,MainPID,
-#: ExecMainStartTimestamp,ActiveEnterTimestamp,ExecStart ssh.service nonexistent.service``
-#: (without ``--timestamp=unix``: local time), two blocks separated by an empty line.
-SYSTEMD_252_TWO_UNITS = """\
-MainPID=87
-NRestarts=0
-ExecMainStartTimestamp=Sun 2026-11-22 23:40:11 UTC
-ExecStart={ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -D $SSHD_OPTS ; ignore_errors=no ; start_time=[n/a] }
-Id=ssh.service
-LoadState=loaded
-ActiveState=active
-SubState=running
-ActiveEnterTimestamp=Sun 2026-11-22 23:40:11 UTC
-
-MainPID=0
-NRestarts=0
-ExecMainStartTimestamp=
-Id=nonexistent.service
-LoadState=not-found
-ActiveState=inactive
-SubState=dead
-ActiveEnterTimestamp=
-"""
+SYSTEMD = Path(__file__).parents[1] / "fixtures" / "systemd"
+#: Recorded on a lab host (Debian 12, systemd 252.39): ``systemctl show -p Id,LoadState,ActiveState,
+#: SubState,NRestarts,MainPID,ExecMainStartTimestamp,ActiveEnterTimestamp,ExecStart ssh.service
+#: nonexistent.service`` (without ``--timestamp=unix``: local time), two blocks and an empty line.
+SYSTEMD_252_TWO_UNITS = (SYSTEMD / "show-ssh-and-missing-252.txt").read_text()
+#: Recorded on the same host: ``unit_states_command([("ssh.service", ["/etc/ssh/sshd_config"]),
+#: ("nonexistent.service", ["/etc/hostname"])])``.
+UNIT_STATES_252 = (SYSTEMD / "unit-states-252.txt").read_text().splitlines()
 
 
 def test_recorded_blocks() -> None:
@@ -62,7 +47,7 @@ def test_recorded_blocks() -> None:
         (RECORDED_TEXT, ShownUnit("fleet-vllm-0.service", "loaded", "active", "running", 0, 901, {})),
         (RECORDED_TEXT.split("\n\n", 1)[1],
          ShownUnit("fleet-vllm-1.service", "loaded", "inactive", "dead", 0, None, {})),
-        (SYSTEMD_252_TWO_UNITS, ShownUnit("ssh.service", "loaded", "active", "running", 0, 87, {})),
+        (SYSTEMD_252_TWO_UNITS, ShownUnit("ssh.service", "loaded", "active", "running", 0, 33, {})),
         (SYSTEMD_252_TWO_UNITS.split("\n\n", 1)[1],
          ShownUnit("nonexistent.service", "not-found", "inactive", "dead", 0, None, {})),
         ("ActiveState=activating\nSubState=auto-restart\nNRestarts=3\nMainPID=0\n",
@@ -88,6 +73,7 @@ def test_shown_unit(text: str, want: ShownUnit | None) -> None:
 def test_values_keep_their_equals_signs() -> None:
     props = show_properties(SYSTEMD_252_TWO_UNITS)
     assert props["ExecStart"].startswith("{ path=/usr/sbin/sshd ; argv[]=/usr/sbin/sshd -D $SSHD_OPTS")
+    assert props["ExecStart"].endswith("pid=33 ; code=(null) ; status=0/0 }")
 
 
 @pytest.mark.parametrize(
@@ -134,7 +120,7 @@ def test_the_units_fact_reads_the_recording() -> None:
     ("text", "unit"),
     [
         (RECORDED_TEXT, GateUnitState("active", "running", 0, 901)),
-        (SYSTEMD_252_TWO_UNITS, GateUnitState("active", "running", 0, 87)),
+        (SYSTEMD_252_TWO_UNITS, GateUnitState("active", "running", 0, 33)),
         ("ActiveState=inactive\nSubState=dead\nNRestarts=\nMainPID=0\ncurrent=releases/a\nexe=/x\n",
          GateUnitState("inactive", "dead", 0, 0)),
         ("current=releases/a\n", None),
@@ -159,6 +145,15 @@ def test_the_unit_states_fact_compares_file_times_with_the_start(mtime: str, sta
     first, second = RECORDED_TEXT.split("\n\n")
     got = _states([("fleet-vllm-0.service", first, mtime), ("fleet-vllm-1.service", second, "1795384999")])
     assert got == [UnitState("fleet-vllm-0.service", True, stale), UnitState("fleet-vllm-1.service", False, False)]
+
+
+def test_the_unit_states_fact_reads_the_recording() -> None:
+    # sshd_config is older than ssh.service's start; the missing unit is inactive
+    assert unit_states(UNIT_STATES_252) == [
+        UnitState("ssh.service", True, False), UnitState("nonexistent.service", False, False)
+    ]  # fmt: skip
+    touched = [line.replace("mtime 1777976816", "mtime 1795391601") for line in UNIT_STATES_252]
+    assert unit_states(touched)[0] == UnitState("ssh.service", True, True)
 
 
 def test_the_unit_states_fact_on_systemd_without_unix_timestamps() -> None:
