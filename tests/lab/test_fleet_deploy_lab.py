@@ -373,6 +373,22 @@ def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet)
             assert running[running.index("serve") + 1 :] == argv, (host.name, running, argv)
 
 
+def test_the_air_gap_holds_after_the_reboots(fleet3: LabFleet) -> None:
+    """--reboot power-cycled every host (new cgroups): the air gap was loaded again for them."""
+    v4 = _listener(socket.AF_INET, "127.0.0.1")
+    assert v4 is not None
+    here = f"127.0.0.1:{v4.getsockname()[1]}"
+    index_url = str(next(iter(_inventory_data(fleet3).values()))["pip_index_url"])
+    try:
+        for i in range(3):
+            rc, out, err = on(fleet3, i, f"timeout 60 python3 -c {_quote(TRY_CONNECT)} {index_url} {here}")
+            assert rc == 0, err
+            got = json.loads(out.strip().splitlines()[-1])
+            assert got == {here: "EHOSTUNREACH", "index": 200}, (i, got)
+    finally:
+        v4.close()
+
+
 def test_a_second_run_changes_nothing_and_restarts_nothing(fleet3: LabFleet) -> None:
     before = unit_pids(fleet3)
     assert len(before) >= 3
