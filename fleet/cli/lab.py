@@ -94,6 +94,12 @@ def lab() -> None:
     show_default=True,
     help="Pre-stage the lab's model in each host's vLLM cache, as an operator pre-stages weights.",
 )
+@click.option(
+    "--air-gap/--no-air-gap",
+    default=True,
+    show_default=True,
+    help="Hosts reach only the lab's package index and apt repository (nftables rules on their cgroups).",
+)
 @_state_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def up(
@@ -106,6 +112,7 @@ def up(
     octet: int | None,
     bare: bool,
     stage_model: bool,
+    air_gap: bool,
     state_root: Path,
     as_json: bool,
 ) -> None:
@@ -117,7 +124,7 @@ def up(
     opts = lab_ops.UpOptions(
         name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
         inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port, bare=bare,
-        stage_model=stage_model,
+        stage_model=stage_model, air_gap=air_gap,
     )  # fmt: skip
     try:
         with _err.status(f"bringing up lab {name}"):
@@ -132,6 +139,7 @@ def up(
             "removed": result.removed,
             "inventory": str(result.inventory),
             "seconds": round(result.seconds, 2),
+            "air_gap": result.state.air_gap,
             "hosts": [asdict(h) for h in result.state.hosts],
         }
         click.echo(json.dumps(payload, indent=2))
@@ -143,6 +151,8 @@ def up(
         what = "started" if h.name in result.started else "kept running"
         table.add_row(h.name, h.address, h.profile, what)
     Console(highlight=False).print(table)
+    gap = result.state.air_gap
+    _err.print("air gap: hosts reach only " + ", ".join(gap) if gap is not None else "air gap: off")
     _err.print(f"inventory: {result.inventory}  ({result.seconds:.1f} s)")
     _err.print(f"next: fleet plan {result.inventory}")
 

@@ -15,14 +15,15 @@ The decision (:func:`refusals`) is pure; :func:`run_preflight` gathers the facts
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.facts.serve_check import ServeCheck, ServeCheckResult
-from fleet.plan.planner import HostPlan
+from fleet.plan.planner import Flag, HostPlan
 from fleet.render.units import HostPaths
 
 #: systemd units that are ours: a GPU they hold will be released when we restart them.
@@ -45,6 +46,19 @@ def unit_of(instance_unit_name: str) -> str:
     return f"fleet-{instance_unit_name}.service"
 
 
+def _flags_way_out(parse_error: str, flags: Sequence[Flag], planned: str) -> str:
+    """What to do about a refused command line: the flags vLLM names, why fleet planned them."""
+    named = [f for f in flags if re.search(rf"(?<![\w-]){re.escape(f.option)}(?![\w-])", parse_error)]
+    install = (
+        f"install a vLLM that takes it: fleet planned for vLLM {planned} (vllm_version), from the index "
+        "the inventory names (pip_index_url)"
+    )
+    if not named:
+        return install + ", or change the inventory setting behind the refused flag"
+    why = "; ".join(f"{f.option}: {f.reason}" for f in named)
+    return f"fleet planned {why}; {install}, or change that inventory setting so the flag is not planned"
+
+
 def refusals(plan: HostPlan, check: ServeCheckResult, facts: HostFacts | None) -> list[Refusal]:
     """Every reason the host's new units would not start; empty: go ahead."""
     host = plan.host
@@ -62,11 +76,8 @@ def refusals(plan: HostPlan, check: ServeCheckResult, facts: HostFacts | None) -
             out.append(Refusal(host, unit, "flags", "the host's vLLM gave no answer for it", "run the deploy again"))
             continue
         if c.parse_error is not None:
-            out.append(
-                Refusal(host, unit, "flags", f"the host's vLLM refuses the command line: {c.parse_error}",
-                        f"set vllm_version to the version installed there ({plan.vllm_version} was planned) "
-                        "or drop the flag from the inventory (vllm_args)")
-            )  # fmt: skip
+            out.append(Refusal(host, unit, "flags", f"the host's vLLM refuses the command line: {c.parse_error}",
+                               _flags_way_out(c.parse_error, inst.flags, plan.vllm_version)))  # fmt: skip
         if not c.model_found:
             out.append(
                 Refusal(host, unit, "model", f"model {inst.model} not found on the host (looked in {c.model_where})",

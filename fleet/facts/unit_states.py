@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
+from fleet.facts.systemctl_show import show_blocks, show_int, shown_unit, started_unix
 from fleet.render.escape import ssh_command
+
+_PROPS = "Id,ActiveState,ActiveEnterTimestamp,ActiveEnterTimestampMonotonic"
 
 
 @dataclass(frozen=True)
@@ -27,18 +30,56 @@ class UnitState:
 
 
 def unit_states_command(units: Sequence[tuple[str, Sequence[str]]]) -> str:
-    parts = []
+    """Per unit: ``begin <unit>``, its ``systemctl show`` lines, the newest file mtime, ``end``;
+    the host's clocks first (for systemd without ``--timestamp=unix``)."""
+    parts = ['echo "now $(date +%s.%N) $(cut -d" " -f1 /proc/uptime)"']
     for unit, files in units:
-        show = ssh_command(["systemctl", "show", "--timestamp=unix", "-p", "ActiveEnterTimestamp", "--value", unit])
-        active = ssh_command(["systemctl", "is-active", "--quiet", unit])
+        show = ["systemctl", "show", "-p", _PROPS, "--", unit]
+        unix = ssh_command([*show[:2], "--timestamp=unix", *show[2:]])
         stat = ssh_command(["stat", "-c", "%Y", *files])
-        name = ssh_command([unit])
         parts.append(
-            f"if {active}; then t=$({show} | tr -d @); m=$({stat} 2>/dev/null | sort -n | tail -1); "
-            f'if [ -n "$t" ] && [ -n "$m" ] && [ "$m" -gt "$t" ]; then echo {name} active stale; '
-            f"else echo {name} active fresh; fi; else echo {name} inactive fresh; fi"
+            f"echo begin {ssh_command([unit])}; {{ {unix} 2>/dev/null || {ssh_command(show)}; }}; "
+            f'echo "mtime $({stat} 2>/dev/null | sort -n | tail -1)"; echo end'
         )
     return "; ".join(parts) + "; true"
+
+
+def unit_states(output: Sequence[str]) -> list[UnitState]:
+    """The command's output -> one ``UnitState`` per unit (pure); garbage is an error."""
+    out: list[UnitState] = []
+    now_unix = now_mono = None
+    unit: str | None = None
+    lines: list[str] = []
+    mtime: int | None = None
+    for line in output:
+        word, _, rest = line.partition(" ")
+        if unit is None:
+            if word == "now":
+                clocks = rest.split()
+                try:
+                    now_unix, now_mono = float(clocks[0]), float(clocks[1])
+                except (IndexError, ValueError):
+                    now_unix = now_mono = None
+            elif word == "begin" and rest:
+                unit, lines, mtime = rest, [], None
+            elif line.strip():
+                raise FleetError(f"unit states: unreadable line {line[:200]!r}")
+        elif line == "end":
+            props = show_blocks(lines)
+            shown = shown_unit(props[0]) if props else None
+            if shown is None:
+                raise FleetError(f"unit states: systemctl show said nothing about {unit[:200]!r}")
+            started = started_unix(shown.props, "ActiveEnter", now_unix, now_mono)
+            stale = shown.active and started is not None and mtime is not None and mtime > started
+            out.append(UnitState(unit, shown.active, stale))
+            unit = None
+        elif word == "mtime":
+            mtime = show_int(rest)
+        else:
+            lines.append(line)
+    if unit is not None:
+        raise FleetError(f"unit states: the answer for {unit[:200]!r} is cut short")
+    return out
 
 
 class UnitStates(FactBase[list[UnitState]]):
@@ -52,12 +93,4 @@ class UnitStates(FactBase[list[UnitState]]):
         return unit_states_command(units)
 
     def process(self, output: list[str]) -> list[UnitState]:
-        out = []
-        for line in output:
-            words = line.split()
-            if not words:
-                continue
-            if len(words) != 3 or words[1] not in ("active", "inactive") or words[2] not in ("stale", "fresh"):
-                raise FleetError(f"unit states: unreadable line {line[:200]!r}")
-            out.append(UnitState(words[0], words[1] == "active", words[2] == "stale"))
-        return out
+        return unit_states(output)

@@ -29,12 +29,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from typing import TypedDict
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from fleet.facts.releases import MARKER
+from fleet.facts.systemctl_show import ShownUnit, show_blocks, show_int, show_unix, shown_unit
 
 DEFAULT_ROOT = "/opt/fleet/vllm"
 UNIT_GLOB = "fleet-vllm-*.service"
@@ -87,21 +89,7 @@ def units_command(root: str = DEFAULT_ROOT) -> str:
     )
 
 
-def _int(value: str | None) -> int | None:
-    return int(value) if value is not None and value.strip().isdigit() else None
-
-
-def _unix(value: str | None) -> float | None:
-    """``@1790000000`` (``--timestamp=unix``) -> seconds; empty or another format -> None."""
-    if value and value.startswith("@"):
-        try:
-            return float(value[1:])
-        except ValueError:
-            return None
-    return None
-
-
-def unit_uptime(props: dict[str, str], now_unix: float | None, now_monotonic: float | None) -> float | None:
+def unit_uptime(props: Mapping[str, str], now_unix: float | None, now_monotonic: float | None) -> float | None:
     """Seconds since the unit's main process started (else since it became active); pure.
 
     ``None`` when the unit is not active or no timestamp can be read.
@@ -109,24 +97,23 @@ def unit_uptime(props: dict[str, str], now_unix: float | None, now_monotonic: fl
     if props.get("ActiveState") not in ("active", "reloading", "deactivating"):
         return None
     for name in ("ExecMainStartTimestamp", "ActiveEnterTimestamp"):
-        started = _unix(props.get(name))
+        started = show_unix(props.get(name))
         if started is not None and now_unix is not None:
             return max(0.0, now_unix - started)
-        mono = _int(props.get(name + "Monotonic"))
+        mono = show_int(props.get(name + "Monotonic"))
         if mono and now_monotonic is not None:
             return max(0.0, now_monotonic - mono / 1e6)
     return None
 
 
-def _unit(props: dict[str, str], now_unix: float | None, now_mono: float | None) -> UnitInfo:
-    pid = _int(props.get("MainPID"))
+def _unit(shown: ShownUnit, now_unix: float | None, now_mono: float | None) -> UnitInfo:
     return {
-        "load_state": props.get("LoadState") or None,
-        "active_state": props.get("ActiveState") or None,
-        "sub_state": props.get("SubState") or None,
-        "restarts": _int(props.get("NRestarts")),
-        "main_pid": pid or None,
-        "uptime_seconds": unit_uptime(props, now_unix, now_mono),
+        "load_state": shown.load_state,
+        "active_state": shown.active_state,
+        "sub_state": shown.sub_state,
+        "restarts": shown.n_restarts,
+        "main_pid": shown.main_pid,
+        "uptime_seconds": unit_uptime(shown.props, now_unix, now_mono),
     }
 
 
@@ -141,8 +128,7 @@ def process_units(output: list[str]) -> UnitsDict:
     """Parse the command's output (pure; unknown lines are ignored)."""
     result: UnitsDict = {"units": {}, "current": None, "release": None, "vllm_version": None}
     now_unix = now_mono = None
-    props: dict[str, str] = {}
-    blocks: list[dict[str, str]] = []
+    shown: list[str] = []  # the ``systemctl show`` lines, "end" as the empty line between units
     for line in output:
         kind, _, rest = line.partition(" ")
         if kind == "now":
@@ -163,16 +149,11 @@ def process_units(output: list[str]) -> UnitsDict:
         elif kind == "version" and rest.strip():
             result["vllm_version"] = rest.strip().split()[-1][:64]
         elif kind == "unit":
-            if rest == "end":
-                blocks.append(props)
-                props = {}
-            elif "=" in rest:
-                key, _, value = rest.partition("=")
-                props[key] = value
-    for block in blocks:
-        name = block.get("Id", "")
-        if _UNIT.match(name):
-            result["units"][name] = _unit(block, now_unix, now_mono)
+            shown.append("" if rest == "end" else rest)
+    for block in show_blocks(shown):
+        unit = shown_unit(block)
+        if unit is not None and unit.id is not None and _UNIT.match(unit.id):
+            result["units"][unit.id] = _unit(unit, now_unix, now_mono)
     return result
 
 

@@ -15,11 +15,28 @@ rules for text values that land in unit files, command lines and paths are here 
 * paths (``model_config``, a model directory): absolute or relative, printable, no NUL;
 * ``bind_address``: an IPv4 or IPv6 address (``ipaddress``); ``pip_index_url``: ``http``/``https``
   with a host and no credentials.
+
+The deploy's keys (``fleet.operations.host`` reads them through ``HostSpec``):
+
+* ``nvidia_apt_url``: the mirror root of NVIDIA's apt repository, ``http``/``https`` with a host
+  and no credentials, or ``file:///path``; ``nvidia_apt_keyring``: the path of that repository's
+  public key, a file that must exist on the control machine (it is copied to the hosts), checked
+  when the inventory is loaded; required with ``nvidia_apt_url``;
+* ``nvidia_driver_version``: a driver version like ``580.95.05`` (checked against the vLLM
+  release in ``spec.py``); ``nvidia_fabric_manager``: a bool (default: on for NVSwitch hosts);
+* ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
+  ``releases_kept``: a whole number from 2 to 100.
+
+Values given on pyinfra's command line (``pyinfra --data releases_kept=2``) reach fleet already
+converted by pyinfra (``pyinfra_cli.util.parse_cli_arg``: ``true``/``false``, integers, JSON,
+else the string), so the same strict grammar applies to them: ``releases_kept=2`` is the integer
+2, ``vllm_extras='["audio"]'`` a list; ``vllm_extras=audio`` stays a string and is refused.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import unicodedata
 from typing import Annotated, Literal
@@ -37,6 +54,8 @@ _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
+_DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
+_EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
 
 
 def _printable(text: str) -> bool:
@@ -107,6 +126,54 @@ def _url(value: str) -> str:
     return value
 
 
+def _apt_url(value: str) -> str:
+    rule = (
+        "an http:// or https:// URL with a host and no user or password, or file:///path: the mirror root "
+        "of NVIDIA's apt repository, e.g. https://mirror.internal/cuda/repos"
+    )
+    if not _printable(value) or any(c.isspace() for c in value):
+        raise ValueError(rule)
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises ValueError on a bad port)
+    except ValueError:
+        raise ValueError(rule) from None
+    if parts.scheme == "file":
+        if parts.netloc or not parts.path.startswith("/"):
+            raise ValueError(rule)
+        return value
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        raise ValueError(rule)
+    return value
+
+
+def _keyring(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value):
+        raise ValueError(
+            "an absolute path, on the machine that runs fleet, of the apt repository's public key file "
+            "(e.g. /etc/fleet/nvidia-archive-keyring.gpg)"
+        )
+    if not os.path.isfile(value):
+        raise ValueError(
+            "no such file on this machine: the apt repository's public key must be here (fleet copies it to "
+            "the hosts); copy the key file to that path, or point nvidia_apt_keyring at where it is"
+        )
+    return value
+
+
+def _driver_version(value: str) -> str:
+    if not _DRIVER_VERSION.fullmatch(value):
+        raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it)")
+    return value
+
+
+def _extra(value: str) -> str:
+    if not _EXTRA.fullmatch(value):
+        raise ValueError("an extra's name: letters, digits, '.', '_', '-', starting and ending with a letter or digit")
+    return value
+
+
 def _version(value: str) -> str:
     if not _VERSION.fullmatch(value):
         raise ValueError("a release version like 0.33.0")
@@ -129,6 +196,10 @@ IpAddress = Annotated[str, AfterValidator(_ip)]
 IndexUrl = Annotated[str, AfterValidator(_url)]
 Version = Annotated[str, AfterValidator(_version)]
 Address = Annotated[str, AfterValidator(_address)]
+AptUrl = Annotated[str, AfterValidator(_apt_url)]
+Keyring = Annotated[str, AfterValidator(_keyring)]
+DriverVersion = Annotated[str, AfterValidator(_driver_version)]
+Extra = Annotated[str, AfterValidator(_extra)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -209,6 +280,12 @@ class HostData(BaseModel):
     allow_pcie_tensor_parallel: bool = False
     shutdown_timeout: Annotated[int, Field(ge=0, le=3600)] = 30
     pip_index_url: IndexUrl | None = None
+    nvidia_apt_url: AptUrl | None = None
+    nvidia_apt_keyring: Keyring | None = None
+    nvidia_driver_version: DriverVersion | None = None
+    nvidia_fabric_manager: bool | None = None
+    vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
+    releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
 
@@ -231,6 +308,12 @@ FIELD_HELP: dict[str, str] = {
     "workload.p95_output_tokens": "an integer from 1 to 10000000 (tokens)",
     "workload.prefix_reuse": "a number from 0 to 1 (the fraction of input tokens served from a cached prefix)",
     "workload.target_concurrency": "an integer from 1 to 1000000 (requests in flight)",
+    "nvidia_apt_url": "a URL (a string), e.g. https://mirror.internal/cuda/repos",
+    "nvidia_apt_keyring": "the path (a string) of the apt repository's public key file on this machine",
+    "nvidia_driver_version": "a driver version like '580.95.05' (a string)",
+    "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
+    "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
+    "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
 }
 
 
@@ -239,4 +322,35 @@ def port_range_problem(data: HostData) -> str | None:
     count = data.gpu.count if data.gpu is not None else 1
     if data.port + count - 1 > MAX_PORT:
         return f"port {data.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
+    return None
+
+
+def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str, object, str] | None:
+    """(field, value, why) when the NVIDIA keys do not go together, or None.
+
+    ``default_driver``: the driver each vLLM series is deployed with when none is pinned.
+    """
+    from fleet.operations.layout import LayoutError, check_driver_version
+
+    if data.nvidia_apt_url is None:
+        return None
+    if data.nvidia_apt_keyring is None:
+        return (
+            "nvidia_apt_keyring",
+            None,
+            "required with nvidia_apt_url: the path, on this machine, of the repository's public key file",
+        )
+    series = ".".join(data.vllm_version.split(".")[:2])
+    version = data.nvidia_driver_version or default_driver.get(series)
+    if version is None:
+        return (
+            "nvidia_driver_version",
+            None,
+            f"fleet has no default driver for vLLM {data.vllm_version}: "
+            "pin one, e.g. nvidia_driver_version: '580.95.05'",
+        )
+    try:
+        check_driver_version(version, data.vllm_version)
+    except LayoutError as exc:
+        return ("nvidia_driver_version", version, str(exc).split(": ", 1)[-1] + "; pin a newer driver or leave it out")
     return None

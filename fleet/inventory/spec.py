@@ -6,7 +6,9 @@ rules across hosts (ports) in ``ports.py``. Here, per host and before anything e
 1. secrets: a value that looks like a key, under any field and in any type, is refused and
    never echoed; ``api_key`` (the key itself) is refused loudly instead of being ignored;
 2. near-misses of fleet's keys (``Port``, ``api_key_rf``) are flagged with "did you mean";
-3. every fleet key is parsed by ``schema.HostData``.
+3. every fleet key is parsed by ``schema.HostData``;
+4. ``rollout`` and ``alerts`` are parsed by their own modules (``fleet.rollout.policy``,
+   ``fleet.monitor.thresholds``) and reported here the same way, with "did you mean" for their keys.
 
 Every problem on every host is reported at once, naming the file where the value is written,
 the host, the field, the value (redacted when secret) and what is allowed.
@@ -35,8 +37,10 @@ from fleet.inventory.schema import (
     WORKLOAD_KEYS,
     GpuData,
     HostData,
+    driver_problem,
     port_range_problem,
 )
+from fleet.operations.layout import DEFAULT_DRIVER
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
 __all__ = [
@@ -117,6 +121,13 @@ class HostSpec:
     allow_pcie_tensor_parallel: bool = False
     shutdown_timeout: int = 30
     pip_index_url: str | None = None
+    nvidia_apt_url: str | None = None  #: None: the NVIDIA driver is not managed by fleet on this host
+    nvidia_apt_keyring: str | None = None  #: an existing file on the control machine
+    #: the driver to pin: the inventory's, else the one the vLLM release is deployed with
+    nvidia_driver_version: str | None = None
+    nvidia_fabric_manager: bool | None = None  #: None: on for NVSwitch hosts
+    vllm_extras: tuple[str, ...] = ()
+    releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
@@ -238,6 +249,10 @@ def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
     return refused
 
 
+#: Keys whose contents other modules validate (``_nested``); known here for "did you mean".
+NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
+
+
 def _close(key: str, known: tuple[str, ...]) -> str | None:
     lowered = {k.lower(): k for k in known}
     if key.lower() in lowered:
@@ -258,9 +273,9 @@ def _typos(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
         if key in REMOVED_KEYS:
             h.problem(key, value, REMOVED_KEYS[key])
             continue
-        if key in FLEET_KEYS or key in refused or key.startswith(_NOT_OURS_PREFIXES):
+        if key in FLEET_KEYS or key in NESTED_KEYS or key in refused or key.startswith(_NOT_OURS_PREFIXES):
             continue
-        near = _close(key, FLEET_KEYS)
+        near = _close(key, FLEET_KEYS + NESTED_KEYS)
         if near is not None:
             secret = near == "api_key_ref" or secret_field(key)
             h.problem(key, value, f"unknown field; did you mean {near!r}?", secret=secret)
@@ -339,6 +354,34 @@ def _api_key_ref(h: _Host, data: dict[str, Any], refused: set[str]) -> SecretRef
     return ref
 
 
+def _with_hint(allowed: str, fld: str) -> str:
+    """ "did you mean" for an unknown key that another module reported as "unknown key; allowed: ..."."""
+    head = "unknown key; allowed: "
+    if allowed.startswith(head) and "did you mean" not in allowed:
+        near = _close(fld.rpartition(".")[2], tuple(allowed.removeprefix(head).split(", ")))
+        if near is not None:
+            return f"{allowed}; did you mean {near!r}?"
+    return allowed
+
+
+def _nested(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
+    """``rollout`` and ``alerts``: their own modules' grammar, reported like every other field."""
+    from fleet.monitor.thresholds import parse_thresholds
+    from fleet.rollout.errors import PolicyError
+    from fleet.rollout.policy import parse_policy
+
+    if "alerts" in data and "alerts" not in refused:
+        for p in parse_thresholds(h.inventory, h.name, data["alerts"])[1]:
+            h.problem(p.field, p.value, _with_hint(p.allowed, p.field))
+    if "rollout" in data and "rollout" not in refused:
+        try:
+            parse_policy(data["rollout"], source=h.inventory, where=f"host {h.name}")
+        except PolicyError as exc:
+            for q in exc.problems:
+                fld = q.field if q.field == "rollout" else f"rollout.{q.field}"
+                h.problem(fld, q.value, _with_hint(q.allowed, fld))
+
+
 def _gpu_spec(raw: GpuData | None) -> GpuSpec | None:
     if raw is None:
         return None
@@ -373,8 +416,11 @@ def host_spec(
     _typos(h, strings, refused)
     valid = _validate(h, strings, refused)
     ref = _api_key_ref(h, strings, refused)
+    _nested(h, strings, refused)
     if valid is not None and (why := port_range_problem(valid)) is not None:
         h.problem("port", valid.port, why)
+    if valid is not None and (bad := driver_problem(valid, DEFAULT_DRIVER)) is not None:
+        h.problem(*bad)
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
@@ -399,6 +445,13 @@ def host_spec(
         allow_pcie_tensor_parallel=valid.allow_pcie_tensor_parallel,
         shutdown_timeout=valid.shutdown_timeout,
         pip_index_url=valid.pip_index_url,
+        nvidia_apt_url=valid.nvidia_apt_url,
+        nvidia_apt_keyring=valid.nvidia_apt_keyring,
+        nvidia_driver_version=valid.nvidia_driver_version
+        or DEFAULT_DRIVER.get(".".join(valid.vllm_version.split(".")[:2])),
+        nvidia_fabric_manager=valid.nvidia_fabric_manager,
+        vllm_extras=tuple(valid.vllm_extras),
+        releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import paramiko
 
+from fleet.lab import airgap, cgroups, hostfiles, inventory_writer, ssh
 from fleet.lab import base as base_mod
-from fleet.lab import hostfiles, inventory_writer, ssh
 from fleet.lab.errors import LabError
 from fleet.lab.machine import Machine
 from fleet.lab.mirror import find_mirror
@@ -66,6 +66,9 @@ class UpOptions:
     #: Pre-stage the lab inventory's model in each host's vLLM cache (``fleet.lab.models``), as an
     #: operator pre-stages weights, so ``fleet deploy`` of the lab serves without further steps.
     stage_model: bool = False
+    #: Cut hosts off every address but the package index's (and apt repository's) ``address:port``
+    #: (``fleet.lab.airgap``), as an air-gapped fleet is.
+    air_gap: bool = True
 
 
 @dataclass
@@ -163,6 +166,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     """Bring the lab to ``opts.hosts`` running hosts; see the module docstring."""
     t0 = time.monotonic()
     require_prereqs()
+    if opts.air_gap and (why := airgap.unavailable()) is not None:
+        raise LabError(f"the lab's air gap cannot be set up: {why}; " + airgap.NO_AIR_GAP_HINT)
     lab = LabDir(opts.name, opts.state_root)
     _check_profiles(opts.profiles)
     state = _initial_state(lab, opts)
@@ -201,16 +206,6 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
                 hostfiles.power_on(m.root)
             to_start.append(m)
     _check_ports(state, [h for h in desired if h.name in {m.name for m in to_start}])
-    for m in to_start:
-        progress(f"booting {m.name} at {m.address}")
-        m.start()
-    for m in to_start:
-        m.wait_for_ssh()
-        progress(f"{m.name} answers on {m.address}:{m.ssh_port}")
-        result.started.append(m.name)
-    if opts.stage_model:
-        _stage_model(lab, state, desired, progress)
-
     index_url = opts.pip_index_url
     apt = None
     if index_url is None:
@@ -221,11 +216,50 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         progress(f"package index at {index_url}")
         apt = ensure_apt_repo(lab.root, shim)
         progress(f"signed apt repository at {apt.url}{apt.dist_path}/")
+    if opts.air_gap:
+        state.air_gap = [str(airgap.endpoint_of(index_url))]
+        if apt is not None:
+            state.air_gap = sorted({*state.air_gap, str(airgap.endpoint_of(apt.url))})
+    else:
+        state.air_gap = None
+    lab.save(state)
+    for m in to_start:
+        progress(f"booting {m.name} at {m.address}")
+        m.start()
+    if not cgroups.systemd_is_pid1():
+        apply_air_gap(lab, state)  # the hosts' cgroups (new ones) exist once nspawn runs: before they boot
+    for m in to_start:
+        m.wait_for_ssh()
+        progress(f"{m.name} answers on {m.address}:{m.ssh_port}")
+        result.started.append(m.name)
+    apply_air_gap(lab, state)  # with systemd as PID 1 here, the hosts' scopes are known by now
+    if state.air_gap is not None:
+        progress("air gap: hosts reach only " + ", ".join(state.air_gap))
+    if opts.stage_model:
+        _stage_model(lab, state, desired, progress)
+
     text = inventory_writer.render_inventory(lab, state, index_url, apt)
     inventory_writer.write_inventory(Path(state.inventory), text)
     result.inventory = Path(state.inventory)
     result.seconds = time.monotonic() - t0
     return result
+
+
+def apply_air_gap(lab: LabDir, state: LabState) -> None:
+    """Load the lab's air gap for its running hosts (``fleet.lab.airgap``), or remove it when off."""
+    if state.air_gap is None:
+        airgap.remove(lab.name)
+        return
+    rules = []
+    for h in state.hosts:
+        m = machine_for(lab, state, h)
+        cgroup = airgap.host_cgroup(h.name, m.pid())
+        if cgroup is None or not cgroup.is_dir():
+            if m.is_running():
+                raise LabError(f"air gap: cannot tell the cgroup of {h.name}; " + airgap.NO_AIR_GAP_HINT)
+            continue
+        rules.append(airgap.host_rule(h.name, h.address, cgroup))
+    airgap.apply(lab.name, rules, [airgap.Endpoint.parse(e) for e in state.air_gap])
 
 
 def _stage_model(lab: LabDir, state: LabState, hosts: list[HostRecord], progress: Progress) -> None:
@@ -265,7 +299,11 @@ def restart_host(
         hostfiles.install_files(m.root, hostfiles.gpu_files(host.profile))
     progress(f"booting {host.name}")
     m.start()
+    if state.air_gap is not None and not cgroups.systemd_is_pid1():
+        apply_air_gap(lab, state)  # the host's cgroup is a new one: its rules must name it
     m.wait_for_ssh()
+    if state.air_gap is not None:
+        apply_air_gap(lab, state)
     return time.monotonic() - t0
 
 
@@ -287,6 +325,7 @@ def down(
     from fleet.lab.index import stop_index
 
     stop_index(lab.root)
+    airgap.remove(name)
     if state and state.inventory and inventory_writer.written_by_lab(Path(state.inventory), name):
         Path(state.inventory).unlink()
     left = mounts_under(lab.root)

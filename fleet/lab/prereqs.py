@@ -36,6 +36,7 @@ REQUIRED_TOOLS: dict[str, str] = {
     "ldconfig": "libc-bin",
     "dpkg-scanpackages": "dpkg-dev",
     "gpg": "gnupg",
+    "nft": "nftables",  # the air gap (airgap.py)
 }
 
 

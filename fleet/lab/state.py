@@ -72,6 +72,8 @@ class LabState:
     hosts: list[HostRecord] = field(default_factory=list)
     inventory: str | None = None
     base: str | None = None
+    #: The air gap (``airgap.py``): the ``address:port`` endpoints hosts may reach; None: no air gap.
+    air_gap: list[str] | None = None
 
     def host(self, name: str) -> HostRecord | None:
         """The host called ``name``, if the lab has it."""

@@ -1,7 +1,8 @@
 """The deploys of one serving host, read from its inventory data: what ``deploys/vllm_host.py``
 runs under the plain ``pyinfra`` CLI and what ``fleet deploy`` runs through pyinfra's API.
 
-Host data read here (besides the keys ``fleet.inventory.spec`` validates):
+Every key is validated by ``fleet.inventory`` (``schema.py``, exposed on ``HostSpec``); the deploy
+keys read here are:
 
 * ``nvidia_apt_url``: mirror root of NVIDIA's apt repository (the lab's signed stand-in in the
   lab); without it the driver is left to whoever manages it.
@@ -19,7 +20,6 @@ its units wait for the driver (``vllm_units`` renders nothing for it in that run
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +46,7 @@ from fleet.render.revision import Revision, revisions_of
 from fleet.render.units import HostPaths, RenderedFile, render_host
 from fleet.secret_store import SecretError, read_secret
 
-#: The driver each vLLM series is deployed with (580 branch: CUDA 13.x user space).
-DEFAULT_DRIVER = {"0.33": "580.95.05"}
-DEFAULT_RELEASES_KEPT = 3
+DEFAULT_DRIVER = layout.DEFAULT_DRIVER
 
 #: What a host's NVML probe answered (``HostFacts``), or why there is no answer (a string); None
 #: where the host is not probed at all (planning offline: the inventory's ``gpu`` entry).
@@ -83,26 +81,14 @@ def fabric_of(spec: HostSpec) -> Fabric:
 
 def driver_settings(name: str, data: Mapping[str, Any]) -> DriverSettings | None:
     """The driver to install on a host, or None when the inventory names no apt mirror."""
-    mirror = data.get("nvidia_apt_url")
-    if not mirror:
-        return None
-    keyring = data.get("nvidia_apt_keyring")
-    if not isinstance(keyring, str) or not os.path.isfile(keyring):
-        raise HostDataError(
-            f"host {name}: nvidia_apt_keyring={keyring!r}: must be the path of the repository's public key "
-            "file on this machine (set it beside nvidia_apt_url)"
-        )
     spec = _spec(name, data)
-    series = ".".join(spec.vllm_version.split(".")[:2])
-    version = str(data.get("nvidia_driver_version") or DEFAULT_DRIVER.get(series, ""))
-    try:
-        layout.check_mirror(str(mirror))
-        layout.check_driver_version(version, spec.vllm_version)
-    except layout.LayoutError as exc:
-        raise HostDataError(f"host {name}: {exc}") from exc
-    fm = data.get("nvidia_fabric_manager")
-    fabric_manager = bool(fm) if fm is not None else fabric_of(spec) is Fabric.SWITCH
-    return DriverSettings(str(mirror), keyring, version, fabric_manager)
+    if spec.nvidia_apt_url is None:
+        return None
+    # the inventory's checks guarantee these with nvidia_apt_url (schema.driver_problem)
+    assert spec.nvidia_apt_keyring is not None and spec.nvidia_driver_version is not None
+    fm = spec.nvidia_fabric_manager
+    fabric_manager = fm if fm is not None else fabric_of(spec) is Fabric.SWITCH
+    return DriverSettings(spec.nvidia_apt_url, spec.nvidia_apt_keyring, spec.nvidia_driver_version, fabric_manager)
 
 
 def release_spec(name: str, data: Mapping[str, Any], python_version: str) -> layout.ReleaseSpec:
@@ -110,25 +96,17 @@ def release_spec(name: str, data: Mapping[str, Any], python_version: str) -> lay
     spec = _spec(name, data)
     if not spec.pip_index_url:
         raise HostDataError(f"host {name}: pip_index_url is not set: the package index the venv installs from")
-    extras = data.get("vllm_extras") or ()
-    if not isinstance(extras, list | tuple) or not all(isinstance(e, str) and e.isidentifier() for e in extras):
-        raise HostDataError(f"host {name}: vllm_extras={extras!r}: a list of extra names, e.g. ['audio']")
     return layout.ReleaseSpec(
         vllm_version=spec.vllm_version,
         python_version=python_version,
         index_url=spec.pip_index_url,
-        extras=tuple(extras),
+        extras=spec.vllm_extras,
         extra_requirements=(layout.NVML_PY_REQUIREMENT,),
     )
 
 
 def releases_kept(name: str, data: Mapping[str, Any]) -> int:
-    kept = data.get("releases_kept", DEFAULT_RELEASES_KEPT)
-    if isinstance(kept, str) and kept.isdigit():  # `pyinfra --data releases_kept=2` gives a string
-        kept = int(kept)
-    if not isinstance(kept, int) or isinstance(kept, bool) or not 2 <= kept <= 100:
-        raise HostDataError(f"host {name}: releases_kept={kept!r}: a whole number from 2 to 100")
-    return kept
+    return _spec(name, data).releases_kept
 
 
 def probe(target: Host | None = None) -> HostFacts | str:

@@ -32,6 +32,9 @@ from fleet.errors import FleetError
 
 #: The oldest driver branch whose CUDA user-space compatibility covers vLLM 0.33's CUDA 13.0.
 MIN_DRIVER_BRANCH = {"0.33": 580}
+#: The driver each vLLM series is deployed with unless the inventory pins one (580 branch: CUDA 13.x
+#: user space).
+DEFAULT_DRIVER = {"0.33": "580.95.05"}
 #: Files the deploy owns on hosts.
 KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"

@@ -45,6 +45,7 @@ from fleet.facts.hostfacts import parse_probe_output
 from fleet.facts.nvml import probe_command
 from fleet.facts.releases import MARKER
 from fleet.facts.runner import SshTarget, connect
+from fleet.facts.systemctl_show import show_properties, shown_unit
 from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
@@ -87,17 +88,10 @@ class InstanceSpec:
 
 def parse_unit(text: str) -> UnitState | None:
     """``systemctl show`` output (``Key=Value`` lines) → ``UnitState``; None when it says nothing."""
-    values = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-    if "ActiveState" not in values:
+    shown = shown_unit(show_properties(text))
+    if shown is None or shown.active_state is None:
         return None
-
-    def number(key: str) -> int:
-        raw = values.get(key, "").strip()
-        return int(raw) if raw.isdigit() else 0
-
-    return UnitState(
-        values["ActiveState"].strip(), values.get("SubState", "").strip(), number("NRestarts"), number("MainPID")
-    )
+    return UnitState(shown.active_state, shown.sub_state or "", shown.n_restarts or 0, shown.main_pid or 0)
 
 
 def release_of(link_target: str) -> str | None:

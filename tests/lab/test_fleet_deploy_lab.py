@@ -5,8 +5,10 @@ lists its model, and a second deploy changes nothing."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from fleet.lab import airgap
 from fleet.lab import lab as lab_ops
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
@@ -37,6 +40,7 @@ def served_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
         yield LabFleet(opts, bring_up(opts))
     finally:
         lab_ops.down(opts.name, opts.state_root)
+    assert airgap.listed(opts.name) is None, "fleet lab down left the air gap's nft table behind"
 
 
 def fleet_deploy(lab: LabFleet, *args: str) -> tuple[int, dict[str, object] | str]:
@@ -89,6 +93,152 @@ def test_first_deploy_serves_and_a_second_changes_nothing(served_lab: LabFleet) 
     (host,) = again["hosts"]  # type: ignore[misc]
     assert host["status"] == "unchanged" and host["operations"] == [], host
     assert [e["healthy"] for e in host["endpoints"]] == [True, True]
+
+
+# ---- the air gap ---------------------------------------------------------------------------------
+
+#: Run on a lab host: try a TCP connection to each (address, port) with a short timeout and print
+#: the outcome as JSON ("ok", or the errno's name); then fetch the index page.
+TRY_CONNECT = r"""
+import errno, json, socket, sys, urllib.request
+out = {}
+for target in sys.argv[2:]:
+    address, _, port = target.rpartition(":")
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((address.strip("[]"), int(port)))
+        out[target] = "ok"
+    except socket.timeout:
+        out[target] = "timeout"
+    except OSError as exc:
+        out[target] = errno.errorcode.get(exc.errno, str(exc))
+    finally:
+        s.close()
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=5) as r:
+        out["index"] = r.status
+except OSError as exc:
+    out["index"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def _listener(family: int, address: str) -> socket.socket | None:
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.bind((address, 0))
+        sock.listen(8)
+        return sock
+    except OSError:
+        return None
+
+
+def test_hosts_reach_only_the_lab_index_and_apt_repository(served_lab: LabFleet) -> None:
+    """The lab's air gap (fleet.lab.airgap): the deploy above installed from the index and serves;
+    a control-machine port that answers here, another lab address and ::1 are refused from the host."""
+    assert host_run(served_lab, "systemctl is-active fleet-vllm-0.service")[1].strip() == "active"
+    state = served_lab.state
+    index_url = next(iter(_inventory_data(served_lab).values()))["pip_index_url"]
+    assert state.air_gap == [str(airgap.endpoint_of(index_url))]
+    v4 = _listener(socket.AF_INET, "127.0.0.1")
+    v6 = _listener(socket.AF_INET6, "::1")
+    assert v4 is not None
+    try:
+        here = f"127.0.0.1:{v4.getsockname()[1]}"
+        with socket.create_connection(("127.0.0.1", v4.getsockname()[1]), timeout=3):
+            pass  # it answers from the control machine
+        targets = [here, str(airgap.endpoint_of(index_url)), f"127.0.{state.octet}.250:22"]
+        loop6 = f"[::1]:{v6.getsockname()[1]}" if v6 is not None else None
+        if loop6 is not None:
+            targets.append(loop6)
+        rc, out, err = host_run(served_lab, "timeout 60 python3 -c " + _quote(TRY_CONNECT) + " " + index_url + " "
+                                + " ".join(targets))  # fmt: skip
+        assert rc == 0, err
+        got = json.loads(out.strip().splitlines()[-1])
+    finally:
+        v4.close()
+        if v6 is not None:
+            v6.close()
+    assert got[str(airgap.endpoint_of(index_url))] == "ok" and got["index"] == 200, got
+    assert got[here] == "EHOSTUNREACH", got  # rejected at once, not a timeout
+    assert got[f"127.0.{state.octet}.250:22"] == "EHOSTUNREACH", got
+    if loop6 is not None:
+        assert got[loop6] == "EACCES", got  # ICMPv6 "administratively prohibited"
+    table = airgap.listed(served_lab.opts.name)
+    assert table is not None and f"fleet-lab/{state.hosts[0].name}" in table and "reject with icmpx" in table
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def _inventory_data(lab: LabFleet) -> dict[str, dict[str, object]]:
+    from fleet.inventory.spec import load_inventory
+
+    loaded = load_inventory(str(lab.opts.inventory))
+    return {s.name: loaded.pyinfra.get_host(s.name).data.dict() for s in loaded.hosts}
+
+
+# ---- preflight refusal on a serving host -------------------------------------------------------
+
+FAULTS = "/etc/fleet-lab/vllm-faults.json"
+SERVING_FILES = (
+    "/etc/systemd/system/fleet-vllm-0.service /etc/systemd/system/fleet-vllm-1.service "
+    "/etc/fleet/vllm-0.env /etc/fleet/vllm-1.env"
+)
+
+
+def _serving(lab: LabFleet) -> dict[str, object]:
+    """MainPID and argv of each unit, the release ``current`` names, and a hash of the units' and
+    env files' contents (through any link to a configuration revision)."""
+    out: dict[str, object] = {}
+    for n in (0, 1):
+        unit = f"fleet-vllm-{n}.service"
+        _rc, pid, _err = host_run(lab, f"systemctl show -p MainPID --value {unit}")
+        _rc, argv, _err = host_run(lab, f"tr '\\0' ' ' < /proc/{pid.strip()}/cmdline")
+        out[unit] = (pid.strip(), argv)
+    out["current"] = host_run(lab, "readlink /opt/fleet/vllm/current")[1].strip()
+    rc, text, err = host_run(lab, f"sudo cat {SERVING_FILES}")
+    assert rc == 0, err
+    out["files"] = hashlib.sha256(text.encode()).hexdigest()
+    return out
+
+
+def test_a_flag_the_hosts_vllm_refuses_is_stopped_by_preflight(served_lab: LabFleet) -> None:
+    """The host's vLLM build lacks --no-enable-prefix-caching (the stand-in's unknown_flags fault);
+    the inventory turns prefix caching off, which fleet's own surface accepts: the deploy refuses
+    the host by name, with the flag and the way out, exit 1, and the old units keep serving."""
+    name = served_lab.state.hosts[0].name
+    before = _serving(served_lab)
+    assert before["fleet-vllm-0.service"][0] not in ("", "0"), before  # type: ignore[index]
+    rc, _out, err = host_run(
+        served_lab, f"echo '{json.dumps({'unknown_flags': ['--no-enable-prefix-caching']})}' | sudo tee {FAULTS}"
+    )
+    assert rc == 0, err
+    text = served_lab.opts.inventory.read_text()
+    served_lab.opts.inventory.write_text(text.replace("'port': 8000,", "'port': 8000, 'prefix_caching': False,"))
+    try:
+        rc, result = fleet_deploy(served_lab)
+        assert rc == 1 and isinstance(result, dict), result
+        (host,) = result["hosts"]  # type: ignore[misc]
+        assert host["host"] == name and host["status"] == "refused", host
+        error = str(host["error"])
+        assert f"host {name}, fleet-vllm-0.service: preflight flags" in error, error
+        assert "unrecognized arguments: --no-enable-prefix-caching" in error, error
+        assert "inventory turns prefix caching off" in error and "vllm_version" in error, error
+        assert not host["restarted"]
+        after = _serving(served_lab)
+        for unit in ("fleet-vllm-0.service", "fleet-vllm-1.service"):
+            assert after[unit] == before[unit], (unit, before[unit], after[unit])  # same process, same argv
+        assert after["current"] == before["current"]
+        assert after["files"] == before["files"]  # the units and env files as they were
+    finally:
+        host_run(served_lab, f"sudo rm -f {FAULTS}")
+        served_lab.opts.inventory.write_text(text)
 
 
 # ---- three bare hosts with different GPU profiles -----------------------------------------------
@@ -213,6 +363,22 @@ def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet)
             assert running[running.index("serve") + 1 :] == argv, (host.name, running, argv)
 
 
+def test_the_air_gap_holds_after_the_reboots(fleet3: LabFleet) -> None:
+    """--reboot power-cycled every host (new cgroups): the air gap was loaded again for them."""
+    v4 = _listener(socket.AF_INET, "127.0.0.1")
+    assert v4 is not None
+    here = f"127.0.0.1:{v4.getsockname()[1]}"
+    index_url = str(next(iter(_inventory_data(fleet3).values()))["pip_index_url"])
+    try:
+        for i in range(3):
+            rc, out, err = on(fleet3, i, f"timeout 60 python3 -c {_quote(TRY_CONNECT)} {index_url} {here}")
+            assert rc == 0, err
+            got = json.loads(out.strip().splitlines()[-1])
+            assert got == {here: "EHOSTUNREACH", "index": 200}, (i, got)
+    finally:
+        v4.close()
+
+
 def test_a_second_run_changes_nothing_and_restarts_nothing(fleet3: LabFleet) -> None:
     before = unit_pids(fleet3)
     assert len(before) >= 3
@@ -303,7 +469,8 @@ def test_a_changed_model_redeploys_host_by_host(fleet3: LabFleet) -> None:
         watcher.join(10)
     assert rc == 0 and isinstance(result, dict), result
     for h in result["hosts"]:  # type: ignore[union-attr]
-        assert h["restarted"] and all(e["healthy"] and "llama-b" in e["detail"] for e in h["endpoints"]), h
+        # healthy: the rollout's gates passed, the models gate included (the instance lists llama-b)
+        assert h["restarted"] and all(e["healthy"] and e["model"] == "llama-b" for e in h["endpoints"]), h
     assert most_down[0] == 1, most_down  # one host at a time went down, never two
     after = unit_pids(fleet3)
     assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)

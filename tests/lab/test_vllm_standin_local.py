@@ -330,6 +330,43 @@ def test_removed_and_unknown_flags_exit_2(lab: Lab, flags: list[str]) -> None:
     assert f"vllm: error: unrecognized arguments: {' '.join(flags)}" in out.stderr
 
 
+PARSE_LIKE_SERVE_CHECK = """
+import contextlib, io, sys
+from vllm.entrypoints.common.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+err = io.StringIO()
+try:
+    with contextlib.redirect_stderr(err):
+        make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(sys.argv[1:])
+except SystemExit as exc:
+    print(err.getvalue().strip().splitlines()[-1] if exc.code else "ok")
+else:
+    print("ok")
+"""
+
+
+def test_the_unknown_flags_fault_makes_both_parsers_refuse_a_flag(lab: Lab, tmp_path: Path) -> None:
+    """A host whose vLLM build lacks a flag: ``vllm serve`` and ``make_arg_parser`` (what fleet's
+    preflight calls) refuse it like any unknown flag; without the fault both take it."""
+    faults = tmp_path / "faults.json"
+    argv = [LLAMA_8B, "--no-enable-prefix-caching", "--max-model-len", "4096"]
+    env = {**os.environ, "FLEET_LAB_FAULTS": str(faults)}
+
+    def parse() -> str:
+        out = subprocess.run([str(lab.python), "-c", PARSE_LIKE_SERVE_CHECK, *argv], env=env,
+                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+        return out.stdout.strip()
+
+    assert parse() == "ok"
+    faults.write_text(json.dumps({"unknown_flags": ["--no-enable-prefix-caching"]}))
+    assert parse() == "vllm serve: error: unrecognized arguments: --no-enable-prefix-caching"
+    served = subprocess.run([str(lab.vllm), "serve", *argv], env=env, capture_output=True, text=True, timeout=60)
+    assert served.returncode == 2
+    assert "vllm: error: unrecognized arguments: --no-enable-prefix-caching" in served.stderr
+    argv = [LLAMA_8B, "--max-model-len", "4096"]  # the rest of the surface is untouched
+    assert parse() == "ok"
+
+
 # ---- start refusals ---------------------------------------------------------------------------
 
 

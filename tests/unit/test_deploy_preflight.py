@@ -14,6 +14,7 @@ from fleet.deploy.runner import _over
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts, parse_probe
 from fleet.facts.serve_check import InstanceCheck, ServeCheck, ServeCheckResult, serve_check_command
+from fleet.plan.planner import Flag
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 
@@ -25,8 +26,16 @@ def probe(procs: dict[int, list[dict[str, Any]]] | None = None) -> HostFacts:
     return parse_probe(d)
 
 
+FLAGS = (
+    Flag("--port", "8000", "base port 8000 + instance 0"),
+    Flag("--no-enable-prefix-caching", None, "inventory turns prefix caching off"),
+)
+
+
 def plan() -> Any:
-    inst = [SimpleNamespace(unit_name=f"vllm-{i}", gpus=(2 * i, 2 * i + 1), model="org/m") for i in range(2)]
+    inst = [
+        SimpleNamespace(unit_name=f"vllm-{i}", gpus=(2 * i, 2 * i + 1), model="org/m", flags=FLAGS) for i in range(2)
+    ]
     return SimpleNamespace(host="h1", vllm_version="0.33.0", instances=inst)
 
 
@@ -71,6 +80,25 @@ def test_refusals(check: ServeCheckResult, procs: Any, expected: list[tuple[str,
         assert str(r).startswith("host h1, ")
 
 
+@pytest.mark.parametrize(
+    ("error", "way_out"),
+    [
+        ("vllm serve: error: unrecognized arguments: --no-enable-prefix-caching",
+         "fleet planned --no-enable-prefix-caching: inventory turns prefix caching off; install a vLLM that takes "
+         "it: fleet planned for vLLM 0.33.0 (vllm_version), from the index the inventory names (pip_index_url), "
+         "or change that inventory setting so the flag is not planned"),
+        ("vllm serve: error: argument --port: invalid int value: '8000x'", "fleet planned --port: base port 8000"),
+        ("vllm serve: error: unrecognized arguments: --x", "or change the inventory setting behind the refused flag"),
+    ],
+)  # fmt: skip
+def test_a_flag_refusal_names_the_flag_why_it_was_planned_and_the_way_out(error: str, way_out: str) -> None:
+    check = ServeCheckResult(None, (InstanceCheck(UNITS[0], error, True, ""), ok(UNITS[1])))
+    (refusal,) = refusals(plan(), check, probe())
+    assert way_out in refusal.way_out and "vllm_args" not in refusal.way_out
+    assert str(refusal).startswith(f"host h1, fleet-vllm-0.service: preflight flags: the host's vLLM refuses the "
+                                   f"command line: {error}; ")  # fmt: skip
+
+
 def test_no_probe_refuses_the_gpu_check() -> None:
     got = refusals(plan(), GOOD, None)
     assert {r.check for r in got} == {"gpus"} and len(got) == 2
@@ -97,7 +125,11 @@ def test_serve_check_command_quotes_the_argv_and_reads_the_answer() -> None:
 def test_unit_states_reads_its_lines_and_refuses_garbage() -> None:
     from fleet.facts.unit_states import UnitState, UnitStates
 
-    got = UnitStates().process(["fleet-vllm-0.service active stale", "", "fleet-vllm-1.service inactive fresh"])
+    got = UnitStates().process(
+        ["now 1000.5 50.0", "begin fleet-vllm-0.service", "Id=fleet-vllm-0.service", "ActiveState=active",
+         "ActiveEnterTimestamp=@900", "mtime 950", "end", "", "begin fleet-vllm-1.service", "ActiveState=inactive",
+         "ActiveEnterTimestamp=", "mtime 950", "end"]
+    )  # fmt: skip
     assert got == [UnitState("fleet-vllm-0.service", True, True), UnitState("fleet-vllm-1.service", False, False)]
     with pytest.raises(FleetError, match="unreadable line"):
         UnitStates().process(["fleet-vllm-0.service maybe"])

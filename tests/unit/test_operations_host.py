@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fleet.errors import FleetError
 from fleet.operations import host as host_deploy
 from fleet.operations.layout import NVML_PY_REQUIREMENT
 from fleet.secret_store import SecretError
@@ -43,16 +44,16 @@ def test_driver_defaults_to_the_vllm_release_driver_and_nvswitch_gets_fabric_man
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"nvidia_apt_keyring": "/nonexistent/key.gpg"}, "nvidia_apt_keyring='/nonexistent/key.gpg'"),
+        ({"nvidia_apt_keyring": "/nonexistent/key.gpg"}, "nvidia_apt_keyring='/nonexistent/key.gpg': no such file"),
         ({"nvidia_driver_version": "570.172.08"}, "needs driver branch 580"),
-        ({"nvidia_apt_url": "ftp://x y"}, "not an http"),
+        ({"nvidia_apt_url": "ftp://x y"}, "nvidia_apt_url='ftp://x y': an http:// or https:// URL"),
     ],
 )
 def test_bad_driver_data_names_host_key_and_value(tmp_path: Path, extra: dict[str, Any], message: str) -> None:
     key = tmp_path / "k.gpg"
     key.write_bytes(b"k")
     data = {**BASE, "nvidia_apt_url": "http://m/", "nvidia_apt_keyring": str(key), **extra}
-    with pytest.raises(host_deploy.HostDataError) as err:
+    with pytest.raises(FleetError) as err:  # the inventory's validation (fleet.inventory.schema)
         host_deploy.driver_settings("gpu-7", data)
     assert "host gpu-7" in str(err.value) and message in str(err.value)
 
@@ -62,19 +63,21 @@ def test_release_spec_and_its_checks() -> None:
     assert spec.requirements() == ["vllm==0.33.0", NVML_PY_REQUIREMENT]
     with pytest.raises(host_deploy.HostDataError, match="pip_index_url is not set"):
         host_deploy.release_spec("gpu-1", {k: v for k, v in BASE.items() if k != "pip_index_url"}, "3.11.2")
-    with pytest.raises(host_deploy.HostDataError, match="vllm_extras"):
+    with pytest.raises(FleetError, match="vllm_extras"):
         host_deploy.release_spec("gpu-1", {**BASE, "vllm_extras": ["a; rm -rf /"]}, "3.11.2")
+    audio = host_deploy.release_spec("gpu-1", {**BASE, "vllm_extras": ["audio", "video"]}, "3.11.2")
+    assert audio.requirements()[0] == "vllm[audio,video]==0.33.0"
 
 
-@pytest.mark.parametrize(("value", "kept"), [(None, 3), (2, 2), ("5", 5)])
+@pytest.mark.parametrize(("value", "kept"), [(None, 3), (2, 2), (100, 100)])
 def test_releases_kept(value: Any, kept: int) -> None:
     data = BASE if value is None else {**BASE, "releases_kept": value}
     assert host_deploy.releases_kept("gpu-1", data) == kept
 
 
-@pytest.mark.parametrize("value", [1, 0, "x", True, 101])
+@pytest.mark.parametrize("value", [1, 0, "x", "5", True, 101, 2.0])
 def test_releases_kept_refuses(value: Any) -> None:
-    with pytest.raises(host_deploy.HostDataError, match="releases_kept"):
+    with pytest.raises(FleetError, match="releases_kept"):
         host_deploy.releases_kept("gpu-1", {**BASE, "releases_kept": value})
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from vllm._vendor import vllm_surface
+from vllm.standin.faults import drop_unknown_flags
 from vllm.version import VLLM_VERSION, __version__
 
 SUBCOMMANDS = ("chat", "complete", "serve", "bench", "collect-env", "run-batch", "download-kernels")
@@ -34,7 +35,7 @@ def serve_parser() -> argparse.ArgumentParser:
     """argparse parser of ``vllm serve`` built from the vendored 0.33.0 surface."""
     surface = vllm_surface.load_surface(VLLM_VERSION)
     parser: argparse.ArgumentParser = vllm_surface.build_parser(surface, prog="vllm serve", allow_abbrev=True)
-    return parser
+    return drop_unknown_flags(parser)
 
 
 def parse_serve(argv: Sequence[str]) -> argparse.Namespace:

@@ -8,7 +8,8 @@ or empty file means no faults. Keys (all optional)::
       "hang_after_load": true,
       "crash_after_seconds": 30,
       "stall_after_seconds": 5, "stall_seconds": 2, "stall_every_seconds": 30,
-      "load_seconds": 20
+      "load_seconds": 20,
+      "unknown_flags": ["--no-enable-prefix-caching"]
     }
 
 * ``fail_load``: loading the weights fails (exit 1, a safetensors error) when the model
@@ -28,6 +29,11 @@ or empty file means no faults. Keys (all optional)::
   ``vllm/entrypoints/serve/instrumentator/health.py``). A gate that probes with a real
   completion sees it go red and green again: the flap that must reset a soak.
 * ``load_seconds``: how long loading takes (wins over ``$FLEET_LAB_LOAD_SECONDS``).
+* ``unknown_flags``: options this host's vLLM does not know, as a build or release whose parser
+  differs from the one fleet planned for: the whole argument behind any of the listed spellings
+  (``--no-enable-prefix-caching`` takes ``--enable-prefix-caching`` with it) is left out of
+  ``vllm serve``'s parser and of ``make_arg_parser``, so both refuse it the way vLLM refuses a
+  flag it does not have (``unrecognized arguments``). Read when a parser is built.
 
 The file is read at start and re-read every second while serving, so ``hang_after_load`` and
 ``crash_after_seconds`` can be switched on for a running server (the crash clock starts when
@@ -36,6 +42,7 @@ the running server first sees the key; so does the stall clock).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass, field
@@ -57,6 +64,7 @@ class Faults:
     stall_after_seconds: float | None = None
     stall_seconds: float = 0.0
     stall_every_seconds: float | None = None
+    unknown_flags: frozenset[str] = frozenset()
     problems: tuple[str, ...] = field(default=())
 
     def fails_load(self, *names: str) -> bool:
@@ -99,6 +107,9 @@ def read_faults(path: Path | None = None) -> Faults:
         every = _seconds(data, "stall_every_seconds")
         if every is not None and every <= stall:
             raise ValueError(f"stall_every_seconds ({every:g}) must be more than stall_seconds ({stall:g})")
+        unknown = data.get("unknown_flags") or []
+        if isinstance(unknown, str):
+            unknown = [unknown]
         return Faults(
             fail_load=tuple(str(x) for x in fail_load),
             hang_after_load=bool(data.get("hang_after_load", False)),
@@ -107,6 +118,7 @@ def read_faults(path: Path | None = None) -> Faults:
             stall_after_seconds=stall_after,
             stall_seconds=stall,
             stall_every_seconds=every,
+            unknown_flags=frozenset(str(x) for x in unknown),
         )
     except (ValueError, TypeError) as exc:
         return Faults(problems=(f"{path}: {exc}",))
@@ -119,3 +131,22 @@ def _seconds(data: dict[str, object], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ValueError(f"{key}: {value!r} is not a number of seconds >= 0")
     return float(value)
+
+
+def drop_unknown_flags(
+    parser: argparse.ArgumentParser, unknown: frozenset[str] | None = None
+) -> argparse.ArgumentParser:
+    """Remove from ``parser`` every argument with a spelling in ``unknown`` (default: the
+    ``unknown_flags`` fault in force); returns the parser."""
+    unknown = read_faults().unknown_flags if unknown is None else unknown
+    if not unknown:
+        return parser
+    for action in list(parser._actions):
+        if unknown & set(action.option_strings):
+            parser._remove_action(action)
+            for spelling in action.option_strings:
+                parser._option_string_actions.pop(spelling, None)
+            for group in parser._action_groups:
+                if action in group._group_actions:
+                    group._group_actions.remove(action)
+    return parser

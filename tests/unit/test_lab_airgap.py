@@ -1,0 +1,80 @@
+"""The lab's air gap: the nft rules (pure) and, where nft and root are here, that nft takes them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from fleet.lab import airgap
+from fleet.lab.airgap import Endpoint, HostRule
+from fleet.lab.errors import LabError
+
+HOSTS = [
+    HostRule("lab-1", "127.0.120.11", "unified/fleet-lab/lab-1", 2),
+    HostRule("lab-2", "127.0.120.12", "fleet-lab/lab-2", 2),
+]
+ALLOWED = [Endpoint("127.0.0.1", 35423)]
+
+
+def test_ruleset_sends_each_hosts_packets_to_its_own_chain() -> None:
+    text = airgap.ruleset("t-1", HOSTS, ALLOWED)
+    assert text.startswith("table inet fleet_lab_t_1\ndelete table inet fleet_lab_t_1\n")
+    assert 'socket cgroupv2 level 2 "unified/fleet-lab/lab-1" jump host_0' in text
+    assert 'socket cgroupv2 level 2 "fleet-lab/lab-2" jump host_1' in text
+    chain = text[text.index("chain host_0") : text.index("chain host_1")]
+    rules = [line.strip() for line in chain.splitlines()[1:] if line.strip() not in ("", "}")]
+    assert rules == [
+        "ct state established,related accept",
+        "ip daddr 127.0.120.11 accept",
+        "ip daddr 127.0.0.1 tcp dport 35423 accept",
+        "counter reject with icmpx admin-prohibited",
+    ]
+
+
+def test_ruleset_of_an_ipv6_index_and_no_hosts() -> None:
+    text = airgap.ruleset("lab", [HostRule("h", "::1", "fleet-lab/h", 2)], [Endpoint("fd00::5", 8080)])
+    assert "ip6 daddr ::1 accept" in text and "ip6 daddr fd00::5 tcp dport 8080 accept" in text
+    empty = airgap.ruleset("lab", [], ALLOWED)
+    assert "jump" not in empty and "type filter hook output" in empty
+
+
+@pytest.mark.parametrize(
+    ("url", "endpoint"),
+    [
+        ("http://127.0.0.1:35423/simple/", "127.0.0.1:35423"),
+        ("http://127.0.0.1:35423/apt/", "127.0.0.1:35423"),
+        ("http://localhost:9000/simple/", "127.0.0.1:9000"),
+        ("https://10.0.0.5/simple/", "10.0.0.5:443"),
+        ("http://[fd00::5]:8080/simple/", "[fd00::5]:8080"),
+    ],
+)
+def test_endpoint_of(url: str, endpoint: str) -> None:
+    assert str(airgap.endpoint_of(url)) == endpoint
+    assert Endpoint.parse(endpoint) == airgap.endpoint_of(url)
+
+
+def test_an_index_by_name_cannot_be_allowed() -> None:
+    with pytest.raises(LabError, match=r"allows addresses, not names.*--no-air-gap"):
+        airgap.endpoint_of("https://index.internal/simple/")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("nft") is None, reason="needs root and nft")
+def test_nft_accepts_the_rules(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """``nft -c`` (check only, nothing loaded) on rules naming a real cgroup v2 directory."""
+    root = airgap.cgroup2_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy here")
+    group = root / "fleet-lab-unit-test" / f"h{os.getpid()}"
+    group.mkdir(parents=True)
+    try:
+        rule = airgap.host_rule("h", "127.0.120.11", group)
+        assert rule.level == 2
+        text = airgap.ruleset(f"unit-test-{os.getpid()}", [rule], ALLOWED)
+        done = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+    finally:
+        group.rmdir()
+        group.parent.rmdir()
