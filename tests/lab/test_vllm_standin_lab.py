@@ -33,7 +33,6 @@ import paramiko
 import pytest
 
 from fleet.lab import ssh
-from fleet.lab.index import ensure_index, stop_index
 from fleet.lab.state import HostRecord
 from tests.lab.polling import wait_for
 
@@ -117,12 +116,13 @@ class Host:
 
 
 @pytest.fixture(scope="module")
-def index_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    lab_dir = tmp_path_factory.mktemp("lab-index")
-    try:
-        yield ensure_index(lab_dir)
-    finally:
-        stop_index(lab_dir)
+def index_url(lab_fleet: LabFleet) -> str:
+    """The lab's own index (the only one the air-gapped hosts can reach), as its inventory names it."""
+    from fleet.inventory.spec import load_inventory
+
+    url = load_inventory(lab_fleet.opts.inventory).hosts[0].pip_index_url
+    assert url, "the lab inventory names no pip_index_url"
+    return url
 
 
 @pytest.fixture(scope="module")
