@@ -37,14 +37,9 @@ HOSTS = 4
 
 def fleet_cli(lab: LabFleet, *args: str, journal: Path) -> tuple[int, dict[str, Any], str]:
     env = {**os.environ, "FLEET_JOURNAL": str(journal)}
-    import time
-
-    t0 = time.monotonic()
     proc = subprocess.run(
         [str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False, env=env
     )
-    with open("/tmp/lead-timing.log", "a") as log:
-        log.write(f"{time.monotonic() - t0:.1f}s rc={proc.returncode} {' '.join(args[:3])}\n{proc.stderr[-3000:]}\n")
     try:
         data = json.loads(proc.stdout) if proc.stdout.strip() else {}
     except ValueError:
