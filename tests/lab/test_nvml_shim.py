@@ -569,18 +569,23 @@ def test_dead_and_zombie_pids_are_ignored(shim_dir: Path, state_dir: Path, tmp_p
     finished = subprocess.Popen(["true"])
     finished.wait()
     (state_dir / f"{finished.pid}.mem").write_text(f"0 {GiB}\n")
-    zombie = subprocess.Popen(["true"])
+    # The zombie's parent is `sleep` (sh exec'd into it), which never reaps it: not a child of this
+    # process, where a SIGCHLD handler installed by another test (gevent's) could reap it first.
+    holder = subprocess.Popen(["sh", "-c", "true & echo $!; exec sleep 60"], stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout is not None
+        zombie_pid = int(holder.stdout.readline())
         deadline = time.monotonic() + 10
-        stat = Path(f"/proc/{zombie.pid}/stat")
+        stat = Path(f"/proc/{zombie_pid}/stat")
         while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
             assert time.monotonic() < deadline, "child never became a zombie"
             time.sleep(0.01)
-        (state_dir / f"{zombie.pid}.mem").write_text(f"0 {GiB}\n")
+        (state_dir / f"{zombie_pid}.mem").write_text(f"0 {GiB}\n")
         (state_dir / "notapid.mem").write_text(f"0 {GiB}\n")
         gpu = probe(shim_dir, profile_file, state_dir)["gpus"][0]
     finally:
-        zombie.wait()
+        holder.kill()
+        holder.wait()
     assert gpu["mem_v2"][3] == 0 and gpu["procs"] == []
 
 
