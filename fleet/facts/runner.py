@@ -7,7 +7,9 @@ the single-use ``State``/``Inventory`` and the SSH clients ``disconnect_all`` le
 ``process()``), so the pyinfra CLI and deploys can run the same fact.
 
 Host keys are checked strictly against the host's ``ssh_known_hosts_file`` (or
-``~/.ssh/known_hosts``): an unknown or changed key is refused, never added.
+``~/.ssh/known_hosts``): an unknown or changed key is refused, never added. Connections and
+commands have deadlines that hold when a host stops answering (``fleet.facts.sshlink``); a host
+that cannot be asked is a ``HostUnreachable`` with the reason in one line.
 
 **Example:**
 
@@ -20,18 +22,18 @@ Host keys are checked strictly against the host's ``ssh_known_hosts_file`` (or
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import paramiko
 from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
+from fleet.facts import sshlink
+from fleet.facts.sshlink import CONNECT_TIMEOUT_S, SshError
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 60.0
@@ -103,56 +105,24 @@ def targets_from_inventory(inventory: Any, names: Iterable[str] | None = None) -
     return out
 
 
-def connect(target: SshTarget, timeout: float = 10.0) -> paramiko.SSHClient:
-    client = paramiko.SSHClient()
-    known = target.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-    if Path(known).is_file():
-        client.load_host_keys(known)
-    if target.strict:
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    else:
-        client.set_missing_host_key_policy(paramiko.WarningPolicy())
-    client.connect(
-        target.hostname,
-        port=target.port,
-        username=target.user,
-        key_filename=os.path.expanduser(target.key) if target.key else None,
-        allow_agent=target.key is None,
-        look_for_keys=target.key is None,
-        timeout=timeout,
-        banner_timeout=timeout,
-        auth_timeout=timeout,
-    )
-    return client
+def connect(target: SshTarget, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHClient:
+    """A logged-in client within ``timeout`` seconds, or ``SshError`` (``fleet.facts.sshlink.connect``)."""
+    return sshlink.connect(target, timeout)
 
 
 def run_command(target: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[int, str, str]:
-    """Connect, run one command, close: (exit status, stdout, stderr)."""
-    client = connect(target, timeout=min(timeout, 10.0))
-    try:
-        _in, out, err = client.exec_command(command, timeout=timeout)
-        stdout = out.read().decode(errors="replace")
-        stderr = err.read().decode(errors="replace")
-        return out.channel.recv_exit_status(), stdout, stderr
-    finally:
-        client.close()
+    """Connect, run one command, close: (exit status, stdout, stderr), or ``SshError``.
+
+    The command has a deadline of ``timeout`` seconds that holds even when the host stops
+    answering mid-command (``fleet.facts.sshlink``: a heartbeat and a watchdog)."""
+    return sshlink.run_once(target, command, timeout)
 
 
 def _one(target: SshTarget, fact: FactBase[T], command: str, timeout: float) -> T | HostUnreachable:
     try:
         rc, out, err = run_command(target, command, timeout)
-    except paramiko.BadHostKeyException as exc:
-        return HostUnreachable(target.name, f"host key changed for {exc.hostname}: refusing to connect")
-    except paramiko.SSHException as exc:
-        if "not found in known_hosts" in str(exc):
-            return HostUnreachable(
-                target.name,
-                f"{target.hostname}:{target.port} is not in {target.known_hosts or '~/.ssh/known_hosts'}; "
-                "add its key (ssh-keyscan, checked out of band)",
-            )
-        return HostUnreachable(target.name, f"SSH: {exc}")
-    except (TimeoutError, OSError, EOFError) as exc:
-        return HostUnreachable(target.name, f"cannot reach {target.hostname}:{target.port}: {exc}")
+    except SshError as exc:
+        return HostUnreachable(target.name, exc.reason)
     if rc != 0:
         return HostUnreachable(target.name, f"fact command exited {rc}: {err.strip()[-300:]}")
     try:

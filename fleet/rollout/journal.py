@@ -30,6 +30,9 @@ from typing import Any
 from fleet.rollout.engine import Action, RolloutState, state_from_dict, state_to_dict
 from fleet.rollout.errors import JournalError, LockHeld
 
+#: The step (and its outcome) that records a rollout stopped by a signal before its end.
+INTERRUPTED = "interrupted"
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
     id TEXT PRIMARY KEY,
@@ -267,6 +270,19 @@ class Journal:
                 "UPDATE steps SET outcome = ?, outcome_detail = ?, outcome_at = ? WHERE seq = ?",
                 ("ok" if ok else "failed", detail, now, seq),
             )
+            self._save(db, state, now)
+
+    def interrupted(self, state: RolloutState, detail: str, now: float) -> None:
+        """Record that this process stopped the rollout before its end (Ctrl-C, SIGTERM): a step
+        ``interrupted`` (no instance) saying how and what it left, and the state as it was. The
+        status stays ``running``: ``fleet rollout --resume ID`` picks it up from here."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO steps (rollout_id, at, instance, action, detail, before, state, outcome, outcome_detail, "
+                "outcome_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (state.id, now, None, INTERRUPTED, detail, "{}", json.dumps(state_to_dict(state)), INTERRUPTED,
+                 detail, now),
+            )  # fmt: skip
             self._save(db, state, now)
 
     def save(self, state: RolloutState, now: float) -> None:
