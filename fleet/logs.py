@@ -81,7 +81,7 @@ def route_library_logs() -> None:
             logger.addHandler(handler())
         logger.propagate = False
         if logger.level == logging.NOTSET:
-            logger.setLevel(logging.INFO)
+            logger.setLevel(logging.WARNING)  # failures, not every login
 
 
 @contextmanager

@@ -60,6 +60,12 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def exit_code_of(exc: FleetError) -> int:
+    """1 for a host that could not be asked (unreachable, a refused host key or login): a host
+    failed, the input is fine; 2 for everything else (bad input, a held lock)."""
+    return EXIT_SOME_HOSTS if isinstance(exc, ExecutorError) else EXIT_INVALID
+
+
 def _size(text: str) -> int | str:
     text = text.strip()
     return int(text) if text.lstrip("-").isdigit() else text
@@ -332,7 +338,7 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), bool(opts["as_json"]))
+        fail(str(exc), bool(opts["as_json"]), code=exit_code_of(exc))
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
@@ -390,7 +396,7 @@ def rollout(
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     chosen = release
     _start(fleet, "rollout", lambda _ex: fleet.targets(dict.fromkeys(fleet.hosts, chosen), restart=False), opts)
 
@@ -418,7 +424,7 @@ def _apply(
                 overrides=overrides,
             )  # fmt: skip
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     report(result, as_json, "fleet rollout")
 
 
@@ -437,7 +443,7 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
             executor = fleet.executor(opts["gates_over_ssh"])
             journal.acquire(saved.fleet, rid, takeover=bool(opts["take_over"]))
         except FleetError as exc:
-            fail(str(exc), as_json, code=EXIT_INVALID)
+            fail(str(exc), as_json, code=exit_code_of(exc))
         try:
             final = _run(resume(saved, time.time()), executor, journal, as_json, resumed=True)
         finally:
@@ -462,7 +468,7 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
         try:
             fleet = load_fleet(target, limit)
         except FleetError as exc:
-            fail(str(exc), as_json)
+            fail(str(exc), as_json, code=exit_code_of(exc))
 
         def previous(ex: SshExecutor) -> list[Target]:
             links = {h: ex.links(h) for h in fleet.hosts}
@@ -481,14 +487,14 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
         try:
             saved = journal.latest_state(rid)
         except FleetError as exc:
-            fail(str(exc), as_json)
+            fail(str(exc), as_json, code=exit_code_of(exc))
     back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
     try:
         fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
 
     def before(_ex: SshExecutor) -> list[Target]:
         return [

@@ -82,6 +82,7 @@ class HostUnreachable:
 
     host: str
     reason: str
+    ssh_failed: bool = False  #: the host could not be asked at all (SSH), as opposed to a command's failure
 
 
 @dataclass
@@ -122,7 +123,7 @@ def _one(target: SshTarget, fact: FactBase[T], command: str, timeout: float) -> 
     try:
         rc, out, err = run_command(target, command, timeout)
     except SshError as exc:
-        return HostUnreachable(target.name, exc.reason)
+        return HostUnreachable(target.name, exc.reason, ssh_failed=True)
     if rc != 0:
         return HostUnreachable(target.name, f"fact command exited {rc}: {err.strip()[-300:]}")
     try:

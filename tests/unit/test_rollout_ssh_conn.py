@@ -338,3 +338,39 @@ def test_close_from_another_thread_ends_a_command_in_flight_and_nothing_is_sent_
         assert server.commands == ["echo hi", "sleep 30"]  # not sent again on a new connection
     finally:
         conn.close()
+
+
+def test_a_changed_host_key_shows_both_fingerprints_and_the_file_fleet_reads(server: SshServer, tmp_path: Path) -> None:
+    """Issue 25.7: the advice was pyinfra's ``ssh-keygen -R HOST`` (it edits ~/.ssh/known_hosts,
+    not the inventory's file) and the keys were shown with parts replaced by <redacted>."""
+    import shlex
+
+    from fleet.facts import sshlink
+    from fleet.secrets import redact
+
+    other = paramiko.ECDSAKey.generate()
+    known = paramiko.HostKeys()
+    known.add(f"[127.0.0.1]:{server.port}", other.get_name(), other)
+    path = tmp_path / "fleet known_hosts"  # a space: the advice quotes it
+    known.save(str(path))
+    target = SshTarget("gpu01", "127.0.0.1", server.port, "fleet", str(server.key_file), str(path))
+    with pytest.raises(sshlink.HostKeyError) as exc:
+        sshlink.connect(target, timeout=5)
+    text = str(exc.value)
+    assert text.startswith(f"host gpu01: SSH failed: the host key of [127.0.0.1]:{server.port} has changed: ")
+    assert f"{path} holds ECDSA {other.fingerprint}, the host offered RSA {server.host_key.fingerprint}" in text
+    assert f"ssh-keygen -R '[127.0.0.1]:{server.port}' -f {shlex.quote(str(path))}" in text
+    assert "~/.ssh" not in text and redact(text) == text  # nothing in it looks like a secret
+    assert server.commands == []
+
+
+def test_an_unknown_host_key_is_refused_with_its_fingerprint(server: SshServer, tmp_path: Path) -> None:
+    from fleet.facts import sshlink
+
+    target = SshTarget("gpu01", "127.0.0.1", server.port, "fleet", str(server.key_file), str(tmp_path / "empty"))
+    with pytest.raises(sshlink.HostKeyError) as exc:
+        sshlink.connect(target, timeout=5)
+    assert str(exc.value).startswith(
+        f"host gpu01: SSH failed: [127.0.0.1]:{server.port} is not in {tmp_path / 'empty'} (it offered RSA "
+        f"{server.host_key.fingerprint}); check that fingerprint out of band"
+    )
