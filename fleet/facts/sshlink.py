@@ -313,7 +313,12 @@ class Link:
                 if not self._jobs or self.dead or t is None or not t.is_active():
                     self._heart = None
                     return
-            t.global_request("keepalive@openssh.com", wait=True)  # returns on an answer, or once closed
+            try:
+                t.global_request("keepalive@openssh.com", wait=True)  # returns on an answer, or once closed
+            except Exception:  # the connection broke while sending: whoever waits on it finds out
+                with self._lock:
+                    self._heart = None
+                return
             if t.is_active():
                 self._heard()
             time.sleep(self.heartbeat_s)
@@ -360,11 +365,12 @@ class Link:
             if t is None or not t.is_active():
                 raise ConnectionLost(self.name, "the connection closed")
             chan = t.open_session(timeout=min(timeout, self.silent_s + self.heartbeat_s))
-            chan.settimeout(POLL_S)
             chan.exec_command(command)
             if stdin:
+                chan.settimeout(max(POLL_S, job.deadline - time.monotonic()))
                 chan.sendall(stdin)
             chan.shutdown_write()
+            chan.settimeout(POLL_S)
             return self._collect(chan, job, what)
         except SshError:
             raise
@@ -385,21 +391,24 @@ class Link:
         out, err = bytearray(), bytearray()
         eof = False
         while True:
+            got = False
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
+                got = True
             if not eof:
                 try:
-                    data = chan.recv(65536)
+                    data = chan.recv(65536)  # waits up to POLL_S (the channel's timeout)
                 except TimeoutError:
                     data = None
                 if data:
                     out += data
-                    self._heard()
-                    continue
+                    got = True
                 eof = data == b""
+            if got:
+                self._heard()  # output is an answer too
             if eof and chan.exit_status_ready():
                 break
-            if eof:
+            if eof and not got:
                 chan.status_event.wait(POLL_S)
             if self.dead:
                 raise self._unreachable(what)

@@ -49,7 +49,7 @@ def next_steps(state: RolloutState) -> list[str]:
         if i.rollback_failure:
             continue  # said above
         line = _down_line(i)
-        if "host unreachable" in i.failure:
+        if "unreachable" in i.failure:
             line += f". Bring {i.ref.host} back, then run the {state.kind} again (`--limit {i.ref.host}`)"
         out.append(line)
     skipped = [i for i in state.instances.values() if i.phase is Phase.SKIPPED]

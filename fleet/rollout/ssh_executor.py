@@ -2,8 +2,13 @@
 
 One paramiko connection per host, opened on first use and reused for every step (strict host
 keys, as ``fleet.facts.runner.connect`` checks them); a broken connection is opened again once
-before the host is reported unreachable. Every remote command is an argv list joined with
-``fleet.render.escape.ssh_command``; commands that change the host run under ``sudo -n``.
+before the host is reported unreachable. Every command has a deadline that holds when the host
+stops answering (``fleet.facts.sshlink``: a heartbeat, and a watchdog that closes a connection
+silent for ``SILENT_S``); a host found unreachable is not asked again for ``RETRY_AFTER_S``, and
+``InstanceFacts.unreachable_since`` says when it was last heard from, for the engine's
+``unreachable_timeout_s``. Every remote command is an argv list joined with
+``fleet.render.escape.ssh_command``; commands that change the host run under ``sudo -n``; an
+error names a script by its name (``the fleet-switch script``), never by its text.
 
 What each step reads or does on a host:
 
@@ -17,7 +22,9 @@ What each step reads or does on a host:
   SIGKILLed API server, vLLM ``vllm/v1/engine/utils.py``, issue vllm#55510), anything else is
   not fleet's to stop;
 * ``flip_release``: the same two atomic ``ln -sfn`` + ``mv -T`` renames as the deploy (``previous``
-  becomes what ``current`` named), refused for a release whose marker file is missing;
+  becomes what ``current`` named), under the host's switch lock and with temporary links named
+  for the process (``fleet.operations.vllm.SWITCH_SH``: two instances of one host switching in
+  one batch run one after the other), refused for a release whose marker file is missing;
 * the gates: HTTP from this machine (``fleet.rollout.probe``), or, for hosts whose port cannot
   be reached from here, ``curl`` on the host over the same SSH connection (the API key goes to
   curl on stdin, never in argv);
@@ -176,6 +183,8 @@ class _Conn:
         self._retry_at = 0.0
 
     def _mark_down(self, exc: sshlink.Unreachable) -> None:
+        if exc is self._down:
+            return  # the same failure, reported again from the retry window: the window stays as it was
         if self.down_since is None:
             self.down_since = exc.since if exc.since is not None else time.time()
         self._down = exc
@@ -189,7 +198,7 @@ class _Conn:
             if self.closed:
                 raise ExecutorError(f"host {self.target.name}: not sent: fleet is stopping (its connection is closed)")
             link = self.link
-            if link is not None and link.dead:
+            if link is not None and link.dead and self._down is None:
                 self._mark_down(link._unreachable("the last command"))
             if link is not None and (fresh or not link.active):
                 link.close()  # asked to, or the connection ended (e.g. the host rebooted)

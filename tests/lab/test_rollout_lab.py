@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -129,10 +130,11 @@ def make_release(lab: LabFleet, index: int, name: str, faults: dict[str, Any] | 
     must(lab, index, script)
 
 
-def instance_state(lab: LabFleet, fleet: RolloutFleet) -> dict[str, dict[str, Any]]:
-    """Every instance: unit state, MainPID, NRestarts, the release its process runs, what it serves."""
+def instance_state(lab: LabFleet, fleet: RolloutFleet, first_index: int = 0) -> dict[str, dict[str, Any]]:
+    """Every instance: unit state, MainPID, NRestarts, the release its process runs, what it serves.
+    ``first_index``: the lab index of ``fleet``'s first host (a fleet of one host: that host's)."""
     out: dict[str, dict[str, Any]] = {}
-    for i, host in enumerate(fleet.hosts):
+    for i, host in enumerate(fleet.hosts, start=first_index):
         current = must(lab, i, f"readlink {ROOT}/current").strip().removeprefix("releases/")
         for ref, spec in fleet.instances.items():
             if ref.host != host:
@@ -595,6 +597,26 @@ def slow_stop(lab: LabFleet, index: int, unit: str, seconds: int) -> str:
     return dropin
 
 
+def unit_state_on_host(lab: LabFleet, index: int, unit: str) -> str:
+    """``ActiveState/SubState`` read over the test's own SSH connection (outside any partition)."""
+    out = must(lab, index, f"systemctl show -p ActiveState,SubState --value {unit}").split()
+    return "/".join(out)
+
+
+def ensure_serving(lab: LabFleet, fleet: RolloutFleet) -> None:
+    """Every instance started and serving again (after a test that may have left one down)."""
+    for i, host in enumerate(fleet.hosts):
+        units = " ".join(spec.unit for ref, spec in fleet.instances.items() if ref.host == host)
+        must(lab, i, f"sudo systemctl reset-failed {units} 2>/dev/null; sudo systemctl start {units}")
+    assert wait_for(
+        lambda: all(
+            i["unit"] == "active/running" and i["serves"] == (MODEL,) for i in instance_state(lab, fleet).values()
+        ),
+        120,
+        1.0,
+    ), instance_state(lab, fleet)
+
+
 def _wait_for_intent(journal: Path, instance: str, action: str, timeout: float = 120) -> tuple[str, float]:
     """The rollout id and the time a step was journaled (before it is taken)."""
     deadline = time.monotonic() + timeout
@@ -635,7 +657,8 @@ def test_a_host_cut_off_while_its_stop_runs_halts_the_restart_within_30_s_naming
             proc = fleet_in(cgroup, *args, log=tmp_path / "fleet.log")
             try:
                 rid, _at = _wait_for_intent(journal, target, "stop")
-                time.sleep(1.0)  # the stop is running on the host (its ExecStopPost sleeps)
+                # the stop reached the host and runs there (vLLM's drain, then the ExecStopPost sleep)
+                assert wait_for(lambda: unit_state_on_host(lab, 1, unit).startswith("deactivating"), 30, 0.1)
                 table = cut()
                 cut_at = time.monotonic()
                 out, err = proc.communicate(timeout=120)
@@ -665,12 +688,12 @@ def test_a_host_cut_off_while_its_stop_runs_halts_the_restart_within_30_s_naming
             f"{h0}/vllm-0"]["pid"]  # fmt: skip
         for name in (f"{h0}/vllm-1", f"{h1}/vllm-1"):
             assert after[name]["unit"] == "active/running" and after[name]["pid"] == before[name]["pid"], name
-        assert wait_for(lambda: instance_state_of_host(lab, fleet, 1)[target]["unit"] == "inactive/dead", 30)
+        # the stop it sent finished on the host: the instance is down, as the output says
+        assert wait_for(lambda: instance_state_of_host(lab, fleet, 1)[target]["unit"].split("/")[0] in (
+            "inactive", "failed"), 40), instance_state_of_host(lab, fleet, 1)[target]  # fmt: skip
     finally:
         must(lab, 1, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
-    rc, again = fleet_cli("restart", fleet.inventory, "--limit", h1, *FAST, journal=journal)
-    assert rc == 0, again
-    assert all(i["unit"] == "active/running" and i["serves"] == (MODEL,) for i in instance_state(lab, fleet).values())
+        ensure_serving(lab, fleet)
 
 
 def test_a_host_frozen_mid_restart_is_skipped_within_30_s_and_the_rest_restarts(
@@ -688,18 +711,22 @@ def test_a_host_frozen_mid_restart_is_skipped_within_30_s_and_the_rest_restarts(
     args = ["restart", fleet.inventory, "--batches", "1,-1", "--max-unavailable", "3", "--soak", "1",
             "--probe-interval", "0.5", "--health-timeout", "60", "--json", "--journal", str(journal)]  # fmt: skip
     env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
-    with frozen(lab, 1) as freeze:
-        proc = subprocess.Popen([str(FLEET), *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)  # fmt: skip
-        try:
-            rid, _at = _wait_for_intent(journal, f"{h0}/vllm-0", "start")
-            freeze()
-            frozen_at = time.time()
-            out, err = proc.communicate(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
+    try:
+        with frozen(lab, 1) as freeze:
+            proc = subprocess.Popen([str(FLEET), *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+            try:
+                rid, _at = _wait_for_intent(journal, f"{h0}/vllm-0", "start")
+                freeze()
+                frozen_at = time.time()
+                out, err = proc.communicate(timeout=180)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        after = instance_state(lab, fleet)  # thawed: every instance's end state
+    finally:
+        ensure_serving(lab, fleet)
     assert proc.returncode == 1, out + err
     _no_library_noise(err)
     result = json.loads(out)
@@ -722,7 +749,6 @@ def test_a_host_frozen_mid_restart_is_skipped_within_30_s_and_the_rest_restarts(
     decided = went_on - frozen_at  # the skip was decided, and the next instance stopped, this long after
     print(f"frozen after the canary started: skipped and went on {decided:.1f}s after the freeze")
     assert decided <= DECIDE_WITHIN_S, decided
-    after = instance_state(lab, fleet)  # thawed: every instance's end state
     for name, inst in after.items():
         assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
         assert (inst["pid"] != before[name]["pid"]) == name.startswith(f"{h0}/"), (name, before[name], inst)
@@ -787,7 +813,7 @@ def test_a_second_ctrl_c_names_what_is_down_and_how_to_resume_and_the_journal_sa
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         rid, _at = _wait_for_intent(journal, target, "stop")
-        time.sleep(1.0)
+        assert wait_for(lambda: unit_state_on_host(lab, 0, unit).startswith("deactivating"), 30, 0.1)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
@@ -799,26 +825,29 @@ def test_a_second_ctrl_c_names_what_is_down_and_how_to_resume_and_the_journal_sa
             proc.kill()
             proc.wait(30)
         must(lab, 0, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
-    print(f"second SIGINT: exited {took:.1f}s later")
-    assert proc.returncode == 1, out + err
-    assert took < 5, took
-    _no_library_noise(err)
-    assert "Aborted!" not in err
-    assert "SIGINT: stopping after the step in progress (again to abort at once)" in err
-    assert f"restart {rid} aborted during a step (second signal (SIGINT, then SIGINT))" in err, err
-    assert f"{target}: not serving: this rollout stopped it and it is not back (last step: stop)" in err, err
-    assert f"resume with: fleet rollout --resume {rid}" in err, err
-    with Journal(journal) as j:
-        assert j.latest_state(rid).status.value == "running"  # resumable
-        assert j.lock_owner(fleet.name) is None  # released: no --take-over needed
-        marks = [s for s in j.steps(rid) if s.action == "interrupted"]
-        assert len(marks) == 1 and marks[0].outcome == "interrupted", marks
-        assert marks[0].detail.startswith("aborted during a step on a second signal (SIGINT, then SIGINT)")
-        assert marks[0].detail.endswith(f"not serving (stopped by this rollout, not back): {target}")
-    rc, done = fleet_cli("rollout", "--resume", rid, "--json", journal=journal)
-    assert rc == 0 and done["status"] == "done", done
-    for name, inst in instance_state(lab, fleet).items():
-        assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+    try:
+        print(f"second SIGINT: exited {took:.1f}s later")
+        assert proc.returncode == 1, out + err
+        assert took < 5, took
+        _no_library_noise(err)
+        assert "Aborted!" not in err
+        assert "SIGINT: stopping after the step in progress (again to abort at once)" in err
+        assert f"restart {rid} aborted during a step (second signal (SIGINT, then SIGINT))" in err, err
+        assert f"{target}: not serving: this rollout stopped it and it is not back (last step: stop)" in err, err
+        assert f"resume with: fleet rollout --resume {rid}" in err, err
+        with Journal(journal) as j:
+            assert j.latest_state(rid).status.value == "running"  # resumable
+            assert j.lock_owner(fleet.name) is None  # released: no --take-over needed
+            marks = [s for s in j.steps(rid) if s.action == "interrupted"]
+            assert len(marks) == 1 and marks[0].outcome == "interrupted", marks
+            assert marks[0].detail.startswith("aborted during a step on a second signal (SIGINT, then SIGINT)")
+            assert marks[0].detail.endswith(f"not serving (stopped by this rollout, not back): {target}")
+        rc, done = fleet_cli("rollout", "--resume", rid, "--json", journal=journal)
+        assert rc == 0 and done["status"] == "done", done
+        for name, inst in instance_state(lab, fleet).items():
+            assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+    finally:
+        ensure_serving(lab, fleet)
 
 
 def test_a_changed_host_key_shows_both_fingerprints_and_the_right_known_hosts_file(
@@ -862,7 +891,7 @@ def test_a_changed_host_key_shows_both_fingerprints_and_the_right_known_hosts_fi
     error = result["error"]
     assert error.startswith(f"host {h1}: SSH failed: the host key of {entry} has changed: "), error
     assert f"{tmp_path / 'known_hosts'} holds ED25519 {expected}, the host offered ED25519 {offered}" in error
-    assert f"`ssh-keygen -R '{entry}' -f {tmp_path / 'known_hosts'}`" in error, error
+    assert f"`ssh-keygen -R {shlex.quote(entry)} -f {tmp_path / 'known_hosts'}`" in error, error
     assert "<redacted>" not in error and "~/.ssh" not in error and error.endswith("(nothing was changed)")
     deploy = subprocess.run([str(FLEET), "deploy", str(inventory), "--dry", "--limit", h1, "--json"], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
@@ -1024,4 +1053,4 @@ def instance_state_of_host(lab: LabFleet, fleet: RolloutFleet, index: int) -> di
         fleet.name, fleet.inventory, (host,), {host: fleet.ssh[host]},
         {r: s for r, s in fleet.instances.items() if r.host == host}, fleet.host_data, fleet.api_keys,
     )  # fmt: skip
-    return instance_state(lab, one)
+    return instance_state(lab, one, first_index=index)

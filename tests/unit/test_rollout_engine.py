@@ -908,3 +908,93 @@ def test_a_host_silent_during_its_restart_is_decided_within_30_s_of_its_last_ans
     assert final.reason.startswith("batch 2 failed (h2/i0: host unreachable for ")
     assert halted_at and policy.unreachable_timeout_s <= halted_at[0] - silent_at <= 30, halted_at[0] - silent_at
     assert "h3/i0" not in sim.touched()
+
+
+# ---- stopping: between steps, and at once (a second Ctrl-C) ---------------------------------------------
+
+
+def test_a_stop_between_steps_journals_an_interrupted_step_and_stays_resumable(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    journal = Journal(tmp_path / "journal.sqlite")
+    state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), POLICY, clock.now)
+    journal.begin(state)
+    asked = iter([False, False, True])
+    runner = Runner(sim, journal, clock=clock, sleep=clock.sleep, should_stop=lambda: next(asked, True))
+    final = runner.run(state)
+    assert final.status is RolloutStatus.RUNNING
+    (mark,) = [s for s in journal.steps("r1") if s.action == "interrupted"]
+    assert (mark.instance, mark.detail, mark.outcome) == (None, "stopped between steps on request", "interrupted")
+    assert journal.latest_state("r1").status is RolloutStatus.RUNNING
+
+
+def test_a_hard_abort_does_not_wait_for_steps_in_flight_and_the_state_knows_what_was_stopped(tmp_path: Path) -> None:
+    """A second Ctrl-C (KeyboardInterrupt in the main thread) while two stops hang on their hosts:
+    the runner gives up at once (the calls are left to their own deadlines), and its ``state``
+    marks both instances as stopped by this rollout."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from fleet.rollout.advice import left_down
+
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1, 1, 1])
+    release = threading.Event()
+    sim.stop_unit = lambda ref: release.wait(30)  # type: ignore[assignment, method-assign, return-value]
+    journal = Journal(tmp_path / "journal.sqlite")
+    policy = replace(POLICY, batches=(2, -1), hooks=Hooks())
+    state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), policy, clock.now)
+    journal.begin(state)
+    runner = Runner(sim, journal, clock=clock, sleep=clock.sleep)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # a real Ctrl-C: EINTR in the wait
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(state)
+        assert time.monotonic() - t0 < 2.0
+        assert runner.state is not None
+        assert sorted(str(i.ref) for i in left_down(runner.state)) == ["h0/i0", "h1/i0"]
+        stops = [s for s in journal.steps("r1") if s.action == "stop"]
+        assert len(stops) == 2 and all(s.outcome is None for s in stops)  # journaled, not finished
+    finally:
+        release.set()
+
+
+def test_the_abort_says_what_is_down_and_how_to_resume_and_journals_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from fleet.cli.rollout import _abort
+
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    journal = Journal(tmp_path / "journal.sqlite")
+    state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), POLICY, clock.now)
+    journal.begin(state)
+    ref = InstanceRef("h0", "i0")
+    stopping = replace(state.inst(ref), phase=Phase.STOP, changed=True, first_step_at=clock.now)
+    state = replace(state, current=(ref,), instances={**state.instances, ref: stopping})
+
+    class Closing:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    executor = Closing()
+    with pytest.raises(SystemExit) as exited:
+        _abort(state, executor, journal, True, "second signal (SIGINT, then SIGINT)")  # type: ignore[arg-type]
+    assert exited.value.code == 1 and executor.closed
+    out = json.loads(capsys.readouterr().out)
+    assert (out["id"], out["status"], out["down"]) == ("r1", "interrupted", ["h0/i0"])
+    assert out["next"][-1] == "resume with: fleet rollout --resume r1"
+    assert "h0/i0: not serving: this rollout stopped it and it is not back (last step: stop)" in out["next"]
+    (mark,) = [s for s in journal.steps("r1") if s.action == "interrupted"]
+    assert mark.detail == (
+        "aborted during a step on a second signal (SIGINT, then SIGINT); not serving (stopped by this rollout, "
+        "not back): h0/i0"
+    )
+    assert journal.latest_state("r1").status is RolloutStatus.RUNNING

@@ -374,3 +374,31 @@ def test_an_unknown_host_key_is_refused_with_its_fingerprint(server: SshServer, 
         f"host gpu01: SSH failed: [127.0.0.1]:{server.port} is not in {tmp_path / 'empty'} (it offered RSA "
         f"{server.host_key.fingerprint}); check that fingerprint out of band"
     )
+
+
+def test_an_unreachable_host_is_tried_again_once_retry_after_s_has_passed(
+    server: SshServer, partition: Partition
+) -> None:
+    """Calls in the window fail at once (they do not push the window out); the first call after
+    it tries a new connection (here it is taken and never answered: the connect deadline)."""
+    conn = _Conn(_via(server, partition), **{**FAST, "retry_after_s": 1.0, "connect_s": 0.5})
+    try:
+        conn.run("echo hi", 10)
+        partition.cut()
+        with pytest.raises(ExecutorError, match="no answer to SSH keepalives"):
+            conn.run("sleep 30", 60)
+        first = conn.down_since
+        accepted = partition.accepted
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 0.8:
+            with pytest.raises(ExecutorError, match="no answer to SSH keepalives"):
+                conn.run("echo hi", 10)
+            time.sleep(0.1)
+        assert partition.accepted == accepted  # not tried within the window
+        time.sleep(0.4)
+        with pytest.raises(ExecutorError, match="took the TCP connection but the SSH handshake did not finish"):
+            conn.run("echo hi", 10)
+        assert partition.accepted == accepted + 1
+        assert conn.down_since == first  # still down since it was last heard from
+    finally:
+        conn.close()
