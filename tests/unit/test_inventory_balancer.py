@@ -114,9 +114,8 @@ def test_a_balancer_host_is_not_a_vllm_host(tmp_path: Path) -> None:
 
 
 def test_a_balancer_on_a_host_the_inventory_does_not_have(tmp_path: Path) -> None:
-    inv = write(
-        tmp_path, SERVING + "gpus = [('g1', {**_data, 'balancer': {'kind': 'haproxy', 'on': 'lb9', 'bind': ':8080'}})]\n"
-    )
+    bad = "{'kind': 'haproxy', 'on': 'lb9', 'bind': ':8080'}"
+    inv = write(tmp_path, SERVING + f"gpus = [('g1', {{**_data, 'balancer': {bad}}})]\n")
     with pytest.raises(InventoryError) as err:
         load_inventory(inv)
     text = str(err.value)
@@ -129,9 +128,8 @@ def test_a_balancer_on_a_host_the_inventory_does_not_have(tmp_path: Path) -> Non
     with pytest.raises(InventoryError) as err:
         load_inventory(inv)
     text = str(err.value)
-    assert f"{inv}: host g1: balancer.on='lb9': names host 'lb9', which is not in the inventory with role: balancer" in (
-        text
-    )
+    want = f"{inv}: host g1: balancer.on='lb9': names host 'lb9', which is not in the inventory with role: balancer"
+    assert want in text
     assert "or use on: 'local'" in text
     assert "host g2: balancer.on='g2': names this host itself, which serves vLLM" in text
 
