@@ -220,9 +220,18 @@ def _haproxy_name(value: str) -> str:
     return value
 
 
+#: Paths that land in HAProxy's configuration and in socat's address: no quoting needed anywhere.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._@+/-]*")
+
+
 def _socket_path(value: str) -> str:
     _path(value)
-    if not value.startswith("/") or any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
+    if not _PLAIN_PATH.fullmatch(value):
+        raise ValueError(
+            "an absolute path of letters, digits and '.', '_', '-', '@', '+', '/' (it lands in HAProxy's "
+            "configuration and in socat's address unquoted), e.g. /run/haproxy/admin.sock"
+        )
+    if any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
         raise ValueError(
             "an absolute path of HAProxy's admin socket without '.' or '..' parts, e.g. /run/haproxy/admin.sock "
             "(the `stats socket PATH level admin` line of its configuration)"
@@ -234,7 +243,11 @@ def _socket_path(value: str) -> str:
 
 def _abs_path(value: str) -> str:
     _path(value)
-    if not value.startswith("/") or any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
+    if not _PLAIN_PATH.fullmatch(value):
+        raise ValueError(
+            "an absolute path of letters, digits and '.', '_', '-', '@', '+', '/', e.g. /etc/haproxy/haproxy.cfg"
+        )
+    if any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
         raise ValueError("an absolute file path without '.' or '..' parts, e.g. /etc/haproxy/haproxy.cfg")
     return value
 
