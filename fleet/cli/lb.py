@@ -63,7 +63,7 @@ def export(inventory: str, directory: Path, limit: tuple[str, ...], as_json: boo
                     "backends": [
                         {"name": b.name, "bind": b.bind, "servers": [s.name for s in b.servers]} for b in c.backends
                     ],
-                }  # fmt: skip
+                }
                 for c in configs
             ],
             "hosts_without_plan": unplanned,

@@ -91,7 +91,7 @@ def test_set_commands_and_their_answers() -> None:
         with pytest.raises(ValueError):
             set_state_command(bad, "s", AdminState.READY)
     check_set_answer("set ...", "\n")
-    with pytest.raises(AnswerError, match="refused `set x`: No such server."):
+    with pytest.raises(AnswerError, match=r"refused `set x`: No such server\."):
         check_set_answer("set x", "No such server.\n\n")
 
 
