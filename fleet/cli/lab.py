@@ -199,6 +199,7 @@ def status(name: str, state_root: Path, as_json: bool) -> None:
         _fail(str(exc), as_json)
     if as_json:
         doc = {"lab": name, "exists": state is not None, "lb_url": state.lb if state else None,
+               "inventory": state.inventory if state else None,
                "hosts": [asdict(r) for r in rows]}  # fmt: skip
         click.echo(json.dumps(doc, indent=2))
     elif state is None:
