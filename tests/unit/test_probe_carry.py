@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import zlib
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
@@ -248,3 +249,52 @@ def test_probe_on_every_python(version: str, nvml: dict[str, str], reference: di
     facts = NvmlProbe().process([json.dumps(answer)])
     assert [g.name for g in facts.gpus] == ["NVIDIA H100 80GB HBM3"] * 8 and len(facts.gpus[0].active_links) == 18
     assert _without_python(answer) == reference  # every interpreter reads the same facts
+
+
+# ---- a real H100 (recorded with the command above on a machine with a driver and python3 only) -----
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
+
+
+def recorded(name: str) -> list[str]:
+    lines: list[str] = json.loads((FIXTURES / f"{name}.json").read_text())["output"]
+    return lines
+
+
+def test_a_real_h100_probed_by_a_python_without_nvidia_ml_py() -> None:
+    """The carried pynvml on a real driver reads what the installed one reads on the same machine, and
+    what the earlier recording of the same model converted from the driver's own answers says."""
+    carried = NvmlProbe().process(recorded("h100-80gb-hbm3-vm-carried"))
+    installed = NvmlProbe().process(recorded("h100-80gb-hbm3-vm-installed-pynvml"))
+    truth = NvmlProbe().process(recorded("h100-80gb-hbm3-vm"))
+    assert carried.ok and carried.packages == {"nvidia-ml-py": None, "vllm": None}
+    assert carried.pynvml == "fleet:nvidia-ml-py==13.615.71/pynvml.py" and carried.python == "/tmp/bare/bin/python"
+    assert installed.pynvml is not None and installed.pynvml.endswith("site-packages/pynvml.py")
+    assert installed.packages["nvidia-ml-py"] == "13.610.43"
+    (g,), (h,), (t,) = carried.gpus, installed.gpus, truth.gpus
+    assert g == replace(h, power_usage_mw=g.power_usage_mw)  # a live reading; everything else is the same
+    assert carried.common_ancestor == installed.common_ancestor and carried.errors == installed.errors
+    same = ("name", "memory", "compute_capability", "architecture", "ecc_mode", "persistence", "mig_mode",
+            "virtualization_mode", "nvlinks", "nvlink_error", "pcie", "remapped_rows", "power_limit_mw")  # fmt: skip
+    assert {k: getattr(g, k) for k in same} == {k: getattr(t, k) for k in same}
+    assert (carried.driver_version, carried.cuda_driver_version) == (truth.driver_version, truth.cuda_driver_version)
+
+
+def test_judging_a_recorded_output_off_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleet.audit.rules import Expectation
+    from tests.fixtures.probe.judge import judge, main
+
+    report = judge(recorded("h100-80gb-hbm3-vm-carried"), "h1", Expectation(1, "h100-sxm-80gb", "0.33.0"), "x")
+    assert [(f.rule, f.severity.label, f.gpu) for f in report.findings] == [("nvlink-not-visible-vm", "info", 0)]
+    wrong = judge(recorded("h100-80gb-hbm3-vm-carried"), "h1", Expectation(8, "h200-sxm-141gb", None), "x")
+    assert {f.rule for f in wrong.findings} >= {"gpu-missing", "gpu-model-mismatch"}
+    out = tmp_path / "probe.out"
+    out.write_text("\n".join(recorded("h100-80gb-hbm3-vm-carried")) + "\n")
+    assert main([str(out), "--sku", "h100-sxm-80gb", "--count", "1", "--json"]) == 0
+    (host,) = json.loads(capsys.readouterr().out)["hosts"]
+    assert (
+        host["pynvml"] == "fleet:nvidia-ml-py==13.615.71/pynvml.py"
+        and host["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    )
+    assert main([str(out), "--count", "8"]) == 1  # gpu-missing is critical
+    assert "gpu-missing" in capsys.readouterr().out
