@@ -220,7 +220,7 @@ def probe_command(python: str | None = None) -> str:
     )  # fmt: skip
     command = (
         f'PY=; for c in {pick}; do if command -v "$c" >/dev/null 2>&1; then PY=$c; break; fi; done; '
-        f'if [ -z "$PY" ]; then echo {shlex.quote(no_python)}; exit 0; fi; '
+        f"if [ -z \"$PY\" ]; then printf '%s\\n' {shlex.quote(no_python)}; exit 0; fi; "
         f"\"$PY\" -E - <<'{_END}'\n{probe_program()}{_END}\n"
     )
     if len(command.encode()) > COMMAND_LIMIT:  # pragma: no cover - a bigger pynvml than any so far

@@ -120,6 +120,9 @@ def test_command_runs_the_script_and_reports_a_missing_python(tmp_path: Path) ->
                           env=env, check=True)  # fmt: skip
     facts = NvmlProbe().process(done.stdout.splitlines())
     assert facts.status == "no-python" and facts.error_message == "none of: /nonexistent/python3 found"
+    odd = '/nonexistent/a "b" \\n $(c)'  # quotes, a backslash, a substitution: data, never shell or JSON
+    done = subprocess.run(["sh", "-c", probe_command(odd)], capture_output=True, text=True, env=env, check=True)
+    assert NvmlProbe().process(done.stdout.splitlines()).error_message == f"none of: {odd} found"
 
 
 def test_host_gpus_for_the_planner() -> None:
