@@ -16,16 +16,17 @@ in a venv on the host from the lab's index (what a deployed release has), and ru
 For each: the command's size, the median and 90th percentile of the whole round trip (connect,
 send, run, read) and of the run alone on the host (``date +%s%N`` around it).
 
-Measured on the 2-core development machine while other work ran on it (load average ~4.8),
+Measured on the 2-core development machine while other work ran on it (load average 7-9),
 h100-sxm-8 profile, 30 runs round robin (median, p90):
 
     case                                     bytes  trip p50  trip p90  host p50  host p90
-    before (script only, venv's pynvml)      18322    0.330s    0.379s    0.164s    0.208s
-    carried, python3 (no nvidia-ml-py)       76642    0.440s    0.541s    0.264s    0.363s
-    carried, venv's python                   76694    0.424s    0.528s    0.256s    0.345s
+    before (script only, venv's pynvml)      18322    0.248s    0.354s    0.096s    0.189s
+    carried, python3 (no nvidia-ml-py)       77859    0.324s    0.570s    0.153s    0.403s
+    carried, venv's python                   77911    0.316s    0.511s    0.161s    0.329s
 
-Carrying costs ~0.1 s of the host's CPU here (compiling the 330 kB pynvml.py in memory, where an
-installed copy has its .pyc) and 58 kB more per probe. On a real H100 machine (16 cores, driver
+(An earlier run at load ~4.8: 0.164 / 0.264 / 0.256 s on the host.) Carrying costs 60-100 ms of
+the host's CPU here (compiling the 330 kB pynvml.py in memory, where an installed copy has its
+.pyc) and 60 kB more per probe. On a real H100 machine (16 cores, driver
 580.159.04; the same commands run there with sh, no SSH, 12 runs each round robin) carrying cost
 nothing measurable: median 0.17 s (0.14-0.21) carried on a Python without nvidia-ml-py, 0.17 s
 (0.16-0.24) carried on a Python with nvidia-ml-py 13.610.43, 0.22 s (0.15-0.23) before,

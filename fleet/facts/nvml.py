@@ -11,7 +11,7 @@ command carries ``pynvml.py``, the one pure-Python module of the nvidia-ml-py di
 installed in fleet's own environment, byte for byte (checked against the distribution's
 ``RECORD`` hash; its BSD licence is the file's own header, so it travels with it). The Python
 program fed to the interpreter on stdin (:func:`probe_program`) is a small loader plus the probe
-script and pynvml, each zlib-compressed and base64-encoded (about 75 kB; pynvml.py alone is
+script and pynvml, each zlib-compressed and base64-encoded (about 78 kB; pynvml.py alone is
 330 kB); nothing is written on the host (no temporary file, no pip): the loader registers an
 importer for ``pynvml`` first on ``sys.meta_path`` (PEP 451, ``importlib.util.spec_from_loader``)
 that compiles the carried text in memory.
@@ -192,7 +192,7 @@ def probe_script() -> str:
 
 
 def _blob(data: bytes) -> str:
-    return base64.b64encode(zlib.compress(data, 9)).decode()
+    return base64.b64encode(zlib.compress(data, 6)).decode()  # level 9: 2% smaller, 5x the time
 
 
 @cache
