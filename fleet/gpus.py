@@ -139,7 +139,9 @@ CATALOGUE: dict[str, GpuSku] = {
             typical_fabric=Fabric.SWITCH,
             memory_reserved=480 * MiB,
             reserve_measured=True,
-            board_part_numbers=("692-2G520-0200-000",),
+            # -000: tests/fixtures/gpu-truth; -5R0: another board of the same SKU (VBIOS 96.00.CF.00.01),
+            # recorded by fleet's probe (tests/fixtures/probe/h100-80gb-hbm3-vm-carried.json)
+            board_part_numbers=("692-2G520-0200-000", "692-2G520-0200-5R0"),
         ),
         GpuSku(
             key="h100-pcie-80gb",
