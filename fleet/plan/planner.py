@@ -574,33 +574,61 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
 def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool) -> None:
     tp = spec.tensor_parallel_size
     assert tp is not None
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
     problem = arch.tp_problem(tp)
     largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
+    over_pcie = False
     if problem is None and tp > largest:
+        over_pcie = pcie_only and tp <= gpus.count
         problem = (
-            f"TP {tp} is larger than the largest NVLink island ({largest} GPUs)"
+            f"TP {tp} spans {tp} GPUs with no NVLink between them: tensor parallelism over PCIe is only "
+            "planned with allow_pcie_tensor_parallel: true"
+            if over_pcie
+            else f"TP {tp} is larger than the largest NVLink island ({largest} GPU{'s' if largest > 1 else ''})"
             if tp <= gpus.count
             else f"TP {tp} is larger than the host's {gpus.count} GPUs"
         )
-    if problem:
-        valid = [t for t in range(1, largest + 1) if arch.tp_problem(t) is None]
-        ways = [f"use one of: {', '.join(map(str, valid))}"] if valid else []
-        if ways_out:
-            ways = [
-                w for t in valid if (w := _try(f"tensor_parallel_size: {t}", spec, gpus, arch, tensor_parallel_size=t))
-            ]
-            ways = ways or [f"none of the valid sizes ({', '.join(map(str, valid))}) fits this host"]
-        raise PlanError(
-            PlanProblem(
-                spec.name,
-                f"tensor_parallel_size={tp} cannot work for {spec.model}",
-                details=[
-                    problem,
-                    f"attention heads {arch.num_attention_heads}, KV heads {arch.num_kv_heads}",
-                ],
-                ways_out=[*ways, "or remove tensor_parallel_size to let fleet choose"],
-            )
+    if not problem:
+        return
+    valid = [t for t in range(1, largest + 1) if arch.tp_problem(t) is None]
+    ways = [f"use one of: {', '.join(map(str, valid))}", "or remove tensor_parallel_size to let fleet choose"]
+    if ways_out:
+        ways = _pinned_tp_ways(spec, gpus, arch, tp, valid, over_pcie)
+    raise PlanError(
+        PlanProblem(
+            spec.name,
+            f"tensor_parallel_size={tp} cannot work for {spec.model}",
+            details=[problem, f"attention heads {arch.num_attention_heads}, KV heads {arch.num_kv_heads}"],
+            ways_out=ways,
         )
+    )
+
+
+def _pinned_tp_ways(
+    spec: HostSpec, gpus: HostGpus, arch: ModelArch, tp: int, valid: list[int], over_pcie: bool
+) -> list[str]:
+    """Ways out of a refused ``tensor_parallel_size``, each planned first and offered with its numbers:
+    TP over PCIe where that is all that is missing, the valid sizes, and fleet's own choice (or, when
+    that fails too, the ways out of fleet's own choice)."""
+    tries: list[tuple[str, dict[str, object]]] = []
+    if over_pcie:
+        label = f"allow_pcie_tensor_parallel: true (keeps TP {tp}; these GPUs have no NVLink, TP over PCIe is slow)"
+        tries.append((label, {"allow_pcie_tensor_parallel": True}))
+    tries += [(f"tensor_parallel_size: {t}", {"tensor_parallel_size": t}) for t in valid if t != tp]
+    tries.append(("remove tensor_parallel_size (fleet chooses)", {"tensor_parallel_size": None}))
+    ways = [w for label, changes in tries if (w := _try(label, spec, gpus, arch, **changes))]
+    free = dataclasses.replace(spec, tensor_parallel_size=None)
+    try:
+        plan_host(free, gpus, arch)
+    except PlanError as exc:  # fleet's own choice fails too: its ways out, without the pinned TP
+        offered = {w.rsplit(": ", 1)[-1] for w in ways}
+        found = [w for w in exc.problem.ways_out if w.rsplit(": ", 1)[-1] not in offered]
+        if not ways:
+            sizes = ", ".join(map(str, valid)) or "none"
+            ways.append(f"no tensor_parallel_size fits as the host is (sizes inside its NVLink islands: {sizes}): "
+                        f"{exc.problem.summary}")  # fmt: skip
+        ways += [f"remove tensor_parallel_size, and {w}" for w in found]
+    return ways
 
 
 def _kv_notes(arch: ModelArch, m: MemoryMath) -> list[str]:
