@@ -169,3 +169,16 @@ def test_the_labs_own_inventory_loads_for_planning(tmp_path: Path) -> None:
     assert [h.name for h in loaded.hosts] == ["keys-h1", "keys-h2"]
     data = loaded.pyinfra.get_host("keys-h1").data.dict()  # type: ignore[no-untyped-call]
     assert data["fleet_lab"] == {"name": "keys", "state_root": str(tmp_path / "state")}
+
+
+def test_a_balancer_host_holds_pyinfras_keys_and_its_own_only(tmp_path: Path) -> None:
+    balancer = {"role": "balancer", "ssh_hostname": "127.0.0.9", "ssh_user": "lb", "x_rack": "r1", "ssh_usr": "x"}
+    serving = {**BASE, "balancer": {"kind": "haproxy", "on": "lb1", "bind": "127.0.0.9:8080"}}
+    path = write(tmp_path, f"balancers = [('lb1', {balancer!r})]\nservers = [('h1', {serving!r})]\n")
+    with pytest.raises(InventoryError) as err:
+        load_for_planning(path)
+    mine = [p for p in err.value.problems if p.host == "lb1"]
+    assert [(p.field, "did you mean 'ssh_user'?" in p.allowed) for p in mine] == [("ssh_usr", True)]
+    fixed = {k: v for k, v in balancer.items() if k != "ssh_usr"}
+    path.write_text(f"balancers = [('lb1', {fixed!r})]\nservers = [('h1', {serving!r})]\n")
+    assert [b.name for b in load_for_planning(path).balancer_hosts] == ["lb1"]
