@@ -154,6 +154,7 @@ def test_example_inventory_loads_for_planning() -> None:
 
 def test_the_labs_own_inventory_loads_for_planning(tmp_path: Path) -> None:
     from fleet.lab.apt_repo import AptRepo
+    from fleet.lab.balancer import balancer_entry
     from fleet.lab.inventory_writer import render_inventory
     from fleet.lab.state import HostRecord, LabDir, LabState
 
@@ -164,11 +165,13 @@ def test_the_labs_own_inventory_loads_for_planning(tmp_path: Path) -> None:
                                          HostRecord("keys-h2", 2, "127.0.42.12", "l40s-4", bare=True)])  # fmt: skip
     apt = AptRepo("http://127.0.0.1:9/apt", "debian12/x86_64", keyring, "ABCD", tmp_path)
     path = tmp_path / "inventory.py"
-    path.write_text(render_inventory(lab, state, "http://127.0.0.1:9/simple", apt))
-    loaded = load_for_planning(path)
-    assert [h.name for h in loaded.hosts] == ["keys-h1", "keys-h2"]
-    data = loaded.pyinfra.get_host("keys-h1").data.dict()  # type: ignore[no-untyped-call]
-    assert data["fleet_lab"] == {"name": "keys", "state_root": str(tmp_path / "state")}
+    for balancer in (None, balancer_entry(lab, state)):  # `fleet lab up`, and `fleet lab up --lb`
+        path.write_text(render_inventory(lab, state, "http://127.0.0.1:9/simple", apt, balancer))
+        loaded = load_for_planning(path)
+        assert [h.name for h in loaded.hosts] == ["keys-h1", "keys-h2"]
+        assert (loaded.hosts[0].balancer is not None) == (balancer is not None)
+        data = loaded.pyinfra.get_host("keys-h1").data.dict()  # type: ignore[no-untyped-call]
+        assert data["fleet_lab"] == {"name": "keys", "state_root": str(tmp_path / "state")}
 
 
 def test_a_balancer_host_holds_pyinfras_keys_and_its_own_only(tmp_path: Path) -> None:
