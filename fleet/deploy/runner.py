@@ -51,10 +51,11 @@ from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
 from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
-from fleet.inventory.spec import LoadedInventory, load_inventory
+from fleet.inventory.spec import LoadedInventory
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.plan.outcomes import load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
@@ -269,7 +270,7 @@ def deploy(
 ) -> DeployResult:
     """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
     t0 = time.monotonic()
-    loaded = load_inventory(inventory, limit, overrides)
+    loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)

@@ -41,6 +41,15 @@ The load balancer in front of a group (``fleet.lb``), group or host data ``balan
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
+Which top-level keys an inventory may hold (``spec.py`` enforces it, with "did you mean"):
+
+* fleet's keys: ``HostData``'s fields and ``NESTED_KEYS`` (whose contents their own module parses);
+  ``KNOWN_KEYS`` is the one list. A new key (``journal``) is a field here (as ``balancer`` is), or a
+  nested key with its parser called from ``spec._nested``; nothing else needs to know it;
+* pyinfra's own keys (``fleet.inventory.pyinfra_keys``: read from the installed pyinfra);
+* the operator's own data: any key starting with ``x_`` (``USER_PREFIX``), and the keys listed
+  in ``user_keys`` (so an inventory whose keys other pyinfra deploys read keeps their names).
+
 Values given on pyinfra's command line (``pyinfra --data releases_kept=2``) reach fleet already
 converted by pyinfra (``pyinfra_cli.util.parse_cli_arg``: ``true``/``false``, integers, JSON,
 else the string), so the same strict grammar applies to them: ``releases_kept=2`` is the integer
@@ -70,6 +79,10 @@ _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
+
+#: Keys starting with this are the operator's own data: fleet never reads them.
+USER_PREFIX = "x_"
 
 
 def _printable(text: str) -> bool:
@@ -161,6 +174,19 @@ def _apt_url(value: str) -> str:
     return value
 
 
+def _lab_name(value: str) -> str:
+    if not _HOST.fullmatch(value):
+        raise ValueError(f"a lab name: {HOST_NAME_RULE}")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    _path(value)
+    if not value.startswith("/"):
+        raise ValueError("an absolute path")
+    return value
+
+
 def _keyring(value: str) -> str:
     _path(value)
     if not os.path.isabs(value):
@@ -185,6 +211,12 @@ def _driver_version(value: str) -> str:
 def _extra(value: str) -> str:
     if not _EXTRA.fullmatch(value):
         raise ValueError("an extra's name: letters, digits, '.', '_', '-', starting and ending with a letter or digit")
+    return value
+
+
+def _user_key(value: str) -> str:
+    if not _KEY.fullmatch(value):
+        raise ValueError("a key name: a letter, then letters, digits or '_', at most 100 characters")
     return value
 
 
@@ -283,6 +315,7 @@ AptUrl = Annotated[str, AfterValidator(_apt_url)]
 Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
+UserKey = Annotated[str, AfterValidator(_user_key)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -363,6 +396,16 @@ class GpuData(BaseModel):
         return self.nvlink
 
 
+class LabData(BaseModel):
+    """``fleet_lab``: the lab a host belongs to (written by ``fleet lab up``; ``fleet.deploy.reboot``
+    power-cycles such a host the lab's way)."""
+
+    model_config = _STRICT
+
+    name: Annotated[str, AfterValidator(_lab_name)]
+    state_root: Annotated[str, AfterValidator(_absolute_path)]
+
+
 class HostData(BaseModel):
     """The host-data keys fleet reads. Other keys are left to pyinfra and to you (``spec.py``)."""
 
@@ -395,6 +438,10 @@ class HostData(BaseModel):
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
+    fleet_lab: LabData | None = None
+    user_keys: (
+        Annotated[list[UserKey], Field(max_length=1000)] | Annotated[tuple[UserKey, ...], Field(max_length=1000)]
+    ) = ()
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
 
@@ -413,10 +460,17 @@ class BalancerHostData(BaseModel):
 #: ``role``: what a host is; ``vllm`` (the default) serves, ``balancer`` runs a load balancer.
 ROLES = ("vllm", "balancer")
 
-#: The keys fleet reads (``model_config`` is spelt with its alias).
+#: The keys fleet reads (``model_config`` is spelt with its alias); ``ssh_*`` are pyinfra's.
 FLEET_KEYS: tuple[str, ...] = tuple(
     (f.alias or name) for name, f in HostData.model_fields.items() if not name.startswith("ssh_")
 )
+#: pyinfra's keys that fleet reads too (its schema checks their values).
+PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
+#: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
+#: ``fleet.rollout.policy``, ``alerts`` by ``fleet.monitor.thresholds``.
+NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
+#: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
+KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
@@ -444,6 +498,8 @@ FIELD_HELP: dict[str, str] = {
     "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
+    "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
+    "user_keys": "a list of your own keys fleet should leave alone, e.g. ['rack', 'datacenter']",
 }
 
 

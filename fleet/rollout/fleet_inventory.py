@@ -21,10 +21,11 @@ from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
-from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
+from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.plan.outcomes import load_for_planning
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
@@ -88,7 +89,7 @@ def load_fleet(
 ) -> RolloutFleet:
     """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
     data given on the command line)."""
-    loaded = load_inventory(inventory, list(limit) if limit else None, overrides)
+    loaded = load_for_planning(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
     return fleet_of(loaded)
