@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import itertools
 import json
 import os
 import subprocess
@@ -216,6 +217,36 @@ PLAYBOOK = """
 """
 
 
+def ansible_settings(hosts: int, work: Path) -> dict[str, str]:
+    """Ansible the way its performance guides tune it (ansible-core's documented settings):
+
+    * ``ANSIBLE_PIPELINING``: each module goes to the host on the SSH session's stdin instead of
+      being copied to a temporary file first (one round trip per task instead of three or more);
+      it needs sudo without ``requiretty``, which Debian's sudoers is;
+    * ``ANSIBLE_SSH_ARGS``: ControlMaster/ControlPersist (one SSH connection per host, reused by
+      every task), without the default ``-C``: compression costs CPU and saves nothing here;
+    * ``ANSIBLE_SSH_CONTROL_PATH_DIR``: the control sockets in the run's own directory;
+    * ``ANSIBLE_FORKS``: every host at once (the default is 5);
+    * ``ANSIBLE_GATHERING=explicit`` (and ``gather_facts: false`` in the play): no facts are
+      gathered, the playbook needs none;
+    * strict host keys, like fleet.
+
+    Left at their defaults: the ``linear`` strategy (a task on every host before the next, which
+    is what fleet's pyinfra does too) and no Mitogen (a third-party accelerator, not part of
+    ansible-core).
+    """
+    control = work / "cp"
+    control.mkdir(exist_ok=True)
+    return {
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_SSH_ARGS": "-o ControlMaster=auto -o ControlPersist=60s",
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control),
+        "ANSIBLE_FORKS": str(max(5, hosts)),
+        "ANSIBLE_GATHERING": "explicit",
+        "ANSIBLE_HOST_KEY_CHECKING": "True",
+    }
+
+
 def ansible_times(hosts: int, root: Path, playbook_bin: str) -> tuple[float, float]:
     lab = Lab(hosts, root, "a")
     try:
@@ -223,7 +254,7 @@ def ansible_times(hosts: int, root: Path, playbook_bin: str) -> tuple[float, flo
         os.environ["FLEET_LAB_API_KEY"] = KEY
         (work / "inventory.json").write_text(json.dumps(ansible_inventory(lab, work / "files")))
         (work / "playbook.yml").write_text(PLAYBOOK)
-        env = {**os.environ, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_FORKS": str(max(5, hosts))}
+        env = {**os.environ, **ansible_settings(hosts, work)}
         argv = [playbook_bin, "-i", str(work / "inventory.json"), str(work / "playbook.yml")]
         log = root / "ansible.log"
         return timed(argv, env, log), timed(argv, env, log)
@@ -231,12 +262,191 @@ def ansible_times(hosts: int, root: Path, playbook_bin: str) -> tuple[float, flo
         lab.down()
 
 
+# -- where fleet's first deploy spends its time ------------------------------------------------------
+
+
+def profile_child(inventory: str, out: str) -> None:
+    """``fleet deploy`` in this process, as the CLI runs it (gevent patched first), instrumented:
+
+    * the deploy's own progress messages mark its phases;
+    * pyinfra's state callbacks (``BaseStateCallback``: operation_start/_end, operation_host_start)
+      time each operation across the hosts (lock-step: an operation ends when every host is done);
+    * paramiko is wrapped, so every SSH connection (``SSHClient.connect``), remote command
+      (``Channel.exec_command`` up to its ``recv_exit_status``) and SFTP upload (``putfo``) is
+      counted per host, with its wall time and the phase and operation it belongs to, whichever
+      code opened it (pyinfra's connector or fleet's own fact runner, preflight and health checks);
+    * the CPU this process used (``resource.getrusage``).
+    """
+    from gevent import monkey
+
+    monkey.patch_all()
+    import resource
+
+    import paramiko
+    from pyinfra.api.state import BaseStateCallback, State
+
+    from fleet.cli.rollout import roll
+    from fleet.deploy.runner import deploy
+
+    t0 = time.monotonic()
+    phase = ["start"]
+    phases: list[tuple[str, float]] = []
+    ops: list[dict[str, Any]] = []
+    wire: list[dict[str, Any]] = []
+    op_started: dict[str, float] = {}
+    current_op: dict[str, str] = {}
+
+    def now() -> float:
+        return time.monotonic() - t0
+
+    def progress(message: str) -> None:
+        phase[0] = message
+        phases.append((message, now()))
+
+    def op_name(state: State, op_hash: str) -> str:
+        return ", ".join(sorted(state.get_op_meta(op_hash).names)) or op_hash
+
+    class Timing(BaseStateCallback):
+        @staticmethod
+        def operation_start(state: State, op_hash: str) -> None:
+            op_started[op_hash] = now()
+
+        @staticmethod
+        def operation_host_start(state: State, host: Any, op_hash: str) -> None:
+            current_op[str(host.data.get("ssh_hostname") or host.name)] = op_name(state, op_hash)
+
+        @staticmethod
+        def operation_end(state: State, op_hash: str) -> None:
+            ops.append(
+                {"op": op_name(state, op_hash), "start": op_started[op_hash], "seconds": now() - op_started[op_hash]}
+            )
+
+    real_init = State.__init__
+
+    def init(self: State, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        self.add_callback_handler(Timing())  # type: ignore[no-untyped-call]
+
+    setattr(State, "__init__", init)  # noqa: B010
+
+    def record(kind: str, host: str, started: float, what: str = "") -> None:
+        wire.append({"kind": kind, "host": host, "phase": phase[0], "op": current_op.get(host, ""),
+                     "seconds": now() - started, "what": what})  # fmt: skip
+
+    real_connect = paramiko.SSHClient.connect
+
+    def connect(self: paramiko.SSHClient, hostname: str, *args: Any, **kwargs: Any) -> None:
+        started = now()
+        try:
+            real_connect(self, hostname, *args, **kwargs)
+        finally:
+            record("connect", hostname, started)
+
+    real_exec = paramiko.Channel.exec_command
+    real_status = paramiko.Channel.recv_exit_status
+    pending: dict[int, tuple[str, float, str]] = {}
+
+    def exec_command(self: paramiko.Channel, command: str | bytes) -> None:
+        text = command.decode(errors="replace") if isinstance(command, bytes) else command
+        pending[id(self)] = (self.get_transport().getpeername()[0], now(), " ".join(text.split())[:100])
+        real_exec(self, command)
+
+    def recv_exit_status(self: paramiko.Channel) -> int:
+        status = real_status(self)
+        if id(self) in pending:
+            host, started, what = pending.pop(id(self))
+            record("command", host, started, what)
+        return status
+
+    real_putfo = paramiko.SFTPClient.putfo
+
+    def putfo(self: paramiko.SFTPClient, fl: Any, remotepath: str, *args: Any, **kwargs: Any) -> Any:
+        started = now()
+        try:
+            return real_putfo(self, fl, remotepath, *args, **kwargs)
+        finally:
+            channel = self.get_channel()
+            peer = channel.get_transport().getpeername()[0] if channel is not None else "?"
+            record("upload", peer, started, remotepath)
+
+    for cls, name, wrapper in (
+        (paramiko.SSHClient, "connect", connect),
+        (paramiko.Channel, "exec_command", exec_command),
+        (paramiko.Channel, "recv_exit_status", recv_exit_status),
+        (paramiko.SFTPClient, "putfo", putfo),
+    ):
+        setattr(cls, name, wrapper)
+
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    result = deploy(inventory, progress=progress, roll=lambda fleet, targets_of: roll(fleet, "rollout", targets_of, {}))
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    progress("done")
+    Path(out).write_text(json.dumps({
+        "ok": result.ok, "seconds": result.seconds, "phases": phases, "ops": ops, "wire": wire,
+        "cpu_seconds": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
+        "hosts": [h.data() for h in result.hosts],
+    }))  # fmt: skip
+
+
+def profile_fleet(hosts: int, root: Path) -> None:
+    """Run :func:`profile_child` on a fresh lab and print where the first deploy's time goes."""
+    lab = Lab(hosts, root, "p")
+    out = root / "profile.json"
+    env = {**os.environ, "FLEET_LAB_API_KEY": KEY}
+    try:
+        t0 = time.monotonic()
+        argv = [sys.executable, __file__, "--profile-child", str(lab.opts.inventory), str(out)]
+        with (root / "profile.log").open("a") as log:
+            subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=3600)
+        wall = time.monotonic() - t0
+    finally:
+        lab.down()
+    startup = min(timed([str(FLEET), "deploy", "--help"], env, root / "profile.log") for _ in range(3))
+    data = json.loads(out.read_text())
+    print(f"\nfleet's first deploy of {hosts} hosts, instrumented: {data['seconds']:.1f} s inside deploy(), "
+          f"{wall:.1f} s for the process; `fleet deploy --help` (Python, imports) {startup:.2f} s; "
+          f"control-side CPU {data['cpu_seconds']:.1f} s; ok={data['ok']}")  # fmt: skip
+    wire = data["wire"]
+    marks = [*data["phases"]]
+    print(f"{'phase':<72} {'seconds':>7} {'conn/host':>9} {'cmds/host':>9} {'puts/host':>9}")
+    for (name, start), (_next, end) in itertools.pairwise(marks):
+        mine = [w for w in wire if w["phase"] == name]
+        per = {k: sum(w["kind"] == k for w in mine) / hosts for k in ("connect", "command", "upload")}
+        counts = f"{per['connect']:>9.1f} {per['command']:>9.1f} {per['upload']:>9.1f}"
+        print(f"{name[:72]:<72} {end - start:>7.2f} {counts}")
+    head = "operation (pyinfra, lock-step over the hosts)"
+    print(f"\n{head:<72} {'seconds':>7} {'cmds/host':>9} {'slowest command':>40}")
+    for op in sorted(data["ops"], key=lambda o: -o["seconds"])[:15]:
+        mine = [w for w in wire if w["op"] == op["op"] and w["kind"] == "command"]
+        slow = max(mine, key=lambda w: w["seconds"], default=None)
+        what = f"{slow['seconds']:.2f}s {slow['what'][:32]}" if slow else ""
+        print(f"{op['op'][:72]:<72} {op['seconds']:>7.2f} {len(mine) / hosts:>9.1f} {what:>40}")
+    per_host: dict[str, dict[str, float]] = {}
+    for w in wire:
+        h = per_host.setdefault(w["host"], {"connect": 0, "command": 0, "upload": 0, "seconds": 0.0})
+        h[w["kind"]] += 1
+        h["seconds"] += w["seconds"]
+    print(f"\n{'host':<16} {'SSH connections':>15} {'commands':>9} {'uploads':>8} {'seconds on the wire':>20}")
+    for host, h in sorted(per_host.items()):
+        print(f"{host:<16} {h['connect']:>15.0f} {h['command']:>9.0f} {h['upload']:>8.0f} {h['seconds']:>20.1f}")
+    print(f"raw data: {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, action="append", help="host counts (repeatable; default 4)")
     parser.add_argument("--ansible", default="/tmp/ansible-venv/bin/ansible-playbook", help="ansible-playbook")
+    parser.add_argument("--profile", action="store_true", help="then profile fleet's first deploy (a fresh lab)")
+    parser.add_argument("--profile-only", action="store_true", help="only the profile, no timed runs")
+    parser.add_argument("--profile-child", nargs=2, metavar=("INVENTORY", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile_child:
+        profile_child(*args.profile_child)
+        return
     root = Path(tempfile.mkdtemp(prefix="fleet-deploy-bench-"))
+    if args.profile_only:
+        profile_fleet((args.hosts or [4])[0], root)
+        return
     rows = []
     for n in args.hosts or [4]:
         f_first, f_again = fleet_times(n, root)
@@ -247,6 +457,8 @@ def main() -> None:
     for n, ff, af, fa, aa in rows:
         print(f"{n:>5} {ff:>11.1f}s {af:>13.1f}s {ff / af:>6.2f} {fa:>12.1f}s {aa:>14.1f}s {fa / aa:>6.2f}")
     print(f"logs: {root}")
+    if args.profile:
+        profile_fleet(rows[0][0], root)
 
 
 if __name__ == "__main__":
