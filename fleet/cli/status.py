@@ -27,7 +27,8 @@ from fleet.errors import FleetError
               help="Also read systemd units, the release and NVML over SSH (one round trip per host).")  # fmt: skip
 @click.option("--wide", "-w", is_flag=True,
               help="Every column (vLLM, KV cache, preemptions, req/s, TTFT, e2e, unit, restarts, release, "
-                   "GPU memory): for a terminal about 200 columns wide. The default fits 80.")  # fmt: skip
+                   "GPU memory): one table at about 200 columns; on a narrower terminal the rest continue "
+                   "in further tables, each led by host, instance and state. The default fits 80.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def status(
     inventory: str,

@@ -4,8 +4,9 @@ The default view is what an on-call reads on a laptop at 3 a.m.: one row per ins
 host, instance, state, model and requests running/waiting, and under the table one line per
 instance that is not ready or breaks a threshold, saying why. ``--wide`` adds every other column
 (vLLM version, KV cache, preemptions, request rate, TTFT and e2e percentiles, the systemd unit and
-its uptime, restarts, the release, GPU memory), like ``kubectl get -o wide``; it is meant for a
-wide terminal (about 200 columns).
+its uptime, restarts, the release, GPU memory), like ``kubectl get -o wide``: one table at about
+200 columns; on a narrower terminal the columns that do not fit continue in further tables, each
+led by host, instance and state (:func:`pack`), so nothing is cut.
 
 Why requests running/waiting is the one number in the default view: ``waiting`` is what clients
 feel (requests queued behind a full batch wait for their first token), ``running`` says the
@@ -16,7 +17,7 @@ as it passes its threshold, as is every other threshold a row breaks (the alert 
 Model names are shown in a short form: the part after the last ``/`` (a Hugging Face id without
 its organisation, a model directory's name), or the name in full where two models of the fleet
 would read the same; where even that does not fit, the cell wraps, so a name is never cut.
-Host, instance and state are never shortened.
+Host, instance and state are never shortened (a host name wider than the terminal itself wraps).
 
 The state column is rendered in one place (:func:`state_cell`) from
 :attr:`fleet.monitor.status.InstanceStatus.state`.
