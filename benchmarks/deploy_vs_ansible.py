@@ -50,6 +50,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -105,10 +106,28 @@ class Lab:
         self.ops.down(self.opts.name, self.opts.state_root)
 
 
+#: The machine's 1-minute load average, sampled every second while a timed command runs.
+LOADS: list[float] = []
+
+
+def _sample_load(stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        LOADS.append(os.getloadavg()[0])
+
+
 def timed(argv: list[str], env: dict[str, str], log: Path) -> float:
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample_load, args=(stop,), daemon=True)
+    sampler.start()
     t0 = time.monotonic()
-    with log.open("a") as out:
-        proc = subprocess.run(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, check=False, timeout=3600)
+    try:
+        with log.open("a") as out:
+            proc = subprocess.run(
+                argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, check=False, timeout=3600
+            )
+    finally:
+        stop.set()
+        sampler.join()
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({proc.returncode}); see {log}")
@@ -229,7 +248,9 @@ def ansible_settings(hosts: int, work: Path) -> dict[str, str]:
     * ``ANSIBLE_FORKS``: every host at once (the default is 5);
     * ``ANSIBLE_GATHERING=explicit`` (and ``gather_facts: false`` in the play): no facts are
       gathered, the playbook needs none;
-    * strict host keys, like fleet.
+    * strict host keys, like fleet;
+    * ``ANSIBLE_LOG_PATH``: a timestamped log (where each task's time goes; one line per task
+      and host, as many operators keep one).
 
     Left at their defaults: the ``linear`` strategy (a task on every host before the next, which
     is what fleet's pyinfra does too) and no Mitogen (a third-party accelerator, not part of
@@ -244,6 +265,7 @@ def ansible_settings(hosts: int, work: Path) -> dict[str, str]:
         "ANSIBLE_FORKS": str(max(5, hosts)),
         "ANSIBLE_GATHERING": "explicit",
         "ANSIBLE_HOST_KEY_CHECKING": "True",
+        "ANSIBLE_LOG_PATH": str(work / "ansible-tasks.log"),  # a timestamped line per task and host
     }
 
 
@@ -314,6 +336,14 @@ def profile_child(inventory: str, out: str) -> None:
         @staticmethod
         def operation_host_start(state: State, host: Any, op_hash: str) -> None:
             current_op[str(host.data.get("ssh_hostname") or host.name)] = op_name(state, op_hash)
+
+        @staticmethod
+        def operation_host_success(state: State, host: Any, op_hash: str, retry_count: int = 0) -> None:
+            current_op.pop(str(host.data.get("ssh_hostname") or host.name), None)
+
+        @staticmethod
+        def operation_host_error(state: State, host: Any, op_hash: str, retry_count: int = 0, retries: int = 0) -> None:
+            current_op.pop(str(host.data.get("ssh_hostname") or host.name), None)
 
         @staticmethod
         def operation_end(state: State, op_hash: str) -> None:
@@ -456,6 +486,8 @@ def main() -> None:
     print("{:>5} {:>12} {:>14} {:>6} {:>13} {:>15} {:>6}".format(*head))
     for n, ff, af, fa, aa in rows:
         print(f"{n:>5} {ff:>11.1f}s {af:>13.1f}s {ff / af:>6.2f} {fa:>12.1f}s {aa:>14.1f}s {fa / aa:>6.2f}")
+    if LOADS:
+        print(f"load average (1 min) during the timed runs: {min(LOADS):.1f}-{max(LOADS):.1f}")
     print(f"logs: {root}")
     if args.profile:
         profile_fleet(rows[0][0], root)
