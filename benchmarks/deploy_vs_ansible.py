@@ -1,13 +1,15 @@
 """``fleet deploy`` against an equivalent Ansible playbook, on the same kind of lab hosts.
 
     sudo .venv/bin/python benchmarks/deploy_vs_ansible.py --hosts 4 [--hosts 16] \
-        [--ansible /path/to/venv/bin/ansible-playbook]
+        [--ansible /path/to/venv/bin/ansible-playbook] [--profile | --profile-only]
 
 For each host count: a fresh lab (``rtx4090-2`` hosts, driver loaded), the model's config put in
 each host's Hugging Face cache, then ``fleet deploy`` (first run, then a no-change re-run); the lab
 is taken down and a fresh one brought up, then the Ansible playbook doing the same work (first run,
 then a re-run). Ansible is ansible-core in its own venv (``python3 -m venv ... && pip install
-ansible-core``), strict host keys, ``become`` with sudo, default forks (5) raised to the host count.
+ansible-core``; 2.19 here), run the way its performance guides tune it (:func:`ansible_settings`):
+pipelining on, one SSH connection per host kept open (ControlPersist, no compression), every host
+at once (forks), no fact gathering, strict host keys, ``become`` with sudo.
 
 The playbook's work is what fleet does on such a host: NVIDIA apt keyring and deb822 source (the
 lab's signed repository), the driver packages only when no driver is loaded (as fleet), the
@@ -15,29 +17,68 @@ service user, a venv with vLLM and nvidia-ml-py from the lab's package index, th
 files (rendered by fleet's renderer, copied with mode/owner), daemon-reload, enable, start, and a
 wait until each instance's ``/health`` answers 200. Fleet also probes, plans and preflights.
 
-Prints a table of wall times and the ratios (targets: re-run <= 0.25x, first run <= 0.7x).
+Prints a table of wall times, the ratios (targets: re-run <= 0.25x, first run <= 0.7x) and the
+load average during the runs. ``--profile`` then deploys a fresh lab once more, instrumented
+(:func:`profile_child`), and prints where fleet's first deploy spends its time.
 
-Measured on the 2-core development machine, other helpers' lab tests running beside it (load
-average 6-8 during the 4-host run, 10-22 during the 16-host run; Ansible's times suffer the same
-load), with facts read in one batch per host (``fleet.deploy.factcache``):
+Measured 2026-11-26 on the 2-core development machine (the lab's hosts share its two cores with
+the control side), other helpers' lab tests running beside it; Ansible with pipelining:
 
     hosts  fleet first  ansible first  ratio  fleet re-run  ansible re-run  ratio
-        4        27.6s          58.2s   0.47          7.2s           34.2s   0.21
-        4        48.1s          79.6s   0.61          8.1s           49.5s   0.16  (load 7-11)
-       16       100.8s         190.0s   0.53         13.4s          125.3s   0.11
-        4        20.3s          44.3s   0.46          3.4s           28.9s   0.12  (load 2-4.5, *)
+        4        40.8s          67.0s   0.61          8.1s           38.8s   0.21  (load 3-11)
+        4        32.6s          55.4s   0.59          4.0s           78.5s   0.05  (load 6-19)
+        4        41.7s          58.5s   0.71          5.6s           40.2s   0.14  (load 10-19)
 
-(*) after the configuration revisions and the rolling engine in ``fleet deploy``; the rows above
-were measured just before them.
+The load moved both tools' times by ±30 % from run to run (the Ansible re-run of the second row
+met the worst of it); no quiet window was had. Earlier rows (without pipelining, which costs
+Ansible a temporary-file copy per task) are in this file's history; issue 19 measured 17.5-18.3 s
+against 19.9-24.1 s (0.76-0.88x) with pipelining at a lower load, which is the honest number for
+a quiet machine: Ansible's extra per-task round trips and CPU suffer more from load than fleet's.
 
-Before the batch (load ~5): 4 hosts re-run 8.6 s vs 22.4 s (0.38x), first run 24.2 s vs 42.9 s;
-16 hosts re-run 24.2 s vs 92.0 s (0.26x), first run 76.0 s vs 152.8 s. A no-change re-run then
-sent ~57 commands per host (each fact one ``sudo`` round trip, read again by pyinfra's execute
-pass); now it sends one. What is left of a 4-host re-run (~2.5 s inside ``deploy()`` at load ~6,
-plus ~1.5 s of Python start-up and imports): connecting 0.4 s; the one fact command per host
-1.6 s (pyinfra's ``Users`` fact, read by ``server.user``, runs ``lastlog`` and ``id`` for every
-user: about half of each host's ~0.8 s); the unit-state check 0.3 s (its own SSH connections);
-the health checks 0.1 s.
+Where fleet's first deploy of 4 hosts spends its time (``--profile``, two runs: 35.2 s and
+32.1 s inside ``deploy()``; per host 6 SSH connections, 85 remote commands, no SFTP upload, files
+are written through commands; the control side used 1.8 s of CPU in all, so it is the hosts and
+the round trips that take the time):
+
+    phase                                                seconds   SSH conn/host  commands/host
+    Python start-up and imports (`fleet deploy --help`)  0.2-0.4
+    load, validate, plan from the inventory              0.04-0.08
+    connect (pyinfra)                                    0.1-0.2         1              0
+    NVML probe (fails: no nvidia-ml-py on a new host)    0.2             0              1
+    facts, one batch per host (prepare)                  1.2-1.6         0              1
+    operations                                           20.8-22.5       0             46
+      release: `python3 -m venv` (ensurepip)             13.4-16.1                      1
+      release: pip install from the lab index            1.7-2.7                        1
+      release: the rest (marker, link, prune)            0.5                            7
+      units + configuration revisions                    2.6-2.7                       25
+      service user (pyinfra's Users fact: lastlog, id)   0.7-0.9                        4
+      NVIDIA apt source, driver check, reboot check      0.5                            7
+    second pass: reconnect, probe again, units again     3.7-3.8         2             28
+    preflight and start                                  2.8-2.9         3              9
+    health: until every instance answers (HTTP)          3.1-4.1         0              0
+
+* Half the run is ``python3 -m venv``: its ensurepip step installs pip from the wheel bundled
+  with Python, about 3.6 s of CPU (measured here: 4.8 s alone, 0.09 s with ``--without-pip``,
+  12.7 s for four at once on two cores). The lab's four hosts share the control machine's two
+  cores, so four of them take 13-16 s; on real hosts (a CPU each) it is the single number. The
+  Ansible playbook pays exactly the same (its "vLLM venv" task: 16.2 s), which pulls the ratio
+  towards 1: without it fleet's first run is 17-19 s against Ansible's ~42 s.
+* The second pass (3.7 s, 2 connections and 28 commands per host) exists because the first NVML
+  probe cannot run before the release brings nvidia-ml-py (issue 19 item 3): the units are
+  written from the inventory's gpu entry, then the hosts are probed again and every unit,
+  env file and revision is checked again (unchanged). A probe that runs on a new host and a plan
+  made once from facts gathered once (the one-fleet-plan issue) remove it and the repeated checks.
+* Each remote command costs a ``sudo sh -c`` round trip (0.02-0.1 s, more under load): 85 of them
+  per host, run in lock-step by pyinfra (an operation ends when every host has finished it).
+* What Ansible spends more on (its per-task log, first run): copying the four unit and env files
+  9.0 s (fleet's units + revisions: 2.6 s), starting the units with a daemon-reload per item
+  6.3 s (fleet: 0.8 s), the keyring and apt source 10.2 s with the first connection (fleet: 0.5 s).
+
+A no-change re-run sends one fact command per host; what is left of it (measured before the
+batch above, load ~6): connecting 0.4 s; the one fact command per host 1.6 s (pyinfra's
+``Users`` fact, read by ``server.user``, runs ``lastlog`` and ``id`` for every user: about half
+of each host's ~0.8 s); the unit-state check 0.3 s (its own SSH connections); the health checks
+0.1 s; plus ~1.5 s of Python start-up and imports.
 """
 
 from __future__ import annotations
