@@ -31,9 +31,10 @@ the control side), other helpers' lab tests running beside it; Ansible with pipe
 
 The load moved both tools' times by ±30 % from run to run (the Ansible re-run of the second row
 met the worst of it); no quiet window was had. Earlier rows (without pipelining, which costs
-Ansible a temporary-file copy per task) are in this file's history; issue 19 measured 17.5-18.3 s
-against 19.9-24.1 s (0.76-0.88x) with pipelining at a lower load, which is the honest number for
-a quiet machine: Ansible's extra per-task round trips and CPU suffer more from load than fleet's.
+Ansible a temporary-file copy per task) are in this file's history. Issue 19 measured 17.5-18.3 s
+against 19.9-24.1 s (0.76-0.88x) with pipelining, at a load it does not state; take that as the
+number for a quieter machine until a quiet run says otherwise: under load Ansible's per-task
+overhead (its task log below: 1-3 s for a one-command task) grows more than fleet's round trips.
 
 Where fleet's first deploy of 4 hosts spends its time (``--profile``, two runs: 35.2 s and
 32.1 s inside ``deploy()``; per host 6 SSH connections, 85 remote commands, no SFTP upload, files
