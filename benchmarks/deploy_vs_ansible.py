@@ -28,6 +28,7 @@ the control side), other helpers' lab tests running beside it; Ansible with pipe
         4        40.8s          67.0s   0.61          8.1s           38.8s   0.21  (load 3-11)
         4        32.6s          55.4s   0.59          4.0s           78.5s   0.05  (load 6-19)
         4        41.7s          58.5s   0.71          5.6s           40.2s   0.14  (load 10-19)
+        4        27.6s          55.6s   0.50          3.1s           40.1s   0.08  (load 5-11)
 
 The load moved both tools' times by ±30 % from run to run (the Ansible re-run of the second row
 met the worst of it); no quiet window was had. Earlier rows (without pipelining, which costs
