@@ -22,13 +22,15 @@ load average during the runs. ``--profile`` then deploys a fresh lab once more, 
 (:func:`profile_child`), and prints where fleet's first deploy spends its time.
 
 Measured 2026-11-26 on the 2-core development machine (the lab's hosts share its two cores with
-the control side), other helpers' lab tests running beside it; Ansible with pipelining:
+the control side), other helpers' lab tests running beside it; Ansible with pipelining. The first
+four rows on main at 0f3c6b7, the last after the NVML probe began carrying pynvml (2da0a79):
 
     hosts  fleet first  ansible first  ratio  fleet re-run  ansible re-run  ratio
         4        40.8s          67.0s   0.61          8.1s           38.8s   0.21  (load 3-11)
         4        32.6s          55.4s   0.59          4.0s           78.5s   0.05  (load 6-19)
         4        41.7s          58.5s   0.71          5.6s           40.2s   0.14  (load 10-19)
         4        27.6s          55.6s   0.50          3.1s           40.1s   0.08  (load 5-11)
+        4        42.2s          54.7s   0.77          4.4s           29.3s   0.15  (load 7-14)
 
 The load moved both tools' times by ±30 % from run to run (the Ansible re-run of the second row
 met the worst of it); no quiet window was had. Earlier rows (without pipelining, which costs
@@ -37,44 +39,47 @@ against 19.9-24.1 s (0.76-0.88x) with pipelining, at a load it does not state; t
 number for a quieter machine until a quiet run says otherwise: under load Ansible's per-task
 overhead (its task log below: 1-3 s for a one-command task) grows more than fleet's round trips.
 
-Where fleet's first deploy of 4 hosts spends its time (``--profile``, two runs: 35.2 s and
-32.1 s inside ``deploy()``; per host 6 SSH connections, 85 remote commands, no SFTP upload, files
-are written through commands; the control side used 1.8 s of CPU in all, so it is the hosts and
-the round trips that take the time):
+Where fleet's first deploy of 4 hosts spends its time (``--profile`` at 2da0a79: 32.4 s inside
+``deploy()``; per host 5 SSH connections, 58 remote commands, no SFTP upload: files are written
+through commands; the control side used 1.4 s of CPU in all, so it is the hosts and the round
+trips that take the time):
 
     phase                                                seconds   SSH conn/host  commands/host
-    Python start-up and imports (`fleet deploy --help`)  0.2-0.4
-    load, validate, plan from the inventory              0.04-0.08
-    connect (pyinfra)                                    0.1-0.2         1              0
-    NVML probe (fails: no nvidia-ml-py on a new host)    0.2             0              1
-    facts, one batch per host (prepare)                  1.2-1.6         0              1
-    operations                                           20.8-22.5       0             46
-      release: `python3 -m venv` (ensurepip)             13.4-16.1                      1
-      release: pip install from the lab index            1.7-2.7                        1
+    Python start-up and imports (`fleet deploy --help`)  0.2
+    load, validate, plan from the inventory              0.1
+    connect (pyinfra)                                    0.3             1              0
+    NVML probe (carries pynvml on stdin)                 0.9             0              1
+    facts, one batch per host (prepare)                  1.8             0              1
+    operations                                           22.5            0             46
+      release: `python3 -m venv` (ensurepip)             14.2-16.3                      1
+      release: pip install from the lab index            1.1-2.3                        1
       release: the rest (marker, link, prune)            0.5                            7
-      units + configuration revisions                    2.6-2.7                       25
-      service user (pyinfra's Users fact: lastlog, id)   0.7-0.9                        4
-      NVIDIA apt source, driver check, reboot check      0.5                            7
-    second pass: reconnect, probe again, units again     3.7-3.8         2             28
-    preflight and start                                  2.8-2.9         3              9
-    health: until every instance answers (HTTP)          3.1-4.1         0              0
+      units + configuration revisions                    2.9                           25
+      service user (pyinfra's Users fact: lastlog, id)   0.8                            4
+      NVIDIA apt source, driver check, reboot check      0.6                            7
+    unit states (which units to start)                   0.3             1              1
+    preflight and start                                  3.3             3              9
+    health: until every instance answers (HTTP)          3.2             0              0
 
 * Half the run is ``python3 -m venv``: its ensurepip step installs pip from the wheel bundled
   with Python, about 3.6 s of CPU (measured here: 4.8 s alone, 0.09 s with ``--without-pip``,
   12.7 s for four at once on two cores). The lab's four hosts share the control machine's two
-  cores, so four of them take 13-16 s; on real hosts (a CPU each) it is the single number. The
-  Ansible playbook pays exactly the same (its "vLLM venv" task: 16.2 s), which pulls the ratio
-  towards 1: without it fleet's first run is 17-19 s against Ansible's ~42 s.
-* The second pass (3.7 s, 2 connections and 28 commands per host) exists because the first NVML
-  probe cannot run before the release brings nvidia-ml-py (issue 19 item 3): the units are
-  written from the inventory's gpu entry, then the hosts are probed again and every unit,
-  env file and revision is checked again (unchanged). A probe that runs on a new host and a plan
-  made once from facts gathered once (the one-fleet-plan issue) remove it and the repeated checks.
-* Each remote command costs a ``sudo sh -c`` round trip (0.02-0.1 s, more under load): 85 of them
+  cores, so four of them take 14-16 s; on real hosts (a CPU each) it is the single number. The
+  Ansible playbook pays exactly the same (its "vLLM venv" task: 16.2-19.5 s), which pulls the
+  ratio towards 1: without it fleet's first run is 16-19 s against Ansible's 35-42 s.
+* Before the probe carried pynvml (0f3c6b7, two runs: 35.2 s and 32.1 s inside ``deploy()``, 6
+  connections and 85 commands per host) the first probe failed on a new host, the units were
+  written from the inventory's gpu entry, and a second pass (3.7-3.8 s: 2 connections and 28
+  commands per host) reconnected, probed again and checked every unit, env file and revision
+  again. That pass is gone; the probe costs 0.7 s more. What the one-fleet-plan issue's facts
+  gathered once can still take: the prepare batch (1.8 s), the separate unit-state connection
+  (0.3 s) and preflight's own three connections per host (part of its 3.3 s).
+* Each remote command costs a ``sudo sh -c`` round trip (0.02-0.1 s, more under load): 58 of them
   per host, run in lock-step by pyinfra (an operation ends when every host has finished it).
-* What Ansible spends more on (its per-task log, first run): copying the four unit and env files
-  9.0 s (fleet's units + revisions: 2.6 s), starting the units with a daemon-reload per item
-  6.3 s (fleet: 0.8 s), the keyring and apt source 10.2 s with the first connection (fleet: 0.5 s).
+* What Ansible spends more on (its per-task log, first runs): copying the four unit and env files
+  8.4-9.0 s (fleet's units + revisions: 2.6-2.9 s), starting the units with a daemon-reload per
+  item 5.6-6.3 s (fleet: 0.7-0.9 s), the keyring and apt source 7.0-10.2 s with the first
+  connection (fleet: 0.5-0.6 s).
 
 A no-change re-run sends one fact command per host; what is left of it (measured before the
 batch above, load ~6): connecting 0.4 s; the one fact command per host 1.6 s (pyinfra's
