@@ -26,6 +26,7 @@ from rich.text import Text
 
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.errors import FleetError
+from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import left_down, next_steps
 from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, resume
 from fleet.rollout.errors import LockHeld
@@ -51,6 +52,8 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--probe-interval", "probe_interval_s", type=float, help="Seconds between gate probes."),
         click.option("--gates-over-ssh", multiple=True, help="Probe this host's gates with curl on it (repeatable)."),
         click.option("--take-over", is_flag=True, help="Take over a stale lock (its owner is gone)."),
+        click.option("--no-lb", is_flag=True,
+                     help="Roll without the load balancers (clients will see failed requests; said once)."),
         click.option("--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
                      help="The journal database (default: $FLEET_JOURNAL or ~/.local/state/fleet/journal.sqlite)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
@@ -307,13 +310,28 @@ def roll(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
             run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
+            lb=not opts.get("no_lb"), warn=_warn(as_json),
         )  # fmt: skip
     except LockHeld as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nnothing was touched; fix the balancer, or roll without it: --no-lb", as_json, code=EXIT_INVALID)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or roll without it: --no-lb (clients will "
+             "see failed requests)", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
     except ExecutorError as exc:  # a host could not be asked before anything started: not bad input
         fail(f"{exc} (nothing was changed)", as_json, code=EXIT_SOME_HOSTS)
     except FleetError as exc:
         fail(str(exc), as_json)
+
+
+def _warn(as_json: bool) -> Callable[[str], None]:
+    """Warnings go to stderr (also with --json, whose document is stdout's)."""
+
+    def say(line: str) -> None:
+        Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+
+    return say
 
 
 def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
@@ -440,10 +458,17 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
                 fail(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume", as_json)
             hosts = sorted({r.host for r in saved.instances})
             fleet = load_fleet(saved.fleet, hosts)
-            executor = fleet.executor(opts["gates_over_ssh"])
+            executor = fleet.executor(opts["gates_over_ssh"], lb=not opts.get("no_lb"))
+            try:
+                executor.traffic.preflight()
+            except BalancerDown as exc:
+                executor.close()
+                fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
+                     as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
             journal.acquire(saved.fleet, rid, takeover=bool(opts["take_over"]))
         except FleetError as exc:
-            fail(str(exc), as_json, code=exit_code_of(exc))
+            fail(str(exc) + ("\nor resume without the balancer: --no-lb" if isinstance(exc, BalancerMisconfigured)
+                             else ""), as_json, code=exit_code_of(exc))  # fmt: skip
         try:
             final = _run(resume(saved, time.time()), executor, journal, as_json, resumed=True)
         finally:

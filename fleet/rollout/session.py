@@ -28,6 +28,17 @@ def headless(state: RolloutState, executor: SshExecutor, journal: Journal) -> Ro
     return Runner(executor, journal).run(state)
 
 
+def no_balancer_warning(count: int, total: int, lb: bool) -> str:
+    """Why clients will see failed requests during this rollout (said once, before it starts)."""
+    which = "--no-lb: " if not lb else f"{count} of {total} instance(s) have no load balancer (`balancer`) and "
+    return (
+        f"{which}nothing takes an instance out of traffic before it restarts (no `balancer` entry, no "
+        "rollout.hooks.drain): clients that reach it while it drains get errors, because vLLM keeps /health "
+        "at 200 while draining and answers new requests with HTTP 500 (vllm/v1/engine/async_llm.py: "
+        "AsyncLLM.shutdown), so a balancer polling /health keeps sending them"
+    )
+
+
 def open_journal(path: Path | None = None) -> Journal:
     p = path or default_path()
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -44,15 +55,24 @@ def run_rollout(
     take_over: bool = False,
     gates_over_ssh: Sequence[str] = (),
     run: RunLoop = headless,
+    lb: bool = True,
+    warn: Callable[[str], None] = lambda _m: None,
 ) -> RolloutState:
     """Run one rollout of ``kind`` over ``targets_of(executor)``; its final (or stopped) state.
 
     Raises ``FleetError`` for a bad policy or targets (nothing touched), ``LockHeld`` when another
-    rollout holds the fleet's lock.
+    rollout holds the fleet's lock, ``BalancerMisconfigured``/``BalancerDown`` when a load balancer
+    in front of the instances cannot be used or does not answer (nothing touched either; ``lb=False``
+    rolls without it). ``warn`` hears, once, that clients will see failed requests when nothing
+    takes the instances out of traffic.
     """
     policy = fleet.policy(overrides)
-    executor = fleet.executor(gates_over_ssh)
+    executor = fleet.executor(gates_over_ssh, lb=lb)
     try:
+        executor.traffic.preflight()
+        unsteered = [r for r in fleet.instances if executor.traffic.seat(r.host, r.instance) is None]
+        if unsteered and policy.hooks.drain is None:
+            warn(no_balancer_warning(len(unsteered), len(fleet.instances), lb))
         with open_journal(journal_path) as journal:
             now = time.time()
             rollout_id = new_rollout_id(now)
