@@ -24,10 +24,11 @@ So a connection made here carries:
   server_alive_check``); a server answers a request it does not know with
   SSH_MSG_REQUEST_FAILURE (RFC 4254 section 4), so every answer is proof of life, and the time
   of the last one is kept;
-* a **watchdog** (one thread for every connection) that closes the transport of a connection
-  whose heartbeat went unanswered for ``silent_s`` seconds (OpenSSH's ``ServerAliveCountMax`` ×
-  interval), and of a command still stuck inside paramiko past its deadline; the command then
-  fails with ``Unreachable`` (or ``CommandTimeout``) instead of waiting for the partition to end;
+* a **watchdog** (a thread per connection, while a command is in flight) that closes the
+  transport of a connection whose heartbeat went unanswered for ``silent_s`` seconds (OpenSSH's
+  ``ServerAliveCountMax`` × interval), and of a command stuck inside paramiko past its
+  deadline; the command then fails with ``Unreachable`` (or ``CommandTimeout``) instead of
+  waiting for the partition to end;
 * **a deadline per command**, checked by the command's own read loop (a channel timeout of
   ``POLL_S`` on every read) against ``time.monotonic()``;
 * **a connect deadline**: the TCP connect, the banner, the key exchange and authentication
@@ -47,9 +48,8 @@ import shlex
 import socket
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import paramiko
 
@@ -258,8 +258,10 @@ class Link:
     #: why the watchdog closed the connection; empty while it is fine
     dead: str = ""
     _jobs: set[_Job] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _heart: threading.Thread | None = None
+    #: made when the link is (not at import): under gevent (``fleet deploy``) a patched lock
+    _lock: threading.Lock = field(default_factory=lambda: threading.Lock())
+    _heart: bool = False  #: a heartbeat thread runs
+    _watching: bool = False  #: a watchdog thread runs
 
     @property
     def transport(self) -> paramiko.Transport | None:
@@ -292,14 +294,20 @@ class Link:
 
     def _begin(self, timeout: float) -> _Job:
         job = _Job(time.monotonic() + timeout, timeout)
+        beat = watch = False
         with self._lock:
             if not self._jobs:
                 self._heard()  # silence counts from when someone waits on the host
             self._jobs.add(job)
-            if self._heart is None:
-                self._heart = threading.Thread(target=self._beat, name=f"ssh-heartbeat-{self.name}", daemon=True)
-                self._heart.start()
-        _Watchdog.watch(self)
+            if not self._heart:
+                self._heart = beat = True
+            if not self._watching:
+                self._watching = watch = True
+        # started outside the lock: under gevent, starting a thread yields to it
+        if beat:
+            threading.Thread(target=self._beat, name=f"ssh-heartbeat-{self.name}", daemon=True).start()
+        if watch:
+            threading.Thread(target=self._watchdog, name=f"ssh-watchdog-{self.name}", daemon=True).start()
         return job
 
     def _end(self, job: _Job) -> None:
@@ -311,17 +319,30 @@ class Link:
             with self._lock:
                 t = self.transport
                 if not self._jobs or self.dead or t is None or not t.is_active():
-                    self._heart = None
+                    self._heart = False
                     return
             try:
                 t.global_request("keepalive@openssh.com", wait=True)  # returns on an answer, or once closed
             except Exception:  # the connection broke while sending: whoever waits on it finds out
                 with self._lock:
-                    self._heart = None
+                    self._heart = False
                 return
             if t.is_active():
                 self._heard()
             time.sleep(self.heartbeat_s)
+
+    def _watchdog(self) -> None:
+        """While a command is in flight: every ``POLL_S``, ``_watch``."""
+        while True:
+            time.sleep(POLL_S)
+            with self._lock:
+                if not self._jobs or self.dead:
+                    self._watching = False
+                    return
+            if not self._watch(time.monotonic()):
+                with self._lock:
+                    self._watching = False
+                return
 
     def _watch(self, now: float) -> bool:
         """The watchdog's look at this link; False once there is nothing left to watch."""
@@ -426,34 +447,6 @@ class Link:
             raise ConnectionLost(self.name, f"the connection closed before the exit status of {what} came")
         self._heard()
         return chan.exit_status, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-class _Watchdog:
-    """One daemon thread that looks at every link with a command in flight, every ``POLL_S``."""
-
-    _lock = threading.Lock()
-    _links: ClassVar[weakref.WeakSet[Link]] = weakref.WeakSet()
-    _thread: threading.Thread | None = None
-
-    @classmethod
-    def watch(cls, link: Link) -> None:
-        with cls._lock:
-            cls._links.add(link)
-            if cls._thread is None or not cls._thread.is_alive():
-                cls._thread = threading.Thread(target=cls._loop, name="ssh-watchdog", daemon=True)
-                cls._thread.start()
-
-    @classmethod
-    def _loop(cls) -> None:
-        while True:
-            time.sleep(POLL_S)
-            with cls._lock:
-                links = list(cls._links)
-            now = time.monotonic()
-            for link in links:
-                if not link._watch(now):
-                    with cls._lock:
-                        cls._links.discard(link)
 
 
 def run_once(
