@@ -73,7 +73,10 @@ class SshServer:
             t = paramiko.Transport(conn)
             t.add_server_key(self.host_key)
             self.transports.append(t)
-            t.start_server(server=_Host(self))
+            try:
+                t.start_server(server=_Host(self))
+            except (paramiko.SSHException, EOFError, OSError):
+                continue  # the client went away during the handshake (it refused our host key)
 
     def answer(self, channel: paramiko.Channel, command: str) -> None:
         # As sshd does, answer once the exec request was acknowledged: the client has then closed
