@@ -44,12 +44,14 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
 from fleet.deploy import factcache, prefetch
+from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
-from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
+from fleet.facts.revisions import InstanceRevisionsAsRoot
+from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory, load_inventory
 from fleet.operations import host as host_deploy
@@ -86,6 +88,8 @@ class HostResult:
     endpoints: list[Endpoint] = field(default_factory=list)
     restarted: bool = False
     note: str | None = None  #: why the host's units wait for its driver
+    #: each instance not on the inventory's release and configuration after the deploy, and why
+    drift: list[str] = field(default_factory=list)
 
     def data(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,7 @@ class HostResult:
             "reboot_required": self.reboot_required,
             "endpoints": [e.__dict__ for e in self.endpoints],
             "restarted": self.restarted,
+            "drift": self.drift,
         }
 
 
@@ -379,7 +384,46 @@ def deploy(
             _check_serving(loaded, plans, results, name, health_timeout, step)
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
+    _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
     return finish(error)
+
+
+def _converged(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    names: list[str],
+    staged: Mapping[str, host_deploy.Staged],
+) -> None:
+    """Read again, on each host this run started or rolled instances on, what every instance runs
+    and has in place; a host with an instance not on the inventory's release and configuration
+    fails, naming each such instance (``fleet.deploy.converge``). Hosts where nothing changed were
+    read at the start of this run and found converged (``_quiet``)."""
+    names = [n for n in names if n in plans and staged.get(n) is not None and staged[n].revisions]
+    if not names:
+        return
+    paths = _paths()
+
+    def instances(name: str) -> dict[str, object]:
+        return {
+            "instances": tuple(
+                (i.unit_name, f"fleet-{i.unit_name}.service", f"{paths.unit_dir}/fleet-{i.unit_name}.service",
+                 f"{paths.env_dir}/{i.unit_name}.env")
+                for i in plans[name].instances
+            )
+        }  # fmt: skip
+
+    answers = run_fact_on_hosts([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
+    for name, answer in answers.items():
+        r = results[name]
+        if isinstance(answer, HostUnreachable):
+            lines = [f"{name}: could not read its instances after the deploy: {answer.reason}"]
+        else:
+            lines = drift(name, staged[name].release, staged[name].revisions, answer, vllm_ops.DEFAULT_ROOT)
+        if lines:
+            r.status, r.drift = "failed", lines
+            r.error = "; ".join(x for x in (r.error, "not on the inventory's release and configuration: "
+                                           + "; ".join(lines)) if x)  # fmt: skip
 
 
 def _answer_now(unprobed: list[str], results: dict[str, HostResult]) -> list[str]:
@@ -437,6 +481,7 @@ def _units_once_probed(
             if second is not None:  # what this pass found and stored is what the engine rolls
                 first = staged.setdefault(h.name, host_deploy.Staged())
                 first.revisions, first.running, first.live = second.revisions, second.running, second.live
+                first.runs = second.runs
             ops = _op_names(state, h, will=False)
             r.operations += ops
             r.note = None
@@ -610,11 +655,14 @@ def _start(
             if h in state.failed_hosts:
                 results[h.name].status = "failed"
                 results[h.name].error = _failure(state, h)
-            elif names:
+            elif any(n.startswith("start ") for n in names):
                 results[h.name].operations += names
                 results[h.name].status = "changed"
                 started.append(h.name)
-            else:
+            else:  # its units ran already (at most they were enabled now)
+                if names:
+                    results[h.name].operations += names
+                    results[h.name].status = "changed"
                 serving.append(h.name)
     finally:
         _close(state)
