@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.operations import server
@@ -49,14 +50,16 @@ def release_dir(root: str, release_id: str) -> str:
 #: the same packages but for what changed (the vLLM version, an extra), so its size is close.
 SIZE_MARGIN = 1.10
 #: What a release needs at least where the host has none to measure: a venv with pip and its
-#: metadata (``python3 -m venv`` + ``ensurepip`` writes about 20 MiB), doubled. A first build that
-#: needs more (the real vLLM 0.33 with torch and CUDA wheels: about 7 GB installed,
-#: ``pip install --no-cache-dir vllm`` in vllm-project/vllm#13112) and runs out of space stops with
-#: ``No space left on device (ENOSPC)`` and the numbers, its half-built directory removed.
-FIRST_RELEASE_KIB = 40 * 1024
+#: metadata (``python3 -m venv`` with ``ensurepip`` wrote 24 MiB on Debian 12's Python 3.11), plus
+#: a third. A first build that needs more (the real vLLM 0.33 with torch and the CUDA wheels is
+#: several GB installed: ``pip install --no-cache-dir vllm`` left 6.9 GB in site-packages in
+#: vllm-project/vllm#13112) and runs out of space stops with ``No space left on device (ENOSPC)``
+#: and the numbers, its half-built directory removed; the next build is measured from this one.
+FIRST_RELEASE_KIB = 32 * 1024
 
-#: Builds one release, checked and cleaned up: ``sh -c BUILD fleet-release ROOT ID PYTHON FLOOR_KIB
-#: MARGIN_PERCENT MARKER MARKER_JSON PIP_ARGS...``. Before anything is written it compares the space
+#: Builds one release, checked and cleaned up: ``sh -s -- ROOT ID PYTHON FLOOR_KIB MARGIN_PERCENT
+#: MARKER MARKER_JSON PIP_ARGS...`` with this script on stdin (so an error shows the arguments, not
+#: the script; what it runs reads ``/dev/null``, never the script). Before anything is written it compares the space
 #: needed (the largest complete release here, measured with ``du``, plus the margin; ``FLOOR_KIB``
 #: where there is none) with what ``df`` says is free on the releases' filesystem, and refuses with
 #: both numbers, the filesystem and its mount point (exit 28, ENOSPC's errno). A step that fails
@@ -111,8 +114,8 @@ the half-built release was removed" >&2
   echo "release $id: $step failed; the half-built release was removed" >&2
   exit 1
 }
-out=$("$py" -m venv -- "$target" 2>&1) || fail "python3 -m venv (ensurepip)" "$out"
-out=$("$target/bin/pip" "$@" 2>&1) || fail "pip install" "$out"
+out=$("$py" -m venv -- "$target" 2>&1 </dev/null) || fail "python3 -m venv (ensurepip)" "$out"
+out=$("$target/bin/pip" "$@" 2>&1 </dev/null) || fail "pip install" "$out"
 m=$target/$marker
 out=$( { umask 022 && printf '%s\n' "$marker_json" > "$m.fleet-tmp" && mv -fT -- "$m.fleet-tmp" "$m"; } 2>&1) \
   || fail "writing the marker" "$out"
@@ -150,8 +153,8 @@ def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "p
         "requirements": spec.requirements(),
     }
     margin = str(round(SIZE_MARGIN * 100))
-    yield shlex.join(["sh", "-c", BUILD, "fleet-release", root, name, python, str(FIRST_RELEASE_KIB), margin,
-                      MARKER, json.dumps(marker, indent=2), *pip])  # fmt: skip
+    argv = ["sh", "-s", "--", root, name, python, str(FIRST_RELEASE_KIB), margin, MARKER, json.dumps(marker), *pip]
+    yield StringCommand(shlex.join(argv), _stdin=BUILD)
 
 
 def _flip(root: str, link: str, release_id: str) -> str:

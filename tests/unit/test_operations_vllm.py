@@ -21,7 +21,7 @@ from fleet.operations import layout, units, vllm
 from fleet.operations.files import atomic_file
 from fleet.render.units import RenderedFile
 
-from .opharness import Value, key, run_op
+from .opharness import Command, Value, key, run_op
 
 ROOT = "/opt/fleet/vllm"
 SPEC = layout.ReleaseSpec("0.33.0", "3.11.2", "http://127.0.0.1:9000/simple/", (), (layout.NVML_PY_REQUIREMENT,))
@@ -56,17 +56,17 @@ def test_release_id_is_named_by_content() -> None:
     assert layout.ReleaseSpec("0.33.0", "3", "u", ("b", "a")).requirements() == ["vllm[a,b]==0.33.0"]
 
 
-def _build_argv(text: str) -> list[str]:
-    argv = shlex.split(text)
-    assert argv[:3] == ["sh", "-c", vllm.BUILD] and argv[3] == "fleet-release"
-    return argv[4:]
+def _build_argv(command: Command) -> list[str]:
+    argv = shlex.split(command.text)
+    assert argv[:3] == ["sh", "-s", "--"] and command.stdin == vllm.BUILD  # the script on stdin, not in argv
+    return argv[3:]
 
 
 def test_release_on_a_bare_host_builds_the_venv_from_the_index_only() -> None:
     facts = {key(VllmReleases, root=ROOT): releases()}
     run = run_op(vllm.release, facts, spec=SPEC, root=ROOT)
     assert len(run.commands) == 1  # one command: checked, built, cleaned up on failure, marker last
-    root, rid, python, floor, margin, marker_name, marker_json, *pip = _build_argv(run.texts[0])
+    root, rid, python, floor, margin, marker_name, marker_json, *pip = _build_argv(run.commands[0])
     assert (root, rid, python, marker_name) == (ROOT, RID, "python3", MARKER)
     assert int(floor) == vllm.FIRST_RELEASE_KIB and margin == "110"
     assert pip == [
@@ -82,7 +82,7 @@ def test_complete_release_is_not_touched_and_a_half_built_one_is_rebuilt() -> No
     assert run_op(vllm.release, done, spec=SPEC, root=ROOT).texts == []
     half = {key(VllmReleases, root=ROOT): releases((100, 0, RID))}
     run = run_op(vllm.release, half, spec=SPEC, root=ROOT)
-    assert _build_argv(run.texts[0])[1] == RID  # BUILD removes what is there first
+    assert _build_argv(run.commands[0])[1] == RID  # BUILD removes what is there first
     assert 'rm -rf -- "$target"' in vllm.BUILD.split("largest=0", 1)[0]
 
 
@@ -101,14 +101,15 @@ head -c 20480 /dev/zero > "$t/bin/python3"
 """
 
 
-def _build(tmp_path: Path, floor_kib: int, pip: str, **env: str) -> tuple[int, str, Path]:
+def _build(tmp_path: Path, floor_kib: int, pip: str, **extra: str) -> tuple[int, str, Path]:
     root = tmp_path / "vllm"
     python = tmp_path / "python3"
     python.write_text(FAKE_PYTHON)
     python.chmod(0o755)
-    argv = ["sh", "-c", vllm.BUILD, "fleet-release", str(root), "r2", str(python), str(floor_kib), "110", MARKER,
-            '{"id": "r2"}', "install", "vllm==0.33.0"]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PIP": pip, **env}, check=False)
+    argv = ["sh", "-s", "--", str(root), "r2", str(python), str(floor_kib), "110", MARKER, '{"id": "r2"}',
+            "install", "vllm==0.33.0"]  # fmt: skip
+    env = {**os.environ, "PIP": pip, **extra}
+    done = subprocess.run(argv, input=vllm.BUILD, capture_output=True, text=True, env=env, check=False)
     return done.returncode, done.stderr, root / "releases"
 
 
