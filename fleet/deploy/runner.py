@@ -319,6 +319,8 @@ def deploy(
         for h in active:
             step(h.name, "checking what to change")
         caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
+        if not dry:  # their units come from the second probe (_units_once_probed), not the gpu entry now
+            host_deploy.units_later([h for h in active if h.name in unprobed and h.name not in waiting])
         _add_deploy(state, host_deploy.vllm_host, active)
         if dry:
             for h in active:
@@ -345,6 +347,8 @@ def deploy(
             results[h.name].reboot_required = h.get_fact(RebootRequired)
             if h.name in waiting:
                 results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
+            elif h.name in unprobed and results[h.name].reboot_required is not None:
+                results[h.name].note = "its units are installed once NVML answers, after the reboot (--reboot)"
         progress(factcache.summary(caches))
     finally:
         _close(state)
@@ -456,9 +460,8 @@ def _units_once_probed(
         connect_all(state)
         probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
         for name, why in probed.refused.items():  # its driver answers only now
-            written = "units written from the gpu entry before NVML answered, none started"
             results[name].status = "refused"
-            results[name].error = f"{why} ({written if name in plans else 'no unit was written'})"
+            results[name].error = f"{why} (no unit was written)"
         for name, why in probed.waiting.items():
             results[name].status, results[name].note = "waiting", why
         ready = [h for h in hosts if h.name in probed.plans]
@@ -679,7 +682,10 @@ def _start(
 def _unit_states(
     loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
 ) -> dict[str, list[UnitState] | None]:
-    """Each host's units: active? restart pending (files newer than the process)? None: no answer."""
+    """Each host's units: active? restart pending (its unit or env file newer than the process)?
+    None: no answer. Not the ``current`` link: it is one per host, and any instance's switch (a
+    canary, a rollback) touches it; whether an instance runs the release it should is read from
+    its own process (``Staged.runs``)."""
     if not names:
         return {}
     paths = _paths()
@@ -687,13 +693,11 @@ def _unit_states(
     def units(name: str) -> dict[str, object]:
         return {
             "units": [
-                (
-                    f"fleet-{i.unit_name}.service",
-                    [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env", paths.venv],
-                )
+                (f"fleet-{i.unit_name}.service",
+                 [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"])
                 for i in plans[name].instances
             ]
-        }
+        }  # fmt: skip
 
     answers = run_fact_on_hosts([_target(loaded, n) for n in names], UnitStates, args_for=units)
     return {n: a if isinstance(a, list) else None for n, a in answers.items()}

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.host import Host
@@ -213,6 +213,16 @@ class Staged:
 
 
 _STAGED: WeakKeyDictionary[State, dict[str, Staged]] = WeakKeyDictionary()
+#: hosts of a pyinfra run whose units wait for a second probe later in the same run (``units_later``)
+_LATER: WeakSet[Host] = WeakSet()
+
+
+def units_later(hosts: Sequence[Host]) -> None:
+    """``vllm_units`` writes nothing on these hosts in this pyinfra run: their NVML does not answer
+    yet, and ``fleet deploy`` probes them again once this run's release, driver or reboot lets it
+    and writes their units then (from the probe, or the gpu entry if NVML still does not answer).
+    Writing them now from the gpu entry would only be written over."""
+    _LATER.update(hosts)
 
 
 def staged_of(state: State) -> dict[str, Staged]:
@@ -298,6 +308,9 @@ def vllm_units(paths: HostPaths | None = None) -> None:
     replace, and a fleet deploy would then roll every such instance through the engine although
     none ever served anyone. ``vllm_start`` enables the units it starts."""
     data = _data()
+    if ctx_host.get() in _LATER:  # type: ignore[no-untyped-call]
+        host.noop("units: written once NVML is probed again, later in this run")
+        return
     probed = probe()
     try:
         revs = host_revisions(host.name, data, paths or _paths(), probed)

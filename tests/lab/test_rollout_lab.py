@@ -308,17 +308,24 @@ def test_rollback_to_the_previous_release_is_a_link_flip(
 def halt_with_a_canary_on_split(lab: LabFleet, fleet: RolloutFleet, journal: Path) -> dict[str, dict[str, Any]]:
     """Every instance on the inventory's release; then ``--release split``, a release that loads
     on the first host and crashes on the second: the canary (first host) stays on ``split``, the
-    second batch fails on the second host and is rolled back, the rollout halts. Returns the
-    instances' state before it."""
+    second batch fails on the second host and is rolled back (the first host's other instance with
+    it), the rollout halts. The first host's ``current`` link names the old release again while its
+    canary runs ``split``. Returns the instances' state before it."""
     h0, h1 = fleet.hosts
     original = next(r for r in must(lab, 0, f"ls {ROOT}/releases").split() if r not in MADE)
+    if any(i["runs"] != original for i in instance_state(lab, fleet).values()):  # an earlier test's release
+        rc, result = fleet_cli("rollout", fleet.inventory, "--release", original, *FAST, journal=journal)
+        assert rc == 0, result
     before = instance_state(lab, fleet)
     assert all(i["runs"] == original and i["unit"] == "active/running" for i in before.values()), before
     for i in range(2):
         must(lab, i, f"sudo rm -rf {ROOT}/releases/split")
     make_release(lab, 0, "split")
     make_release(lab, 1, "split", faults={"fail_load": [MODEL], "load_seconds": 1})
-    rc, result = fleet_cli("rollout", fleet.inventory, "--release", "split", *FAST, journal=journal)
+    # two at a time after the canary: the second batch holds the first host's other instance too, and
+    # its rollback puts that host's current link back on the old release, under the canary's feet
+    rc, result = fleet_cli("rollout", fleet.inventory, "--release", "split", *FAST, "--max-unavailable", "2",
+                           journal=journal)  # fmt: skip
     assert rc == 1 and result["status"] == "halted", result
     phases = {i["instance"]: i["phase"] for i in result["instances"]}
     assert phases[f"{h0}/vllm-0"] == "done" and phases[f"{h1}/vllm-0"] == "rolled_back", phases
@@ -377,7 +384,8 @@ def test_deploy_after_a_halted_rollout_converges_every_instance_in_one_run(
     before = halt_with_a_canary_on_split(lab, fleet, journal)
     halted = instance_state(lab, fleet)
     policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "timeouts": {"health": 60}}
-    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    # releases_kept: the deploy keeps the releases the other tests made (it prunes beyond it)
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy, releases_kept=len(MADE) + 2)
     proc = subprocess.run(
         [str(FLEET), "deploy", inventory, "--json", "--health-timeout", "120"], cwd=REPO_ROOT, capture_output=True,
         text=True, timeout=900, check=False, env={**os.environ, "FLEET_JOURNAL": str(journal)},
@@ -432,14 +440,15 @@ def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_a
 # ---- faults during a rollout, hooks on the host, a host that goes down ------------------------------
 
 
-def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any]) -> str:
-    """A copy of the lab's inventory with ``rollout`` settings on every host (group data, as an
-    operator would set them); the hosts, their SSH settings and their serving data are unchanged."""
+def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any], **data: Any) -> str:
+    """A copy of the lab's inventory with ``rollout`` settings (and ``data``) on every host (group
+    data, as an operator would set them); the hosts, their SSH settings and their serving data are
+    unchanged."""
     import pprint
     import runpy
 
     hosts = runpy.run_path(fleet.inventory)["lab"]
-    hosts = [(name, {**data, "rollout": rollout}) for name, data in hosts]
+    hosts = [(name, {**host_data, **data, "rollout": rollout}) for name, host_data in hosts]
     path.write_text(f"lab = {pprint.pformat(hosts, sort_dicts=False)}\n")
     return str(path)
 
