@@ -339,9 +339,11 @@ def vllm_start() -> None:
     boot from now on: they passed preflight); running ones are left alone."""
     paths = HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
     names = unit_names(rendered_files(host.name, _data(), paths, probe()))
+    # first: pyinfra orders operations by their place in the code, and hosts with fewer units
+    # would run this one in the place of another host's next start
+    units.enabled(name="enable the vLLM units", units=names)
     for unit in names:
         systemd.service(name=f"start {unit}", service=unit, running=True)
-    units.enabled(name="enable the vLLM units", units=names)
 
 
 @deploy("vLLM host")
