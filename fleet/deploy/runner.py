@@ -20,6 +20,14 @@ configuration revision (``fleet.operations.revisions``). Those instances are the
 rolling engine (``fleet.rollout``): batches with a canary, drain, stop, GPUs free, switch, start,
 health gates, soak, and a rollback of the failed batch, journaled like any ``fleet rollout``.
 
+Which running instances the engine takes is decided per instance, by the release its own process
+runs (``fleet.facts.releases``), never by the host's ``current`` link. After starting and
+rolling, every host where something changed is read again: an instance not on the inventory's
+release and configuration fails its host, named (``fleet.deploy.converge``). On a first run, units
+are written only once the host is probed again after this run's release, driver or reboot, and
+enabled only when planned from the probe: the reboot starts nothing, and instances that never
+served are started, not rolled.
+
 Failures (unreachable, a failing operation, a preflight refusal) name the host, the cause and the
 failed command (redacted). ``fail_percent`` (like Ansible's ``max_fail_percentage``; default 0):
 once more than that share of the selected hosts failed, nothing more is scheduled: no further
