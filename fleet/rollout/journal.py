@@ -47,13 +47,14 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
 from fleet.inventory.schema import JournalSettings, journal_url_problem
 from fleet.rollout.engine import Action, RolloutState, state_from_dict, state_to_dict
 from fleet.rollout.errors import JournalDamaged, JournalError, LockHeld, NoJournal
-from fleet.secrets import SecretRef, parse_secret_ref, redact
+from fleet.secrets import REDACTED, SecretRef, parse_secret_ref, redact
 
 #: The schema this fleet writes. 1: the first journal (no ``schema_version`` table); 2: the
 #: version table and an index for ``fleet history --fleet``.
@@ -160,11 +161,30 @@ class JournalLocation:
     password_ref: SecretRef | None = None
 
     def __str__(self) -> str:
-        return str(self.path) if self.kind == "sqlite" else redact(self.url)
+        return str(self.path) if self.kind == "sqlite" else without_password(self.url)
 
 
 def is_url(text: str) -> bool:
     return "://" in text
+
+
+def without_password(url: str) -> str:
+    """``url`` as it may be shown: a password in its user part or a ``password=`` parameter is
+    replaced by ``<redacted>`` (whatever it looks like), then the usual redaction."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<a URL that cannot be parsed>"
+    netloc = parts.netloc
+    userinfo, at, hostport = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:{REDACTED}@{hostport}"
+    query = "&".join(
+        f"{kv.split('=', 1)[0]}={REDACTED}" if kv.split("=", 1)[0].lower() == "password" else kv
+        for kv in parts.query.split("&")
+        if kv
+    )
+    return redact(urlunsplit(parts._replace(netloc=netloc, query=query)))
 
 
 def locate(given: str | Path | None = None) -> JournalLocation:
@@ -187,7 +207,7 @@ def _location(text: str, source: str) -> JournalLocation:
         return JournalLocation("sqlite", source, path=Path(text))
     problem = journal_url_problem(text)
     if problem:
-        raise JournalError(f"{source}={redact(text)!r}: {problem}")
+        raise JournalError(f"{source}={without_password(text)!r}: {problem}")
     return JournalLocation("postgresql", source, url=text)
 
 
@@ -332,6 +352,10 @@ class RolloutJournal(ABC):
         """Whether a live session other than this one holds ``fleet``'s lock; None: cannot tell."""
         return None
 
+    def _holds(self, fleet: str) -> bool:
+        """Whether this journal's own session holds ``fleet``'s lock."""
+        return False
+
     def __enter__(self) -> Self:
         return self
 
@@ -382,7 +406,7 @@ class RolloutJournal(ABC):
             return None
         owner = LockOwner(*rows[0])
         if self.knows_liveness:
-            owner = replace(owner, session=self._held_elsewhere(fleet) or self._mine(owner))
+            owner = replace(owner, session=bool(self._held_elsewhere(fleet)) or self._holds(fleet))
         return owner
 
     def _mine(self, owner: LockOwner) -> bool:

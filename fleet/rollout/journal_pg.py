@@ -249,6 +249,9 @@ class PostgresJournal(RolloutJournal):
         with suppress(JournalError):  # the session is gone, and its lock with it
             self._query("SELECT pg_advisory_unlock(?)", (advisory_key(fleet),))
 
+    def _holds(self, fleet: str) -> bool:
+        return fleet in self._held
+
     def _held_elsewhere(self, fleet: str) -> bool | None:
         if fleet in self._held:
             return False
