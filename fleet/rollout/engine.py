@@ -416,6 +416,10 @@ def _instance_step(
             return _fail(
                 inst, f"not healthy {now - inst.first_step_at:.0f}s after its first step (host_deadline_s)", now
             ), None
+        if f.claimed_by:
+            # Another rollout holds the host (its claim replaced this one's): never touch it again.
+            changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
+            return _fail(inst, f"host {inst.ref.host} is claimed {changed} by {f.claimed_by}", now), None
         if f.unreachable and inst.phase is not Phase.GATES:
             # The executor retries SSH itself before it reports a host unreachable; here it is final.
             changed = "before any change" if not inst.changed else f"during {inst.phase.value}"

@@ -10,11 +10,12 @@ view and Ctrl-C handling, a library caller takes ``headless``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from fleet.rollout.claims import ClaimRequest, HostClaims
 from fleet.rollout.engine import RolloutState, RolloutStatus, Target, new_rollout, resume
 from fleet.rollout.errors import JournalError
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
@@ -60,10 +61,9 @@ def run_rollout(
             rollout_id = new_rollout_id(now)
             journal.acquire(fleet.name, rollout_id, takeover=take_over)
             try:
-                state = open_rollout(
-                    journal, new_rollout(rollout_id, fleet.name, kind, targets_of(executor), policy, now)
-                )
-                return run(state, executor, journal)
+                state = new_rollout(rollout_id, fleet.name, kind, targets_of(executor), policy, now)
+                with claimed(executor, state):
+                    return run(open_rollout(journal, state), executor, journal)
             finally:
                 _release(journal, fleet.name, rollout_id)
         finally:
@@ -95,11 +95,28 @@ def resume_rollout(
         try:
             journal.acquire(saved.fleet, rid, takeover=take_over)
             try:
-                return run(resume(saved, time.time()), executor, journal)
+                with claimed(executor, saved):  # this rollout's own claims are its to take, from anywhere
+                    return run(resume(saved, time.time()), executor, journal)
             finally:
                 _release(journal, saved.fleet, rid)
         finally:
             executor.close()
+
+
+@contextmanager
+def claimed(executor: SshExecutor, state: RolloutState) -> Iterator[HostClaims]:
+    """Every host of ``state`` claimed for it before anything is changed (``HostClaimed``, naming
+    the owners, when another rollout holds one), renewed while the block runs, released after."""
+    request = ClaimRequest.mine(state.id)
+    claims = HostClaims(
+        lambda host, mode: executor.claim_host(host, request, mode), tuple(sorted({r.host for r in state.instances}))
+    )
+    with claims:
+        executor.claims = claims
+        try:
+            yield claims
+        finally:
+            executor.claims = None
 
 
 #: what ``history`` shows for a rollout that has not ended
