@@ -35,6 +35,7 @@ from typing import Literal
 
 from fleet.errors import FleetError
 from fleet.rollout.errors import LockHeld
+from fleet.rollout.journal import pid_start
 
 #: fleet's state directory on a host, and the claim in it (root only: 0700 / 0600).
 STATE_DIR = "/var/lib/fleet"
@@ -60,6 +61,7 @@ class ClaimRequest:
     user: str
     pid: int
     lease_s: int = LEASE_S
+    pid_start: str = ""  #: the pid's start time (``/proc/PID/stat``), so a reused pid is not the owner
 
     @classmethod
     def mine(cls, rollout_id: str, lease_s: int = LEASE_S) -> ClaimRequest:
@@ -67,7 +69,10 @@ class ClaimRequest:
             user = getpass.getuser()
         except (KeyError, OSError):
             user = str(os.getuid())
-        return cls(safe_word(rollout_id), safe_word(socket.gethostname()), safe_word(user), os.getpid(), lease_s)
+        me = os.getpid()
+        return cls(
+            safe_word(rollout_id), safe_word(socket.gethostname()), safe_word(user), me, lease_s, pid_start(me) or "-"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,14 @@ class HostClaim:
     since: int  #: host clock, seconds
     lease_until: int  #: host clock, seconds
     host_now: int  #: the host's clock when it was read
+    pid_start: str = ""
+
+    def owner_gone(self) -> bool:
+        """Its owner ran on this machine and that process is gone (pid and start time, as the
+        journal's lock tells): its claim is stale before its lease runs out."""
+        if self.machine != safe_word(socket.gethostname()) or not self.pid_start or self.pid_start == "-":
+            return False
+        return pid_start(self.pid) != self.pid_start
 
     def describe(self) -> str:
         left = self.lease_until - self.host_now
@@ -118,29 +131,31 @@ def parse_answer(text: str) -> ClaimAnswer:
 
         holder = HostClaim(
             values["rollout"], values.get("machine", "?"), values.get("user", "?"), num("pid"), num("since"),
-            num("lease_until"), num("now"),
+            num("lease_until"), num("now"), values.get("pid_start", ""),
         )  # fmt: skip
     return ClaimAnswer(verdict, holder)  # type: ignore[arg-type]
 
 
 def claim_script() -> str:
     """The host side (POSIX sh, coreutils, util-linux ``flock``): argv is ``dir mode id machine user
-    pid lease``; ``mode`` is claim, renew or release. Prints the verdict and the claim in place."""
+    pid lease pid_start stale``; ``mode`` is claim, renew or release; ``stale``: a rollout id whose
+    claim may be replaced though its lease lives (its owner is known gone). Prints the verdict and
+    the claim in place."""
     return (
         'set -e; umask 077; d=$1; mode=$2; id=$3; f="$d/' + CLAIM_FILE + '"; '
         'mkdir -p "$d"; chmod 700 "$d"; exec 9>"$d/.claim.lock"; flock -w 20 9; now=$(date +%s); '
         'cur=; until=0; if [ -f "$f" ]; then cur=$(sed -n "s/^rollout=//p" "$f"); '
         'until=$(sed -n "s/^lease_until=//p" "$f"); fi; '
         'show() { echo "$1"; if [ -f "$f" ]; then cat "$f"; fi; echo "now=$now"; exit 0; }; '
-        'if [ -n "$cur" ] && [ "$cur" != "$id" ]; then '
+        'if [ -n "$cur" ] && [ "$cur" != "$id" ] && [ "$cur" != "$9" ]; then '
         '  if [ "$mode" = renew ]; then show lost; fi; '
         '  if [ "$mode" = release ]; then show released; fi; '
         '  if [ "${until:-0}" -gt "$now" ] 2>/dev/null; then show held; fi; fi; '
         'if [ "$mode" = release ]; then rm -f "$f"; echo released; echo "now=$now"; exit 0; fi; '
         'since=$now; if [ "$cur" = "$id" ]; then since=$(sed -n "s/^since=//p" "$f"); fi; '
         't=$(mktemp "$d/.claim.XXXXXX"); '
-        'printf "rollout=%s\\nmachine=%s\\nuser=%s\\npid=%s\\nsince=%s\\nlease_until=%s\\n" '
-        '"$id" "$4" "$5" "$6" "${since:-$now}" "$((now + $7))" > "$t"; chmod 600 "$t"; mv -f "$t" "$f"; '
+        'printf "rollout=%s\\nmachine=%s\\nuser=%s\\npid=%s\\npid_start=%s\\nsince=%s\\nlease_until=%s\\n" '
+        '"$id" "$4" "$5" "$6" "$8" "${since:-$now}" "$((now + $7))" > "$t"; chmod 600 "$t"; mv -f "$t" "$f"; '
         "show claimed"
     )
 
@@ -161,8 +176,8 @@ def refusal(held: Mapping[str, HostClaim]) -> str:
     return "\n".join(lines)
 
 
-#: One host's claim operation: (host, mode) → the host's answer; raises on SSH failure.
-ClaimOp = Callable[[str, str], ClaimAnswer]
+#: One host's claim operation: (host, mode, stale rollout id or "") → the host's answer; raises on SSH failure.
+ClaimOp = Callable[[str, str, str], ClaimAnswer]
 
 
 @dataclass
@@ -186,6 +201,8 @@ class HostClaims:
         """Claim every host; on a live claim by another rollout, release ours and raise ``HostClaimed``."""
         held: dict[str, HostClaim] = {}
         for host, answer in self._each(self.hosts, "claim"):
+            if answer is not None and answer.verdict == "held" and answer.holder and answer.holder.owner_gone():
+                answer = self._one(host, "claim", answer.holder.rollout_id)  # a dead process's claim on this machine
             if answer is None:
                 continue  # unreachable now: the renewals claim it when it answers
             if answer.verdict == "claimed":
@@ -227,13 +244,13 @@ class HostClaims:
             self.renew()
 
     def _each(self, hosts: Iterable[str], mode: str) -> list[tuple[str, ClaimAnswer | None]]:
-        out: list[tuple[str, ClaimAnswer | None]] = []
-        for host in hosts:
-            try:
-                out.append((host, self.op(host, mode)))
-            except FleetError:  # the host cannot be reached (the executor's error): the lease decides
-                out.append((host, None))
-        return out
+        return [(host, self._one(host, mode)) for host in hosts]
+
+    def _one(self, host: str, mode: str, stale: str = "") -> ClaimAnswer | None:
+        try:
+            return self.op(host, mode, stale)
+        except FleetError:  # the host cannot be reached (the executor's error): the lease decides
+            return None
 
     def __enter__(self) -> HostClaims:
         self.take()

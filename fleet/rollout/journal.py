@@ -118,7 +118,7 @@ def new_rollout_id(now: float | None = None) -> str:
     return f"{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-def _pid_start(pid: int) -> str:
+def pid_start(pid: int) -> str:
     """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22); "" if gone."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
@@ -262,7 +262,7 @@ class LockOwner:
             return self.session
         if self.host != socket.gethostname():
             return None
-        return _pid_start(self.pid) == self.pid_start and self.pid_start != ""
+        return pid_start(self.pid) == self.pid_start and self.pid_start != ""
 
     def describe(self, now: float | None = None) -> str:
         age = (now if now is not None else time.time()) - self.started_at
@@ -411,7 +411,7 @@ class RolloutJournal(ABC):
 
     def _mine(self, owner: LockOwner) -> bool:
         me = os.getpid()
-        return owner.pid == me and owner.pid_start == _pid_start(me) and owner.host == socket.gethostname()
+        return owner.pid == me and owner.pid_start == pid_start(me) and owner.host == socket.gethostname()
 
     def acquire(self, fleet: str, rollout_id: str, *, takeover: bool = False, now: float | None = None) -> LockOwner:
         """Take the fleet's lock for ``rollout_id``, or raise ``LockHeld`` naming the owner and its age.
@@ -420,7 +420,7 @@ class RolloutJournal(ABC):
         this very process for the same rollout is kept (re-entrant, for ``--resume`` in-process).
         """
         now = time.time() if now is None else now
-        me = LockOwner(fleet, rollout_id, os.getpid(), _pid_start(os.getpid()), socket.gethostname(), _user(), now)
+        me = LockOwner(fleet, rollout_id, os.getpid(), pid_start(os.getpid()), socket.gethostname(), _user(), now)
         if not self._lock_db(fleet):
             owner = self.lock_owner(fleet)
             who = owner.describe(now) if owner is not None else "another fleet process (no owner recorded yet)"

@@ -109,7 +109,8 @@ def claimed(executor: SshExecutor, state: RolloutState) -> Iterator[HostClaims]:
     the owners, when another rollout holds one), renewed while the block runs, released after."""
     request = ClaimRequest.mine(state.id)
     claims = HostClaims(
-        lambda host, mode: executor.claim_host(host, request, mode), tuple(sorted({r.host for r in state.instances}))
+        lambda host, mode, stale: executor.claim_host(host, request, mode, stale),
+        tuple(sorted({r.host for r in state.instances})),
     )
     with claims:
         executor.claims = claims

@@ -51,7 +51,15 @@ from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.batches import InstanceRef
-from fleet.rollout.claims import STATE_DIR, ClaimAnswer, ClaimRequest, HostClaims, claim_script, parse_answer
+from fleet.rollout.claims import (
+    STATE_DIR,
+    ClaimAnswer,
+    ClaimRequest,
+    HostClaims,
+    claim_script,
+    parse_answer,
+    safe_word,
+)
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
@@ -504,12 +512,13 @@ class SshExecutor:
 
     # ---- who is rolling a host (``fleet.rollout.claims``) ----------------------------------------
 
-    def claim_host(self, host: str, request: ClaimRequest, mode: str) -> ClaimAnswer:
+    def claim_host(self, host: str, request: ClaimRequest, mode: str, stale: str = "") -> ClaimAnswer:
         """Claim, renew or release ``host`` for ``request``'s rollout (root-only file under fleet's
-        state directory, atomic rename under ``flock``); the host's answer. ``ExecutorError`` when
-        the host cannot be asked."""
-        argv = ["sh", "-c", claim_script(), "fleet-claim", STATE_DIR, mode, request.rollout_id, request.machine,
-                request.user, str(request.pid), str(request.lease_s)]  # fmt: skip
+        state directory, atomic rename under ``flock``); ``stale``: a rollout whose claim may be
+        replaced (its owner is known gone). The host's answer; ``ExecutorError`` when it cannot be asked."""
+        who = [request.rollout_id, request.machine, request.user, str(request.pid), str(request.lease_s)]
+        argv = ["sh", "-c", claim_script(), "fleet-claim", STATE_DIR, mode, *who, request.pid_start,
+                safe_word(stale or "-")]  # fmt: skip
         out = self.run(host, argv, sudo=True, timeout=60)
         try:
             return parse_answer(out)

@@ -32,9 +32,10 @@ A = ClaimRequest("20260101T000000Z-aaaaaa", "laptop-a", "alice", 111, 120)
 B = ClaimRequest("20260101T000001Z-bbbbbb", "jump-b", "bob", 222, 120)
 
 
-def on_host(d: Path, request: ClaimRequest, mode: str, lease: int | None = None) -> ClaimAnswer:
+def on_host(d: Path, request: ClaimRequest, mode: str, lease: int | None = None, stale: str = "-") -> ClaimAnswer:
     argv = ["sh", "-c", claim_script(), "fleet-claim", str(d), mode, request.rollout_id, request.machine,
-            request.user, str(request.pid), str(request.lease_s if lease is None else lease)]  # fmt: skip
+            request.user, str(request.pid), str(request.lease_s if lease is None else lease), request.pid_start or "-",
+            stale]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30)
     return parse_answer(out.stdout)
 
@@ -92,10 +93,10 @@ class Hosts:
     def __init__(self, root: Path, request: ClaimRequest) -> None:
         self.root, self.request, self.down = root, request, set[str]()
 
-    def op(self, host: str, mode: str) -> ClaimAnswer:
+    def op(self, host: str, mode: str, stale: str = "") -> ClaimAnswer:
         if host in self.down:
             raise ExecutorError(f"host {host}: SSH failed: no answer")
-        return on_host(self.root / host, self.request, mode)
+        return on_host(self.root / host, self.request, mode, stale=stale or "-")
 
 
 def test_the_keeper_refuses_a_held_host_and_gives_back_what_it_took(tmp_path: Path) -> None:
@@ -151,3 +152,20 @@ def test_the_engine_never_touches_a_host_another_rollout_took() -> None:
             break
         decision = decide(decision.state, obs, 2.0)
         assert all(a.ref != refs[1] for a in decision.actions)
+
+
+def test_a_live_claim_of_a_process_that_died_on_this_machine_is_stale(tmp_path: Path) -> None:
+    """The journal's rule for its lock: an owner on this machine whose pid (and its start time) is
+    gone no longer holds the host, lease or not; one on another machine holds it until its lease ends."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    here = ClaimRequest.mine("20260101T000002Z-dead00")
+    gone = ClaimRequest(here.rollout_id, here.machine, here.user, dead.pid, 120, "1")  # that pid, another start
+    on_host(tmp_path / "h0", gone, "claim")
+    elsewhere = ClaimRequest("20260101T000003Z-far000", "other-machine", "bob", dead.pid, 120, "1")
+    on_host(tmp_path / "h1", elsewhere, "claim")
+    keeper = HostClaims(Hosts(tmp_path, A).op, ("h0",), renew_s=3600)
+    with keeper:
+        assert keeper.claimed == {"h0"}
+    with pytest.raises(HostClaimed, match="host h1 is being rolled by rollout 20260101T000003Z-far000 by bob@other"):
+        HostClaims(Hosts(tmp_path, A).op, ("h1",)).take()
