@@ -27,6 +27,7 @@ from rich.text import Text
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
+from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import next_steps
 from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
@@ -51,6 +52,8 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--probe-interval", "probe_interval_s", type=float, help="Seconds between gate probes."),
         click.option("--gates-over-ssh", multiple=True, help="Probe this host's gates with curl on it (repeatable)."),
         click.option("--take-over", is_flag=True, help="Take over a stale lock (its owner is gone)."),
+        click.option("--no-lb", is_flag=True,
+                     help="Roll without the load balancers (clients will see failed requests; said once)."),
         click.option("--journal", "journal_path", metavar="PATH|URL", help=JOURNAL_HELP),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
     ]  # fmt: skip
@@ -249,11 +252,26 @@ def roll(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
             run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
+            lb=not opts.get("no_lb"), warn=_warn(as_json),
         )  # fmt: skip
     except LockHeld as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nnothing was touched; fix the balancer, or roll without it: --no-lb", as_json, code=EXIT_INVALID)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or roll without it: --no-lb (clients will "
+             "see failed requests)", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json)
+
+
+def _warn(as_json: bool) -> Callable[[str], None]:
+    """Warnings go to stderr (also with --json, whose document is stdout's)."""
+
+    def say(line: str) -> None:
+        Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+
+    return say
 
 
 def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
@@ -373,11 +391,16 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     try:
         final = resume_rollout(
             resume_id or None, journal_path=opts["journal_path"], take_over=bool(opts["take_over"]),
-            gates_over_ssh=opts["gates_over_ssh"] or (),
+            gates_over_ssh=opts["gates_over_ssh"] or (), lb=not opts.get("no_lb"),
             run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=True),
         )  # fmt: skip
     except NothingToResume as exc:
         fail(str(exc), as_json, code=EXIT_SOME_HOSTS)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
     except FleetError as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
     _report(final, as_json)

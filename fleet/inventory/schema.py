@@ -27,6 +27,20 @@ The deploy's keys (``fleet.operations.host`` reads them through ``HostSpec``):
 * ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
   ``releases_kept``: a whole number from 2 to 100.
 
+The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
+
+* ``kind``: ``haproxy`` (the only one fleet drives; ``rollout.hooks`` stay for anything else);
+* ``on``: where it runs: ``local`` (this machine) or the name of an inventory host whose data
+  says ``role: balancer`` (reached over SSH like any host; checked across hosts in ``spec.py``);
+* ``admin_socket``: the absolute path of HAProxy's admin socket (``stats socket ... level admin``)
+  on that machine; ``config``: where ``fleet deploy`` writes the configuration there;
+* ``bind``: ``ADDRESS:PORT`` the frontend listens on (clients' URL);
+* ``backend``: the backend's name (default: the served model name, with every character HAProxy
+  does not take in a name replaced by ``_``); server names are ``<host>:<instance>``, always;
+* ``timeout_s``: seconds one admin-socket command may take.
+
+A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
+
 Values given on pyinfra's command line (``pyinfra --data releases_kept=2``) reach fleet already
 converted by pyinfra (``pyinfra_cli.util.parse_cli_arg``: ``true``/``false``, integers, JSON,
 else the string), so the same strict grammar applies to them: ``releases_kept=2`` is the integer
@@ -190,6 +204,75 @@ def _address(value: str) -> str:
         raise ValueError(f"a host name ({HOST_NAME_RULE}) or an IP address") from None
 
 
+#: HAProxy's own rule for proxy and server names (``invalid_char`` in HAProxy's ``src/tools.c``:
+#: letters, digits, '-', '_', '.', ':'); fleet also caps the length.
+_HAPROXY_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
+HAPROXY_NAME_RULE = "1 to 100 letters, digits, '.', '_', '-', ':' (HAProxy's rule for backend and server names)"
+
+
+def haproxy_name(text: str) -> str:
+    """``text`` as an HAProxy name: every character HAProxy refuses becomes ``_`` (cut at 100)."""
+    return re.sub(r"[^A-Za-z0-9._:-]", "_", text)[:100] or "_"
+
+
+def _haproxy_name(value: str) -> str:
+    if not _HAPROXY_NAME.fullmatch(value):
+        raise ValueError(HAPROXY_NAME_RULE)
+    return value
+
+
+#: Paths that land in HAProxy's configuration and in socat's address: no quoting needed anywhere.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._@+/-]*")
+
+
+def _socket_path(value: str) -> str:
+    _path(value)
+    if not _PLAIN_PATH.fullmatch(value):
+        raise ValueError(
+            "an absolute path of letters, digits and '.', '_', '-', '@', '+', '/' (it lands in HAProxy's "
+            "configuration and in socat's address unquoted), e.g. /run/haproxy/admin.sock"
+        )
+    if any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
+        raise ValueError(
+            "an absolute path of HAProxy's admin socket without '.' or '..' parts, e.g. /run/haproxy/admin.sock "
+            "(the `stats socket PATH level admin` line of its configuration)"
+        )
+    if len(value.encode()) > 107:
+        raise ValueError("a unix socket path of at most 107 bytes (the kernel's sun_path limit)")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    _path(value)
+    if not _PLAIN_PATH.fullmatch(value):
+        raise ValueError(
+            "an absolute path of letters, digits and '.', '_', '-', '@', '+', '/', e.g. /etc/haproxy/haproxy.cfg"
+        )
+    if any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
+        raise ValueError("an absolute file path without '.' or '..' parts, e.g. /etc/haproxy/haproxy.cfg")
+    return value
+
+
+def _bind(value: str) -> str:
+    rule = "ADDRESS:PORT the balancer's frontend listens on, e.g. 0.0.0.0:8080 or [::]:8080 (port 1-65535)"
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
+        raise ValueError(rule)
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+    except ValueError:
+        raise ValueError(rule) from None
+    if ":" in host and not host.startswith("["):
+        raise ValueError(rule + "; an IPv6 address goes in brackets")
+    return value
+
+
+def _balancer_place(value: str) -> str:
+    if value == "local" or _HOST.fullmatch(value):
+        return value
+    raise ValueError(f"'local' (this machine) or an inventory host's name ({HOST_NAME_RULE})")
+
+
 ModelId = Annotated[str, AfterValidator(_model)]
 ServedName = Annotated[str, AfterValidator(_served_name)]
 PathText = Annotated[str, AfterValidator(_path)]
@@ -203,6 +286,30 @@ DriverVersion = Annotated[str, AfterValidator(_driver_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
+
+HaproxyName = Annotated[str, AfterValidator(_haproxy_name)]
+SocketPath = Annotated[str, AfterValidator(_socket_path)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+Bind = Annotated[str, AfterValidator(_bind)]
+BalancerPlace = Annotated[str, AfterValidator(_balancer_place)]
+
+#: Debian's haproxy package: its configuration and admin socket (``/etc/haproxy/haproxy.cfg``).
+DEFAULT_ADMIN_SOCKET = "/run/haproxy/admin.sock"
+DEFAULT_HAPROXY_CONFIG = "/etc/haproxy/haproxy.cfg"
+
+
+class BalancerData(BaseModel):
+    """``balancer``: the load balancer in front of the host's instances (``fleet.lb``)."""
+
+    model_config = _STRICT
+
+    kind: Literal["haproxy"]
+    on: BalancerPlace
+    bind: Bind
+    admin_socket: SocketPath = DEFAULT_ADMIN_SOCKET
+    config: AbsPath = DEFAULT_HAPROXY_CONFIG
+    backend: HaproxyName | None = None
+    timeout_s: Annotated[float, Field(ge=1.0, le=600.0, allow_inf_nan=False)] = 5.0
 
 
 class WorkloadData(BaseModel):
@@ -287,9 +394,25 @@ class HostData(BaseModel):
     nvidia_fabric_manager: bool | None = None
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
+    role: Literal["vllm", "balancer"] = "vllm"
+    balancer: BalancerData | None = None
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
 
+
+class BalancerHostData(BaseModel):
+    """A host with ``role: balancer``: a load balancer's machine, not a vLLM host. fleet reads its
+    SSH settings only; its HAProxy is described by the ``balancer`` entries that name it."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, hide_input_in_errors=True)
+
+    role: Literal["balancer"]
+    ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
+    ssh_hostname: Address | None = None
+
+
+#: ``role``: what a host is; ``vllm`` (the default) serves, ``balancer`` runs a load balancer.
+ROLES = ("vllm", "balancer")
 
 #: The keys fleet reads (``model_config`` is spelt with its alias).
 FLEET_KEYS: tuple[str, ...] = tuple(
@@ -297,6 +420,7 @@ FLEET_KEYS: tuple[str, ...] = tuple(
 )
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
+BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -315,6 +439,12 @@ FIELD_HELP: dict[str, str] = {
     "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
     "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
+    "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
+    "backend?, timeout_s?}",
+    "balancer.kind": "haproxy (the only balancer fleet drives; rollout.hooks cover any other)",
+    "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
+    "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
+    "balancer.timeout_s": "seconds from 1 to 600",
 }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -31,13 +31,17 @@ from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.load import read_inventory
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.schema import (
+    BALANCER_KEYS,
     FIELD_HELP,
     FLEET_KEYS,
     GPU_KEYS,
     WORKLOAD_KEYS,
+    BalancerData,
+    BalancerHostData,
     GpuData,
     HostData,
     driver_problem,
+    haproxy_name,
     port_range_problem,
 )
 from fleet.operations.layout import DEFAULT_DRIVER
@@ -46,6 +50,8 @@ from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_s
 __all__ = [
     "FLEET_KEYS",
     "WORKLOAD_KEYS",
+    "BalancerHost",
+    "BalancerSpec",
     "GpuSpec",
     "HostSpec",
     "LoadedInventory",
@@ -98,6 +104,43 @@ class GpuSpec:
 
 
 @dataclass(frozen=True)
+class BalancerSpec:
+    """The load balancer in front of a host's instances (``balancer`` data; ``fleet.lb`` drives it)."""
+
+    kind: str  #: "haproxy"
+    on: str  #: "local" or the name of an inventory host with ``role: balancer``
+    bind: str  #: ADDRESS:PORT of its frontend
+    admin_socket: str
+    config: str  #: where ``fleet deploy`` writes its configuration on that machine
+    backend: str  #: the backend the host's instances are servers of
+    timeout_s: float = 5.0
+
+    @property
+    def local(self) -> bool:
+        return self.on == "local"
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """One balancer: one machine's admin socket."""
+        return (self.on, self.admin_socket)
+
+    def describe(self) -> str:
+        where = "this machine" if self.local else f"host {self.on}"
+        return f"haproxy on {where} ({self.admin_socket})"
+
+
+@dataclass(frozen=True)
+class BalancerHost:
+    """A host with ``role: balancer``: it runs a load balancer, not vLLM (SSH settings only)."""
+
+    name: str
+    inventory: str
+    groups: tuple[str, ...]
+    ssh_port: int = 22
+    ssh_hostname: str | None = None
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """Everything fleet needs to know about one host from the inventory."""
 
@@ -130,6 +173,7 @@ class HostSpec:
     releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
+    balancer: BalancerSpec | None = None  #: the load balancer in front of its instances
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
@@ -151,6 +195,8 @@ class LoadedInventory:
     pyinfra: Inventory
     hosts: tuple[HostSpec, ...]
     overrides: Mapping[str, Any] = field(default_factory=dict)  #: given on the command line
+    #: every host with ``role: balancer`` (selected or not: the serving hosts' balancers are reached)
+    balancer_hosts: tuple[BalancerHost, ...] = ()
 
     def reload(self, limit: list[str] | None = None) -> LoadedInventory:
         """The same inventory read again (pyinfra's ``Inventory`` and ``State`` are single-use)."""
@@ -287,7 +333,7 @@ def _allowed(err: Any, fld: str) -> str:
         return "required: " + FIELD_HELP.get(fld, "a value")
     if kind == "extra_forbidden":
         parent, _, key = fld.rpartition(".")
-        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS}.get(parent, ())
+        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS}.get(parent, ())
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
@@ -318,7 +364,11 @@ def _value_loc(loc: tuple[Any, ...], fld: str) -> tuple[Any, ...]:
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
     # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
-    names = [p for p in parts if p in FLEET_KEYS or p in WORKLOAD_KEYS or p in GPU_KEYS or p.startswith("ssh_")]
+    names = [
+        p
+        for p in parts
+        if p in FLEET_KEYS or p in WORKLOAD_KEYS or p in GPU_KEYS or p in BALANCER_KEYS or p.startswith("ssh_")
+    ]
     return ".".join(names) or ".".join(parts)
 
 
@@ -380,6 +430,20 @@ def _nested(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
             for q in exc.problems:
                 fld = q.field if q.field == "rollout" else f"rollout.{q.field}"
                 h.problem(fld, q.value, _with_hint(q.allowed, fld))
+
+
+def _balancer_spec(raw: BalancerData | None, model: str, served: str | None) -> BalancerSpec | None:
+    if raw is None:
+        return None
+    return BalancerSpec(
+        raw.kind,
+        raw.on,
+        raw.bind,
+        raw.admin_socket,
+        raw.config,
+        raw.backend or haproxy_name(served or model),
+        float(raw.timeout_s),
+    )
 
 
 def _gpu_spec(raw: GpuData | None) -> GpuSpec | None:
@@ -454,8 +518,63 @@ def host_spec(
         releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
+        balancer=_balancer_spec(valid.balancer, valid.model, valid.served_model_name),
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
+
+
+def balancer_host_spec(
+    inventory: str, name: str, groups: tuple[str, ...], data: dict[str, Any], sources: dict[str, str] | None = None
+) -> BalancerHost:
+    """Validate a host with ``role: balancer``: SSH settings only; fleet's serving keys do not belong."""
+    h = _Host(inventory, name, sources)
+    refused = _secrets(h, data)
+    serving = [k for k in data if k in FLEET_KEYS and k not in ("role",) and k not in refused]
+    for key in serving:
+        h.problem(key, data[key], "a host with role: balancer runs a load balancer, not vLLM: remove the key, "
+                  "or put the host in a group without serving data")  # fmt: skip
+    fields = {k: v for k, v in data.items() if k in ("role", "ssh_port", "ssh_hostname")}
+    valid: BalancerHostData | None = None
+    try:
+        valid = BalancerHostData.model_validate(fields)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            fld = _field_name(tuple(err["loc"]))
+            h.problem(fld, fields.get(fld), _allowed(err, fld))
+    if h.problems or valid is None:
+        raise InventoryError(h.problems)
+    return BalancerHost(name, inventory, groups, valid.ssh_port, valid.ssh_hostname)
+
+
+def balancer_problems(specs: Sequence[HostSpec], balancers: Sequence[BalancerHost]) -> list[FieldProblem]:
+    """Across hosts: a balancer ``on`` a host the inventory does not have (or that is no balancer
+    host), and one balancer whose backends disagree on the frontend they listen on."""
+    names = {b.name for b in balancers}
+    problems = []
+    binds: dict[tuple[tuple[str, str], str], tuple[str, str]] = {}  # (balancer, bind) -> (backend, host)
+    for spec in specs:
+        b = spec.balancer
+        if b is None:
+            continue
+        if not b.local and b.on not in names:
+            allowed = (
+                f"names host {b.on!r}, which is not in the inventory with role: balancer; add it, e.g. "
+                f"balancers = [({b.on!r}, {{'role': 'balancer', 'ssh_hostname': ...}})], or use on: 'local'"
+            )
+            if b.on == spec.name:
+                allowed = "names this host itself, which serves vLLM; a balancer runs on a host with role: balancer"
+            problems.append(FieldProblem(spec.source_of("balancer"), spec.name, "balancer.on", b.on, allowed))
+            continue
+        other = binds.setdefault((b.key, b.bind), (b.backend, spec.name))
+        if other[0] != b.backend:
+            problems.append(
+                FieldProblem(
+                    spec.source_of("balancer"), spec.name, "balancer.bind", b.bind,
+                    f"{b.describe()} already listens there for backend {other[0]!r} (host {other[1]}); "
+                    "give each backend (served model) its own bind address or port",
+                )
+            )  # fmt: skip
+    return problems
 
 
 def load_inventory(
@@ -474,19 +593,24 @@ def load_inventory(
         raise InventoryError(problems)
     selected = _limit(files.pyinfra, limit, str(path))
     specs: list[HostSpec] = []
+    balancers: list[BalancerHost] = []
     for entry in files.hosts:
         try:
-            specs.append(host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources))
+            if entry.data.get("role") == "balancer":
+                balancers.append(balancer_host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources))
+            else:
+                specs.append(host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources))
         except InventoryError as exc:
             if selected is None or entry.name in selected:
                 problems.extend(exc.problems)
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
+    problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
     if problems:
         raise InventoryError(problems)
     chosen = tuple(s for s in specs if selected is None or s.name in selected)
     if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
-    return LoadedInventory(str(path), files.pyinfra, chosen, dict(overrides or {}))
+    return LoadedInventory(str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers))
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

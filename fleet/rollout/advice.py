@@ -5,6 +5,21 @@ from __future__ import annotations
 from fleet.rollout.engine import RolloutState, RolloutStatus, left_midway, midway_words
 
 
+def out_of_traffic(state: RolloutState) -> list[str]:
+    """Instances this rollout took out of their load balancer's traffic and did not put back, and
+    the command that puts each back (once it is checked to serve)."""
+    if state.kind == "drain":
+        return []
+    left = [i for i in state.instances.values() if i.lb_out]
+    if not left:
+        return []
+    refs = " ".join(str(i.ref) for i in left)
+    return [
+        f"out of traffic on its load balancer: {', '.join(str(i.ref) for i in left)}; once each serves "
+        f"(fleet status), put it back: fleet lb ready {state.fleet} {refs}"
+    ]
+
+
 def next_steps(state: RolloutState) -> list[str]:
     """What the on-call does next, in words and commands."""
     if state.status is RolloutStatus.RUNNING:
@@ -18,9 +33,12 @@ def next_steps(state: RolloutState) -> list[str]:
             out.append(f"to undo it: fleet rollback {state.id}")
         return out
     out = [f"halted: {state.reason}", f"`fleet history {state.id}` lists every step and its outcome"]
+    out += out_of_traffic(state)
     stuck = [i for i in state.instances.values() if i.rollback_failure]
     if stuck:
         for i in stuck:
+            if i.rollback_failure.startswith("load balancer not reachable") and i.lb_out:
+                continue  # named above, with the command that puts it back
             if "host unreachable" in i.rollback_failure:
                 out.append(
                     f"{i.ref} is not serving: host {i.ref.host} cannot be reached ({i.rollback_failure}). Bring "

@@ -500,7 +500,7 @@ class RolloutJournal(ABC):
             state.id,
             now,
             str(action.ref) if action.ref else None,
-            action.kind.value + (f":{action.hook}" if action.hook else ""),
+            action.kind.value + (f":{action.hook or action.lb_state}" if action.hook or action.lb_state else ""),
             str(action),
             json.dumps(dict(before)),
             saved,

@@ -101,6 +101,8 @@ class Runner:
             ex.kill(ref, action.pids)
         elif action.kind is Act.FLIP:
             ex.flip_release(ref, action.release, action.revision)
+        elif action.kind is Act.LB:
+            ex.set_lb_state(ref, action.lb_state)
         elif action.kind is Act.HOOK:
             hooks = state.policy.hooks
             return ex.run_hook(ref, action.argv, hooks.timeout_s, hooks.on)

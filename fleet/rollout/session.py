@@ -32,6 +32,17 @@ def headless(state: RolloutState, executor: SshExecutor, journal: RolloutJournal
     return Runner(executor, journal).run(state)
 
 
+def no_balancer_warning(count: int, total: int, lb: bool) -> str:
+    """Why clients will see failed requests during this rollout (said once, before it starts)."""
+    which = "--no-lb: " if not lb else f"{count} of {total} instance(s) have no load balancer (`balancer`) and "
+    return (
+        f"{which}nothing takes an instance out of traffic before it restarts (no `balancer` entry, no "
+        "rollout.hooks.drain): clients that reach it while it drains get errors, because vLLM keeps /health "
+        "at 200 while draining and answers new requests with HTTP 500 (vllm/v1/engine/async_llm.py: "
+        "AsyncLLM.shutdown), so a balancer polling /health keeps sending them"
+    )
+
+
 def open_journal(where: str | Path | JournalLocation | None = None) -> RolloutJournal:
     """The journal to write (``--journal``, ``$FLEET_JOURNAL``, the config file, or the default)."""
     return _open(where, write=True)
@@ -47,16 +58,26 @@ def run_rollout(
     take_over: bool = False,
     gates_over_ssh: Sequence[str] = (),
     run: RunLoop = headless,
+    lb: bool = True,
+    warn: Callable[[str], None] = lambda _m: None,
 ) -> RolloutState:
     """Run one rollout of ``kind`` over ``targets_of(executor)``; its final (or stopped) state.
 
     Raises ``FleetError`` for a bad policy or targets (nothing touched), ``LockHeld`` when another
-    rollout holds the fleet's lock, ``JournalError`` when the journal cannot be opened.
+    rollout holds the fleet's lock (``HostClaimed`` when another rollout holds one of its hosts),
+    ``JournalError`` when the journal cannot be opened, ``BalancerMisconfigured``/``BalancerDown``
+    when a load balancer in front of the instances cannot be used or does not answer (nothing
+    touched either; ``lb=False`` rolls without it). ``warn`` hears, once, that clients will see
+    failed requests when nothing takes the instances out of traffic.
     """
     policy = fleet.policy(overrides)
     with open_journal(journal_path) as journal:
-        executor = fleet.executor(gates_over_ssh)
+        executor = fleet.executor(gates_over_ssh, lb=lb)
         try:
+            executor.traffic.preflight()
+            unsteered = [r for r in fleet.instances if executor.traffic.seat(r.host, r.instance) is None]
+            if unsteered and policy.hooks.drain is None:
+                warn(no_balancer_warning(len(unsteered), len(fleet.instances), lb))
             now = time.time()
             rollout_id = new_rollout_id(now)
             journal.acquire(fleet.name, rollout_id, takeover=take_over)
@@ -77,12 +98,13 @@ def resume_rollout(
     take_over: bool = False,
     gates_over_ssh: Sequence[str] = (),
     run: RunLoop = headless,
+    lb: bool = True,
 ) -> RolloutState:
     """``--resume``: the journaled rollout ``rollout_id`` (None: the newest unfinished one), under
     the fleet's lock, with its clocks restarted; the runner re-observes every instance.
 
-    Raises ``JournalError`` (no such rollout, nothing to resume, the journal cannot be opened) and
-    ``LockHeld`` before any host is touched."""
+    Raises ``JournalError`` (no such rollout, nothing to resume, the journal cannot be opened),
+    ``LockHeld`` and ``BalancerMisconfigured``/``BalancerDown`` before any host is touched."""
     with open_journal(journal_path) as journal:
         rid = rollout_id or next((r.id for r in journal.history(None, 200) if r.status in RUNNING_SHOWN), None)
         if not rid:
@@ -91,8 +113,9 @@ def resume_rollout(
         if saved.status is not RolloutStatus.RUNNING:
             raise JournalError(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume")
         fleet = load_fleet(saved.fleet, sorted({r.host for r in saved.instances}))
-        executor = fleet.executor(gates_over_ssh)
+        executor = fleet.executor(gates_over_ssh, lb=lb)
         try:
+            executor.traffic.preflight()
             journal.acquire(saved.fleet, rid, takeover=take_over)
             try:
                 with claimed(executor, saved):  # this rollout's own claims are its to take, from anywhere

@@ -618,6 +618,167 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
     assert rc == 0 and int(out) >= 1  # the stall did happen on the host
 
 
+# ---- a load balancer in the loop: a restart that clients never notice ------------------------------
+
+
+class Load:
+    """Clients of the balancer, with the ``openai`` client (no retries of its own: a failure counts):
+    mixed short and long completions, streaming and not, each worker in a loop until stopped.
+    Failed: an HTTP error, a broken connection, ``finish_reason: "abort"``, a stream that ends
+    without its finishing chunk."""
+
+    def __init__(self, url: str, workers: int = 8) -> None:
+        import threading
+
+        import openai
+
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ok = 0
+        self.failed: list[str] = []
+        self.threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(workers)]
+
+    def _one(self, i: int, n: int) -> str | None:
+        long = (i + n) % 3 == 0
+        tokens = 400 if long else 16
+        if (i + n) % 2:
+            stream = self.client.completions.create(model=MODEL, prompt=f"load {i} {n}", max_tokens=tokens,
+                                                    stream=True)  # fmt: skip
+            finish = None
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            if finish is None:
+                return "stream ended without a finish_reason (truncated)"
+        else:
+            answer = self.client.completions.create(model=MODEL, prompt=f"load {i} {n}", max_tokens=tokens)
+            finish = answer.choices[0].finish_reason
+        return None if finish in ("length", "stop") else f"finish_reason {finish!r}"
+
+    def _worker(self, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                why = self._one(i, n)
+            except Exception as exc:  # every error the client raises is a failed request
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            with self.lock:
+                if why is None:
+                    self.ok += 1
+                else:
+                    self.failed.append(why)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+
+
+def lb_views(inventory: str) -> dict[str, dict[str, Any]]:
+    rc, out = fleet_json("lb", "show", inventory, "--json")
+    assert rc == 0, out
+    return {r["instance"]: r for r in out["servers"]}
+
+
+def test_a_restart_under_load_behind_the_balancer_fails_no_request(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """HAProxy (the lab's, fleet's configuration) in front of the 4 instances, 8 clients of the
+    ``openai`` client through it, then ``fleet restart``: every instance leaves traffic (drain),
+    its sessions end, it restarts, passes its gates and comes back; not one request fails. Then
+    the same restart with ``--no-lb`` (the balancer keeps sending to draining instances, which
+    answer HTTP 500 as vLLM does): requests fail, which shows the first count is not vacuous."""
+    from fleet.lab import balancer
+
+    lab, fleet = serving
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    hosts = runpy_hosts(inventory)
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    Path(inventory).write_text(f"lab = {[(n, {**d, 'balancer': entry}) for n, d in hosts]!r}\n")
+    url = balancer.ensure(lab.dir, Path(inventory))
+    try:
+        refs = [str(r) for r in fleet.instances]
+        assert set(lb_views(inventory)) == set(refs)
+        assert {v["view"] for v in lb_views(inventory).values()} <= {"MAINT"}  # written disabled
+        rc, out = fleet_json("lb", "ready", inventory, *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(inventory).values()} == {"UP"}, 30), lb_views(inventory)
+        before = instance_state(lab, fleet)
+        journal = tmp_path / "j.sqlite"
+        with Load(url) as load:
+            time.sleep(3)
+            assert load.ok > 0 and not load.failed, load.failed
+            t0 = time.monotonic()
+            rc, result = fleet_cli("restart", inventory, "--health-timeout", "60", "--json", journal=journal)
+            took = time.monotonic() - t0
+            time.sleep(2)
+        assert rc == 0, result
+        assert result["status"] == "done"
+        print(f"\nrestart of 4 instances under load behind HAProxy: {took:.1f}s, {load.ok} requests, "
+              f"{len(load.failed)} failed")  # fmt: skip
+        assert load.failed == [], load.failed[:10]
+        assert load.ok >= 20
+        after = instance_state(lab, fleet)
+        assert_all_serving(before, after, before[refs[0]]["runs"])
+        assert all(after[r]["pid"] != before[r]["pid"] for r in refs)  # every instance restarted
+        with Journal(journal) as j:
+            steps = [(s.instance, s.action) for s in j.steps(result["id"])]
+        for r in refs:
+            assert [a for i, a in steps if i == r] == ["lb:drain", "stop", "start", "lb:ready"], (r, steps)
+        assert {v["view"] for v in lb_views(inventory).values()} == {"UP"}
+
+        # the control: the same restart with --no-lb; its drain never sees 0 requests under traffic
+        # (issue 18), so a short drain_timeout_s keeps it from waiting 30 s per batch
+        control = tmp_path / "control.py"
+        control.write_text(Path(inventory).read_text().replace("'drain_timeout_s': 30", "'drain_timeout_s': 3"))
+        assert "'drain_timeout_s': 3}" in control.read_text()
+        with Load(url) as load:
+            time.sleep(1)
+            proc = subprocess.run(
+                [str(FLEET), "restart", str(control), "--no-lb", "--health-timeout", "60", "--json", "--journal",
+                 str(tmp_path / "j2.sqlite")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+            time.sleep(1)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "--no-lb: nothing takes an instance out of traffic" in proc.stderr
+        print(f"the same restart with --no-lb: {load.ok} requests, {len(load.failed)} failed")
+        assert load.failed, "without the balancer in the loop some request must fail"
+    finally:
+        balancer.stop(lab.dir)
+
+
+def fleet_json(*args: str) -> tuple[int, Any]:
+    proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        return proc.returncode, proc.stdout + proc.stderr
+
+
+def runpy_hosts(inventory: str) -> list[tuple[str, dict[str, Any]]]:
+    import runpy
+
+    hosts: list[tuple[str, dict[str, Any]]] = runpy.run_path(inventory)["lab"]
+    return hosts
+
+
+def wait_until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def power_cut(lab: LabFleet, index: int) -> None:
     """Pull the plug on a lab host: SIGKILL its init (PID 1 of the host's PID namespace); the
     kernel then kills every process of the host at once (sshd and vLLM with them), as a power
