@@ -33,6 +33,7 @@ named with what is wrong and the way out, and ``fleet history`` reads what it st
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import json
 import os
@@ -219,10 +220,17 @@ def _from_config(path: Path) -> JournalLocation:
     try:
         settings = JournalSettings.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '-'}: {e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
+
+        def why(e: Any) -> str:
+            where = ".".join(str(p) for p in e["loc"]) or "-"
+            if e["type"] == "extra_forbidden":
+                near = difflib.get_close_matches(where, list(JournalSettings.model_fields), n=1)
+                return f"{where}: not a journal setting" + (
+                    f"; did you mean {near[0]}?" if near else " (url, password_ref)"
+                )
+            return f"{where}: {e['msg'].removeprefix('Value error, ')}"
+
+        problems = "; ".join(why(e) for e in exc.errors())
         raise JournalError(f"{path}: {redact(problems)}") from None
     ref = parse_secret_ref(settings.password_ref) if settings.password_ref else None
     return JournalLocation("postgresql", str(path), url=settings.url, password_ref=ref)

@@ -196,3 +196,40 @@ def test_a_running_rollout_without_its_lock_is_interrupted_and_the_next_holder_d
     journal.begin(second)
     assert [(r.id, r.status) for r in journal.history()] == [("r-next", "running"), ("r-aborted", "interrupted")]
     assert journal.latest_state("r-aborted").status is RolloutStatus.RUNNING  # stored: still resumable
+
+
+def test_where_the_journal_is_and_what_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.rollout.journal import locate
+
+    monkeypatch.delenv("FLEET_JOURNAL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.delenv("FLEET_JOURNAL_CONFIG", raising=False)
+    assert locate().path == tmp_path / ".local" / "state" / "fleet" / "journal.sqlite"
+    config = tmp_path / ".config" / "fleet" / "journal.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('url = "postgresql://fleet@db.internal/fleet"\npassword_ref = "env:FLEET_DB_PW"\n')
+    found = locate()
+    assert (found.kind, found.url, str(found.password_ref), found.source) == (
+        "postgresql", "postgresql://fleet@db.internal/fleet", "env:FLEET_DB_PW", str(config)
+    )  # fmt: skip
+    monkeypatch.setenv("FLEET_JOURNAL", "postgres://ops@10.0.0.9:6432/journal?sslmode=verify-full")
+    assert locate().source == "FLEET_JOURNAL" and locate().kind == "postgresql"
+    assert locate(str(tmp_path / "mine.sqlite")).path == tmp_path / "mine.sqlite"  # --journal wins
+    for bad, expected in [
+        ("postgresql://fleet:hunter2-secret@db/fleet", "a password in the journal URL is refused"),
+        ("postgresql://fleet@db/fleet?password=hunter2-secret", "a password in the journal URL is refused"),
+        ("mysql://db/fleet", "a PostgreSQL URL without a password"),
+    ]:
+        with pytest.raises(JournalError, match=expected) as refused:
+            locate(bad)
+        assert "hunter2" not in str(refused.value)
+    monkeypatch.delenv("FLEET_JOURNAL")
+    config.write_text('url = "postgresql://fleet@db/fleet"\npasword_ref = "env:X"\n')
+    with pytest.raises(JournalError, match=rf"{config}: pasword_ref: not a journal setting; did you mean password_ref"):
+        locate()
+    config.write_text('url = "postgresql://fleet@db/fleet"\npassword_ref = "hunter2-secret"\n')
+    with pytest.raises(JournalError, match="password_ref: a reference to the key, not the key") as refused:
+        locate()
+    assert "hunter2" not in str(refused.value)
