@@ -20,7 +20,10 @@ session, whatever happened.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 from collections.abc import Iterator
+from types import FrameType
 
 import pytest
 
@@ -30,11 +33,32 @@ _GUARD = pytest.StashKey[netguard.Guard]()
 _WHY_NOT = pytest.StashKey[str]()
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a CI timeout, ``kill``) ends the session like Ctrl-C: fixtures tear down (the
+    labs go down) and the guard's table and cgroup are removed, instead of dying on the spot."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     try:
         config.stash[_GUARD] = netguard.up(*netguard.machine_allowances())
     except netguard.GuardUnavailable as exc:
         config.stash[_WHY_NOT] = str(exc)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests run in a plain interpreter: pyinfra_cli monkey-patches it with gevent on import
+    (threads become greenlets, and pytest-socket's per-test restore of ``socket.socket`` then mixes
+    gevent threads with blocking sockets: a server thread's accept() blocks the whole session)."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_anything_patched():
+        raise pytest.UsageError(
+            "a test module imported pyinfra_cli (or called gevent.monkey.patch_all) while being collected: the "
+            "interpreter is now gevent-patched; load it in a process of its own (see test_inventory_deploy_keys.py)"
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
