@@ -5,8 +5,8 @@ hosts that do not answer the probe cost.
 
 Writes a pyinfra inventory of two groups of identical hosts (half 8×H100 SXM serving
 Llama-3.1-70B, half 4×L40S serving Llama-3.1-8B, the shape of ``inventory/prod.py``), whose
-``ssh_hostname`` are loopback addresses nothing listens on (``127.0.250.0/22``: outside the lab's
-octets), and runs, under the tests' network guard (``fleet/lab/netguard.py``: only loopback is
+``ssh_hostname`` are loopback addresses nothing listens on (``127.250.0.0/15``; the lab's are
+``127.0.x.y``), and runs, under the tests' network guard (``fleet/lab/netguard.py``: only loopback is
 reached, whatever the code does):
 
 * the real CLI, ``fleet plan INVENTORY --json --offline`` in a fresh process (what an operator
@@ -17,7 +17,7 @@ reached, whatever the code does):
   what fleet did before hosts with identical planning inputs shared one plan;
 * unless ``--no-probe``, ``fleet plan INVENTORY --json`` probing (the default) when no host
   answers: refused at once (nothing listens), and silent (an nftables table of this run's own,
-  ``inet fleet_bench_blackhole_<pid>``, drops the SYNs to ``127.0.250.0/22``, as for a host that is
+  ``inet fleet_bench_blackhole_<pid>``, drops the SYNs to ``127.250.0.0/15``, as for a host that is
   down or firewalled; removed at the end, whatever happens; needs root and nft).
 
 Measured on the 2-core development machine (shared: other sessions ran at the same time, so
@@ -46,6 +46,7 @@ Where the ``--offline`` time goes: MEASURE
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import re
@@ -66,18 +67,18 @@ sys.path.insert(0, str(ROOT))
 if TYPE_CHECKING:
     from fleet.lab.netguard import Guard as Netguard
 
-#: Loopback addresses nothing listens on: the lab's octets are 10 and 100-249 (``fleet lab up``).
-SILENT_NET = "127.0.250.0/22"
+#: Loopback addresses nothing listens on (the lab's are 127.0.x.y): h100 hosts in 127.250/16, l40s in 127.251/16.
+SILENT_NET = str(ipaddress.ip_network("127.250.0.0/15", strict=True))
 
 INVENTORY = """
 _wl = {{"p95_input_tokens": 2048, "p95_output_tokens": 512, "prefix_reuse": 0.5, "target_concurrency": 128}}
 h100 = (
-    [(f"h100-{{i:04d}}", {{"ssh_hostname": f"127.0.{{250 + i // 250}}.{{i % 250 + 1}}"}}) for i in range({half})],
+    [(f"h100-{{i:04d}}", {{"ssh_hostname": f"127.250.{{i // 250}}.{{i % 250 + 1}}"}}) for i in range({half})],
     {{"model": "meta-llama/Llama-3.1-70B-Instruct", "workload": _wl,
       "gpu": {{"sku": "h100-sxm-80gb", "count": 8, "nvlink": "switch"}}, "port": 8000}},
 )
 l40s = (
-    [(f"l40s-{{i:04d}}", {{"ssh_hostname": f"127.0.{{252 + i // 250}}.{{i % 250 + 1}}"}}) for i in range({half})],
+    [(f"l40s-{{i:04d}}", {{"ssh_hostname": f"127.251.{{i // 250}}.{{i % 250 + 1}}"}}) for i in range({half})],
     {{"model": "meta-llama/Llama-3.1-8B-Instruct", "workload": _wl,
       "gpu": {{"sku": "l40s-48gb", "count": 4}}, "port": 8000}},
 )
@@ -157,7 +158,7 @@ def summary(notes: dict[str, str], hosts: int) -> str:
     """How many hosts were not probed, by reason (each host's own address taken out)."""
     counts: dict[str, int] = {}
     for host_note in notes.values():
-        why = re.sub(r"127\.0\.\d+\.\d+", "<address>", host_note.removeprefix("not probed: "))
+        why = re.sub(r"127\.\d+\.\d+\.\d+", "<address>", host_note.removeprefix("not probed: "))
         counts[why] = counts.get(why, 0) + 1
     return f"{len(notes)}/{hosts} not probed: " + "; ".join(f"{n} × {why}" for why, n in sorted(counts.items()))
 

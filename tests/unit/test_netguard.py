@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -286,6 +288,53 @@ def test_a_test_whose_subprocess_was_refused_fails(net_guard: netguard.Guard, tm
     assert f"refused: {ELSEWHERE} tcp/22" in out, out
     assert net_guard.news() == ([], 0)  # the inner guard saw it first; nothing reached this one's
     assert not list(net_guard.home.glob(f"{netguard.CGROUP_PREFIX}*/{netguard.CGROUP_PREFIX}*"))  # inner cgroup gone
+
+
+INNER_IN_PROCESS = f"""
+import socket
+import pytest
+from pytest_socket import SocketConnectBlockedError
+
+def test_in_process_guard_still_refuses():
+    with pytest.raises(SocketConnectBlockedError):
+        socket.create_connection(("{ELSEWHERE}", 22), timeout=30)
+"""
+
+
+def _without_nft_on_path() -> dict[str, str]:
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nft").exists()]
+    return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), *path])}
+
+
+@pytest.mark.parametrize("how", ["no nft", "not root"])
+def test_without_nft_or_root_the_guard_is_in_process_only_and_says_so(how: str) -> None:
+    """Where the subprocess guard cannot go up, the session still runs, with pytest-socket, and the
+    header says why."""
+    env = {**_without_nft_on_path(), "PYTHONPATH": str(REPO)}
+    prefix: list[str] = []
+    if how == "not root":
+        if os.geteuid() != 0 or shutil.which("setpriv") is None:
+            pytest.skip("needs root and setpriv to run a session as nobody")
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp"}
+    work = Path(tempfile.mkdtemp(prefix="netguard-inner-"))  # readable by nobody, unlike tmp_path
+    try:
+        work.chmod(0o755)
+        (work / "test_inner.py").write_text(INNER_IN_PROCESS)
+        (work / "test_inner.py").chmod(0o644)
+        inner = subprocess.run(
+            [*prefix, sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-v",
+             "--basetemp", str(work / "tmp"), "--allow-hosts=127.0.0.0/8,::1,localhost", str(work / "test_inner.py")],
+            capture_output=True, text=True, timeout=300, cwd=work, env=env,
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    out = inner.stdout + inner.stderr
+    assert inner.returncode == 0, out
+    why = "not root" if how == "not root" or os.geteuid() != 0 else "nft is not installed"
+    assert f"net guard, subprocesses: OFF, in-process guard only: {why}" in out, out
+    assert "net guard, in-process: socket.connect() only to 127.0.0.0/8,::1,localhost (pytest-socket)" in out, out
+    assert "test_in_process_guard_still_refuses PASSED" in out, out
 
 
 def test_nft_accepts_the_rules_and_the_guard_goes_away(net_guard: netguard.Guard) -> None:
