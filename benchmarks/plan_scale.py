@@ -107,6 +107,7 @@ def phases(inventory: Path) -> dict[str, float]:
     from fleet.model.arch import load_model
     from fleet.plan.outcomes import gpus_for, outcome_data, plan_inventory
     from fleet.plan.planner import plan_host
+    from fleet.secrets import redact_data
 
     times: dict[str, float] = {}
     t = time.perf_counter()
@@ -119,10 +120,13 @@ def phases(inventory: Path) -> dict[str, float]:
     outcomes = plan_inventory(loaded)
     times["plan (identical inputs share one plan)"] = time.perf_counter() - t
     t = time.perf_counter()
-    data = [outcome_data(o) for o in outcomes]
+    data = {"hosts": [outcome_data(o) for o in outcomes], "not_probed": {}}
     times["--json: outcome_data"] = time.perf_counter() - t
     t = time.perf_counter()
-    json.dumps({"hosts": data}, indent=2)
+    redacted = redact_data(data)
+    times["--json: redact_data"] = time.perf_counter() - t
+    t = time.perf_counter()
+    json.dumps(redacted, indent=2)
     times["--json: json.dumps(indent=2)"] = time.perf_counter() - t
     t = time.perf_counter()
     models = {s.model: load_model(s.model, s.model_config) for s in loaded.hosts}

@@ -49,16 +49,22 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _terminated)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """The tests run in a plain interpreter: pyinfra_cli monkey-patches it with gevent on import
-    (threads become greenlets, and pytest-socket's per-test restore of ``socket.socket`` then mixes
-    gevent threads with blocking sockets: a server thread's accept() blocks the whole session)."""
+GEVENT_PATCHED = (
+    "the interpreter is gevent-patched (pyinfra_cli, imported in the test process, does it on import): threads "
+    "become greenlets, and with pytest-socket's per-test restore of socket.socket a server thread's accept() "
+    "blocks the whole session; load pyinfra_cli in a process of its own (see test_inventory_deploy_keys.py)"
+)
+
+
+def _gevent_patched() -> bool:
     monkey = sys.modules.get("gevent.monkey")
-    if monkey is not None and monkey.is_anything_patched():
-        raise pytest.UsageError(
-            "a test module imported pyinfra_cli (or called gevent.monkey.patch_all) while being collected: the "
-            "interpreter is now gevent-patched; load it in a process of its own (see test_inventory_deploy_keys.py)"
-        )
+    return monkey is not None and bool(monkey.is_anything_patched())
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests run in a plain interpreter, as fleet does (``fleet/inventory/load.py``)."""
+    if _gevent_patched():
+        raise pytest.UsageError(f"after collecting the tests, {GEVENT_PATCHED}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -96,6 +102,8 @@ def _failure(refused: list[netguard.Refusal], packets: int, when: str) -> str:
 def _net_guard_check(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail the test during which anything (a subprocess too) was refused."""
     yield
+    if _gevent_patched():
+        pytest.fail(f"after this test, {GEVENT_PATCHED}", pytrace=False)
     guard = guard_of(request.config)
     if guard is not None:
         refused, packets = guard.news()

@@ -351,3 +351,21 @@ def test_nft_accepts_the_rules_and_the_guard_goes_away(net_guard: netguard.Guard
     table, cgroup = json.loads(done.stdout)
     assert not Path(cgroup).exists()
     assert subprocess.run(["nft", "list", "table", "inet", table], capture_output=True).returncode != 0
+
+
+def test_a_gevent_patched_session_is_refused_at_collection(tmp_path: Path) -> None:
+    """pyinfra_cli monkey-patches the interpreter with gevent on import; a test module that imports
+    it would turn the session's threads into greenlets (and hang the first server thread that
+    blocks), so the session stops after collection and says why."""
+    (tmp_path / "test_imports_pyinfra_cli.py").write_text(
+        "from pyinfra_cli.util import parse_cli_arg\n\ndef test_x():\n    assert parse_cli_arg('1') == 1\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    inner = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
+         "--allow-hosts=127.0.0.0/8,::1,localhost", str(tmp_path / "test_imports_pyinfra_cli.py")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    out = inner.stdout + inner.stderr
+    assert inner.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert "after collecting the tests, the interpreter is gevent-patched" in out, out
