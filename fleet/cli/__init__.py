@@ -116,6 +116,7 @@ COMMANDS = {
     "deploy": ("fleet.cli.deploy", "deploy"),
     "history": ("fleet.cli.history", "history"),
     "lab": ("fleet.cli.lab", "lab"),
+    "lb": ("fleet.cli.lb", "lb"),
     "monitor": ("fleet.cli.monitor", "monitor"),
     "plan": ("fleet.cli.plan", "plan"),
     "restart": ("fleet.cli.rollout", "restart"),

@@ -100,6 +100,12 @@ def lab() -> None:
     show_default=True,
     help="Hosts reach only the lab's package index and apt repository (nftables rules on their cgroups).",
 )
+@click.option(
+    "--lb",
+    is_flag=True,
+    help="Run HAProxy on this machine in front of the lab's instances "
+    "(balancer entries in the inventory; `fleet lab status --json` gives lb_url).",
+)
 @_state_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def up(
@@ -113,6 +119,7 @@ def up(
     bare: bool,
     stage_model: bool,
     air_gap: bool,
+    lb: bool,
     state_root: Path,
     as_json: bool,
 ) -> None:
@@ -124,7 +131,7 @@ def up(
     opts = lab_ops.UpOptions(
         name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
         inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port, bare=bare,
-        stage_model=stage_model, air_gap=air_gap,
+        stage_model=stage_model, air_gap=air_gap, lb=lb,
     )  # fmt: skip
     try:
         with _err.status(f"bringing up lab {name}"):
@@ -140,6 +147,7 @@ def up(
             "inventory": str(result.inventory),
             "seconds": round(result.seconds, 2),
             "air_gap": result.state.air_gap,
+            "lb_url": result.state.lb,
             "hosts": [asdict(h) for h in result.state.hosts],
         }
         click.echo(json.dumps(payload, indent=2))
@@ -153,6 +161,8 @@ def up(
     Console(highlight=False).print(table)
     gap = result.state.air_gap
     _err.print("air gap: hosts reach only " + ", ".join(gap) if gap is not None else "air gap: off")
+    if result.state.lb:
+        _err.print(f"load balancer: {result.state.lb}")
     _err.print(f"inventory: {result.inventory}  ({result.seconds:.1f} s)")
     _err.print(f"next: fleet plan {result.inventory}")
 
@@ -188,7 +198,9 @@ def status(name: str, state_root: Path, as_json: bool) -> None:
     except LabError as exc:
         _fail(str(exc), as_json)
     if as_json:
-        doc = {"lab": name, "exists": state is not None, "hosts": [asdict(r) for r in rows]}
+        doc = {"lab": name, "exists": state is not None, "lb_url": state.lb if state else None,
+               "inventory": state.inventory if state else None,
+               "hosts": [asdict(r) for r in rows]}  # fmt: skip
         click.echo(json.dumps(doc, indent=2))
     elif state is None:
         _err.print(f"lab {name} is not up (fleet lab up --name {name})")

@@ -25,15 +25,17 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
+from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
+from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import next_steps
-from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, resume
+from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
-from fleet.rollout.journal import Journal
+from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import Observations
 from fleet.rollout.runner import Runner
-from fleet.rollout.session import open_journal, run_rollout
+from fleet.rollout.session import NothingToResume, open_journal, resume_rollout, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 
 EXIT_STOPPED = 1
@@ -50,8 +52,9 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--probe-interval", "probe_interval_s", type=float, help="Seconds between gate probes."),
         click.option("--gates-over-ssh", multiple=True, help="Probe this host's gates with curl on it (repeatable)."),
         click.option("--take-over", is_flag=True, help="Take over a stale lock (its owner is gone)."),
-        click.option("--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
-                     help="The journal database (default: $FLEET_JOURNAL or ~/.local/state/fleet/journal.sqlite)."),
+        click.option("--no-lb", is_flag=True,
+                     help="Roll without the load balancers (clients will see failed requests; said once)."),
+        click.option("--journal", "journal_path", metavar="PATH|URL", help=JOURNAL_HELP),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
     ]  # fmt: skip
     for opt in reversed(opts):
@@ -140,7 +143,7 @@ class LiveRunner(Runner):
 def _run(
     state: RolloutState,
     executor: SshExecutor,
-    journal: Journal,
+    journal: RolloutJournal,
     as_json: bool,
     resumed: bool,
 ) -> RolloutState:
@@ -190,7 +193,8 @@ def _summary(state: RolloutState) -> dict[str, Any]:
         "id": state.id,
         "fleet": state.fleet,
         "kind": state.kind,
-        "status": state.status.value,
+        # a rollout whose process ends before it did is interrupted (the journal keeps it running)
+        "status": "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value,
         "reason": state.reason,
         "instances": [
             {
@@ -211,7 +215,8 @@ def _report(state: RolloutState, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_summary(state), indent=2))
     else:
-        table = Table(title=f"fleet {state.kind} {state.id}: {state.status.value}", title_justify="left")
+        shown = "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value
+        table = Table(title=f"fleet {state.kind} {state.id}: {shown}", title_justify="left")
         for col in ("instance", "result", "release before", "release now", "why"):
             table.add_column(col)
         for ref, i in state.instances.items():
@@ -247,11 +252,26 @@ def roll(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
             run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
+            lb=not opts.get("no_lb"), warn=_warn(as_json),
         )  # fmt: skip
     except LockHeld as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nnothing was touched; fix the balancer, or roll without it: --no-lb", as_json, code=EXIT_INVALID)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or roll without it: --no-lb (clients will "
+             "see failed requests)", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json)
+
+
+def _warn(as_json: bool) -> Callable[[str], None]:
+    """Warnings go to stderr (also with --json, whose document is stdout's)."""
+
+    def say(line: str) -> None:
+        Console(stderr=True, highlight=False).print(f"[yellow]warning:[/] {escape(line)}", soft_wrap=True)
+
+    return say
 
 
 def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
@@ -368,25 +388,21 @@ def _apply(
 
 def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     as_json = bool(opts["as_json"])
-    with open_journal(opts["journal_path"]) as journal:
-        rid = resume_id or next((r.id for r in journal.history(None, 200) if r.status == "running"), None)
-        if not rid:
-            fail("no unfinished rollout in the journal (`fleet history` lists them)", as_json, code=EXIT_SOME_HOSTS)
-        try:
-            saved = journal.latest_state(rid)
-            if saved.status is not RolloutStatus.RUNNING:
-                fail(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume", as_json)
-            hosts = sorted({r.host for r in saved.instances})
-            fleet = load_fleet(saved.fleet, hosts)
-            executor = fleet.executor(opts["gates_over_ssh"])
-            journal.acquire(saved.fleet, rid, takeover=bool(opts["take_over"]))
-        except FleetError as exc:
-            fail(str(exc), as_json, code=EXIT_INVALID)
-        try:
-            final = _run(resume(saved, time.time()), executor, journal, as_json, resumed=True)
-        finally:
-            journal.release(saved.fleet, rid)
-            executor.close()
+    try:
+        final = resume_rollout(
+            resume_id or None, journal_path=opts["journal_path"], take_over=bool(opts["take_over"]),
+            gates_over_ssh=opts["gates_over_ssh"] or (), lb=not opts.get("no_lb"),
+            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=True),
+        )  # fmt: skip
+    except NothingToResume as exc:
+        fail(str(exc), as_json, code=EXIT_SOME_HOSTS)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
+    except FleetError as exc:
+        fail(str(exc), as_json, code=EXIT_INVALID)
     _report(final, as_json)
 
 
@@ -417,15 +433,15 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
 
         _start(fleet, "rollback", previous, opts)
         return
-    with open_journal(opts["journal_path"]) as journal:
-        rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
-        if not rid:
-            fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
-                 as_json)  # fmt: skip
-        try:
+    try:
+        with open_journal(opts["journal_path"]) as journal:
+            rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
+            if not rid:
+                fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
+                     as_json)  # fmt: skip
             saved = journal.latest_state(rid)
-        except FleetError as exc:
-            fail(str(exc), as_json)
+    except FleetError as exc:
+        fail(str(exc), as_json)
     back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)

@@ -51,10 +51,11 @@ from fleet.errors import FleetError
 from fleet.facts.packages import RebootRequired
 from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
-from fleet.inventory.spec import LoadedInventory, load_inventory
+from fleet.inventory.spec import LoadedInventory
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.plan.outcomes import load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
@@ -269,7 +270,7 @@ def deploy(
 ) -> DeployResult:
     """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
     t0 = time.monotonic()
-    loaded = load_inventory(inventory, limit, overrides)
+    loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
@@ -377,9 +378,49 @@ def deploy(
     for name in [*quiet, *serving]:
         if not _to_roll(name, states, staged):
             _check_serving(loaded, plans, results, name, health_timeout, step)
+    _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     return finish(error)
+
+
+def _join_balancers(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    names: list[str],
+    progress: Progress,
+) -> None:
+    """Every instance that serves now (its health, models and completion checks passed) and whose
+    server its load balancer holds out of traffic (written ``disabled``: a new host) goes ``ready``;
+    one that does not serve stays out. A balancer that cannot be asked is said on the host's line."""
+    from fleet.lb.runtime import AdminState
+    from fleet.lb.traffic import BalancerError, traffic_of
+
+    members = [
+        (name, e.unit.removeprefix("fleet-").removesuffix(".service"))
+        for name in names
+        if name in plans and loaded.host(name).balancer is not None
+        for e in results[name].endpoints
+        if e.healthy
+    ]
+    if not members:
+        return
+    traffic = traffic_of(loaded, members)
+    try:
+        for host, instance in members:
+            try:
+                seat = traffic.seat(host, instance)
+                view = traffic.view(host, instance)
+                if seat is not None and view is not None and view.admin is not AdminState.READY:
+                    traffic.set_state(host, instance, AdminState.READY)
+                    results[host].operations.append(f"{instance}: into traffic on {seat.describe()}")
+            except BalancerError as exc:
+                note = f"{instance}: not put into traffic: {exc}"
+                results[host].note = f"{results[host].note}; {note}" if results[host].note else note
+                progress(f"{host}: {note}")
+    finally:
+        traffic.close()
 
 
 def _answer_now(unprobed: list[str], results: dict[str, HostResult]) -> list[str]:

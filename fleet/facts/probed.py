@@ -2,7 +2,7 @@
 
 ``fleet plan`` uses these instead of the inventory's ``gpu`` data wherever a host answers (as
 ``fleet deploy`` plans them: memory our own units hold counts as free); a host
-that cannot be probed (unreachable, no driver, no nvidia-ml-py) keeps the inventory's data, and
+that cannot be probed (unreachable, no driver, no Python 3.6+) keeps the inventory's data, and
 the note says so.
 """
 

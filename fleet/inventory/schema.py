@@ -27,6 +27,29 @@ The deploy's keys (``fleet.operations.host`` reads them through ``HostSpec``):
 * ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
   ``releases_kept``: a whole number from 2 to 100.
 
+The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
+
+* ``kind``: ``haproxy`` (the only one fleet drives; ``rollout.hooks`` stay for anything else);
+* ``on``: where it runs: ``local`` (this machine) or the name of an inventory host whose data
+  says ``role: balancer`` (reached over SSH like any host; checked across hosts in ``spec.py``);
+* ``admin_socket``: the absolute path of HAProxy's admin socket (``stats socket ... level admin``)
+  on that machine; ``config``: where ``fleet deploy`` writes the configuration there;
+* ``bind``: ``ADDRESS:PORT`` the frontend listens on (clients' URL);
+* ``backend``: the backend's name (default: the served model name, with every character HAProxy
+  does not take in a name replaced by ``_``); server names are ``<host>:<instance>``, always;
+* ``timeout_s``: seconds one admin-socket command may take.
+
+A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
+
+Which top-level keys an inventory may hold (``spec.py`` enforces it, with "did you mean"):
+
+* fleet's keys: ``HostData``'s fields and ``NESTED_KEYS`` (whose contents their own module parses);
+  ``KNOWN_KEYS`` is the one list. A new key (``journal``) is a field here (as ``balancer`` is), or a
+  nested key with its parser called from ``spec._nested``; nothing else needs to know it;
+* pyinfra's own keys (``fleet.inventory.pyinfra_keys``: read from the installed pyinfra);
+* the operator's own data: any key starting with ``x_`` (``USER_PREFIX``), and the keys listed
+  in ``user_keys`` (so an inventory whose keys other pyinfra deploys read keeps their names).
+
 Values given on pyinfra's command line (``pyinfra --data releases_kept=2``) reach fleet already
 converted by pyinfra (``pyinfra_cli.util.parse_cli_arg``: ``true``/``false``, integers, JSON,
 else the string), so the same strict grammar applies to them: ``releases_kept=2`` is the integer
@@ -45,6 +68,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
+from fleet.secrets import SECRET_REF_HELP, parse_secret_ref
 
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
@@ -56,6 +80,10 @@ _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
+
+#: Keys starting with this are the operator's own data: fleet never reads them.
+USER_PREFIX = "x_"
 
 
 def _printable(text: str) -> bool:
@@ -147,6 +175,19 @@ def _apt_url(value: str) -> str:
     return value
 
 
+def _lab_name(value: str) -> str:
+    if not _HOST.fullmatch(value):
+        raise ValueError(f"a lab name: {HOST_NAME_RULE}")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    _path(value)
+    if not value.startswith("/"):
+        raise ValueError("an absolute path")
+    return value
+
+
 def _keyring(value: str) -> str:
     _path(value)
     if not os.path.isabs(value):
@@ -174,6 +215,12 @@ def _extra(value: str) -> str:
     return value
 
 
+def _user_key(value: str) -> str:
+    if not _KEY.fullmatch(value):
+        raise ValueError("a key name: a letter, then letters, digits or '_', at most 100 characters")
+    return value
+
+
 def _version(value: str) -> str:
     if not _VERSION.fullmatch(value):
         raise ValueError("a release version like 0.33.0")
@@ -189,6 +236,75 @@ def _address(value: str) -> str:
         raise ValueError(f"a host name ({HOST_NAME_RULE}) or an IP address") from None
 
 
+#: HAProxy's own rule for proxy and server names (``invalid_char`` in HAProxy's ``src/tools.c``:
+#: letters, digits, '-', '_', '.', ':'); fleet also caps the length.
+_HAPROXY_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
+HAPROXY_NAME_RULE = "1 to 100 letters, digits, '.', '_', '-', ':' (HAProxy's rule for backend and server names)"
+
+
+def haproxy_name(text: str) -> str:
+    """``text`` as an HAProxy name: every character HAProxy refuses becomes ``_`` (cut at 100)."""
+    return re.sub(r"[^A-Za-z0-9._:-]", "_", text)[:100] or "_"
+
+
+def _haproxy_name(value: str) -> str:
+    if not _HAPROXY_NAME.fullmatch(value):
+        raise ValueError(HAPROXY_NAME_RULE)
+    return value
+
+
+#: Paths that land in HAProxy's configuration and in socat's address: no quoting needed anywhere.
+_PLAIN_PATH = re.compile(r"/[A-Za-z0-9._@+/-]*")
+
+
+def _socket_path(value: str) -> str:
+    _path(value)
+    if not _PLAIN_PATH.fullmatch(value):
+        raise ValueError(
+            "an absolute path of letters, digits and '.', '_', '-', '@', '+', '/' (it lands in HAProxy's "
+            "configuration and in socat's address unquoted), e.g. /run/haproxy/admin.sock"
+        )
+    if any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
+        raise ValueError(
+            "an absolute path of HAProxy's admin socket without '.' or '..' parts, e.g. /run/haproxy/admin.sock "
+            "(the `stats socket PATH level admin` line of its configuration)"
+        )
+    if len(value.encode()) > 107:
+        raise ValueError("a unix socket path of at most 107 bytes (the kernel's sun_path limit)")
+    return value
+
+
+def _abs_path(value: str) -> str:
+    _path(value)
+    if not _PLAIN_PATH.fullmatch(value):
+        raise ValueError(
+            "an absolute path of letters, digits and '.', '_', '-', '@', '+', '/', e.g. /etc/haproxy/haproxy.cfg"
+        )
+    if any(part in (".", "..") for part in value.split("/")) or value.endswith("/"):
+        raise ValueError("an absolute file path without '.' or '..' parts, e.g. /etc/haproxy/haproxy.cfg")
+    return value
+
+
+def _bind(value: str) -> str:
+    rule = "ADDRESS:PORT the balancer's frontend listens on, e.g. 0.0.0.0:8080 or [::]:8080 (port 1-65535)"
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
+        raise ValueError(rule)
+    try:
+        ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+    except ValueError:
+        raise ValueError(rule) from None
+    if ":" in host and not host.startswith("["):
+        raise ValueError(rule + "; an IPv6 address goes in brackets")
+    return value
+
+
+def _balancer_place(value: str) -> str:
+    if value == "local" or _HOST.fullmatch(value):
+        return value
+    raise ValueError(f"'local' (this machine) or an inventory host's name ({HOST_NAME_RULE})")
+
+
 ModelId = Annotated[str, AfterValidator(_model)]
 ServedName = Annotated[str, AfterValidator(_served_name)]
 PathText = Annotated[str, AfterValidator(_path)]
@@ -200,8 +316,33 @@ AptUrl = Annotated[str, AfterValidator(_apt_url)]
 Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
+UserKey = Annotated[str, AfterValidator(_user_key)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
+
+HaproxyName = Annotated[str, AfterValidator(_haproxy_name)]
+SocketPath = Annotated[str, AfterValidator(_socket_path)]
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+Bind = Annotated[str, AfterValidator(_bind)]
+BalancerPlace = Annotated[str, AfterValidator(_balancer_place)]
+
+#: Debian's haproxy package: its configuration and admin socket (``/etc/haproxy/haproxy.cfg``).
+DEFAULT_ADMIN_SOCKET = "/run/haproxy/admin.sock"
+DEFAULT_HAPROXY_CONFIG = "/etc/haproxy/haproxy.cfg"
+
+
+class BalancerData(BaseModel):
+    """``balancer``: the load balancer in front of the host's instances (``fleet.lb``)."""
+
+    model_config = _STRICT
+
+    kind: Literal["haproxy"]
+    on: BalancerPlace
+    bind: Bind
+    admin_socket: SocketPath = DEFAULT_ADMIN_SOCKET
+    config: AbsPath = DEFAULT_HAPROXY_CONFIG
+    backend: HaproxyName | None = None
+    timeout_s: Annotated[float, Field(ge=1.0, le=600.0, allow_inf_nan=False)] = 5.0
 
 
 class WorkloadData(BaseModel):
@@ -256,6 +397,16 @@ class GpuData(BaseModel):
         return self.nvlink
 
 
+class LabData(BaseModel):
+    """``fleet_lab``: the lab a host belongs to (written by ``fleet lab up``; ``fleet.deploy.reboot``
+    power-cycles such a host the lab's way)."""
+
+    model_config = _STRICT
+
+    name: Annotated[str, AfterValidator(_lab_name)]
+    state_root: Annotated[str, AfterValidator(_absolute_path)]
+
+
 class HostData(BaseModel):
     """The host-data keys fleet reads. Other keys are left to pyinfra and to you (``spec.py``)."""
 
@@ -286,16 +437,44 @@ class HostData(BaseModel):
     nvidia_fabric_manager: bool | None = None
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
+    role: Literal["vllm", "balancer"] = "vllm"
+    balancer: BalancerData | None = None
+    fleet_lab: LabData | None = None
+    user_keys: (
+        Annotated[list[UserKey], Field(max_length=1000)] | Annotated[tuple[UserKey, ...], Field(max_length=1000)]
+    ) = ()
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
 
 
-#: The keys fleet reads (``model_config`` is spelt with its alias).
+class BalancerHostData(BaseModel):
+    """A host with ``role: balancer``: a load balancer's machine, not a vLLM host. fleet reads its
+    SSH settings only; its HAProxy is described by the ``balancer`` entries that name it."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, hide_input_in_errors=True)
+
+    role: Literal["balancer"]
+    ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
+    ssh_hostname: Address | None = None
+
+
+#: ``role``: what a host is; ``vllm`` (the default) serves, ``balancer`` runs a load balancer.
+ROLES = ("vllm", "balancer")
+
+#: The keys fleet reads (``model_config`` is spelt with its alias); ``ssh_*`` are pyinfra's.
 FLEET_KEYS: tuple[str, ...] = tuple(
     (f.alias or name) for name, f in HostData.model_fields.items() if not name.startswith("ssh_")
 )
+#: pyinfra's keys that fleet reads too (its schema checks their values).
+PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
+#: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
+#: ``fleet.rollout.policy``, ``alerts`` by ``fleet.monitor.thresholds``.
+NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
+#: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
+KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
+BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -314,6 +493,14 @@ FIELD_HELP: dict[str, str] = {
     "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
     "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
+    "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
+    "backend?, timeout_s?}",
+    "balancer.kind": "haproxy (the only balancer fleet drives; rollout.hooks cover any other)",
+    "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
+    "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
+    "balancer.timeout_s": "seconds from 1 to 600",
+    "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
+    "user_keys": "a list of your own keys fleet should leave alone, e.g. ['rack', 'datacenter']",
 }
 
 
@@ -354,3 +541,58 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
     except LayoutError as exc:
         return ("nvidia_driver_version", version, str(exc).split(": ", 1)[-1] + "; pin a newer driver or leave it out")
     return None
+
+
+# ---- the rollout journal's location (a control-machine setting, not host data) -----------------
+
+JOURNAL_URL_RULE = (
+    "a PostgreSQL URL without a password: postgresql://[user@]host[:port]/database[?param=value...] "
+    "(libpq's URI form; a service from a libpq service file: postgresql:///?service=NAME). The password "
+    "comes from ~/.pgpass or PGPASSFILE, the service file, or password_ref in the journal config file"
+)
+
+
+def journal_url_problem(value: object) -> str | None:
+    """Why ``value`` cannot be the journal's PostgreSQL URL, or None.
+
+    libpq's URI grammar ("Connection URIs", PostgreSQL 15 docs, 34.1.1.2); a password, in the
+    user part or as a ``password=`` parameter, is refused: a URL is shown in errors and can land
+    in argv (``--journal``), so credentials are always by reference.
+    """
+    if not isinstance(value, str) or not value or len(value) > 2048:
+        return JOURNAL_URL_RULE
+    if not _printable(value) or any(c.isspace() for c in value):
+        return JOURNAL_URL_RULE
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return JOURNAL_URL_RULE
+    if parts.scheme not in ("postgresql", "postgres"):
+        return JOURNAL_URL_RULE
+    query_keys = {kv.split("=", 1)[0].lower() for kv in parts.query.split("&") if kv}
+    if ":" in parts.netloc.rpartition("@")[0] or "password" in query_keys:
+        return "a password in the journal URL is refused: " + JOURNAL_URL_RULE.split(". ", 1)[1]
+    return None
+
+
+def _secret_ref(value: str) -> str:
+    if parse_secret_ref(value) is None:
+        raise ValueError(SECRET_REF_HELP)
+    return value
+
+
+def _journal_url(value: str) -> str:
+    problem = journal_url_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class JournalSettings(BaseModel):
+    """The journal config file (``~/.config/fleet/journal.toml``): where the shared journal is."""
+
+    model_config = _STRICT
+
+    url: Annotated[str, AfterValidator(_journal_url)]
+    #: where the database password lives on this machine: ``env:NAME`` or ``file:/path``
+    password_ref: Annotated[str, AfterValidator(_secret_ref)] | None = None

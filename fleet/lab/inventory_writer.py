@@ -63,7 +63,12 @@ def declared_gpus(profile: str) -> dict[str, Any]:
 
 
 def host_data(
-    lab: LabDir, state: LabState, host: HostRecord, pip_index_url: str | None = None, apt: AptRepo | None = None
+    lab: LabDir,
+    state: LabState,
+    host: HostRecord,
+    pip_index_url: str | None = None,
+    apt: AptRepo | None = None,
+    balancer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The pyinfra host data of one lab host."""
     data: dict[str, Any] = {
@@ -88,12 +93,21 @@ def host_data(
     if apt is not None:
         data["nvidia_apt_url"] = apt.url
         data["nvidia_apt_keyring"] = str(apt.keyring)
+    # balancer: the lab's HAProxy on this machine (`fleet lab up --lb`), in front of every instance
+    if balancer is not None:
+        data["balancer"] = balancer
     return data
 
 
-def render_inventory(lab: LabDir, state: LabState, pip_index_url: str | None = None, apt: AptRepo | None = None) -> str:
+def render_inventory(
+    lab: LabDir,
+    state: LabState,
+    pip_index_url: str | None = None,
+    apt: AptRepo | None = None,
+    balancer: dict[str, Any] | None = None,
+) -> str:
     """The inventory file's text."""
-    hosts = [(h.name, host_data(lab, state, h, pip_index_url, apt)) for h in state.hosts]
+    hosts = [(h.name, host_data(lab, state, h, pip_index_url, apt, balancer)) for h in state.hosts]
     body = pprint.pformat(hosts, indent=1, width=100, sort_dicts=False)
     return f"{HEADER.format(name=state.name)}\n\n{GROUP} = {body}\n"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import paramiko
 
 from fleet.lab import airgap, cgroups, hostfiles, inventory_writer, ssh
+from fleet.lab import balancer as lb_mod
 from fleet.lab import base as base_mod
 from fleet.lab.errors import LabError
 from fleet.lab.machine import Machine
@@ -69,6 +70,9 @@ class UpOptions:
     #: Cut hosts off every address but the package index's (and apt repository's) ``address:port``
     #: (``fleet.lab.airgap``), as an air-gapped fleet is.
     air_gap: bool = True
+    #: Run HAProxy on this machine in front of the lab's instances (``fleet.lab.balancer``) and name
+    #: it in the inventory's ``balancer`` entries. A lab that has one keeps it on a later ``up``.
+    lb: bool = False
 
 
 @dataclass
@@ -238,9 +242,15 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     if opts.stage_model:
         _stage_model(lab, state, desired, progress)
 
-    text = inventory_writer.render_inventory(lab, state, index_url, apt)
+    want_lb = opts.lb or state.lb is not None
+    entry = lb_mod.balancer_entry(lab, state) if want_lb else None
+    text = inventory_writer.render_inventory(lab, state, index_url, apt, balancer=entry)
     inventory_writer.write_inventory(Path(state.inventory), text)
     result.inventory = Path(state.inventory)
+    if want_lb:
+        state.lb = lb_mod.ensure(lab, Path(state.inventory))
+        lab.save(state)
+        progress(f"load balancer (HAProxy) at {state.lb}")
     result.seconds = time.monotonic() - t0
     return result
 
@@ -325,6 +335,8 @@ def down(
     from fleet.lab.index import stop_index
 
     stop_index(lab.root)
+    if lb_mod.stop(lab):
+        progress("stopped the load balancer")
     airgap.remove(name)
     if state and state.inventory and inventory_writer.written_by_lab(Path(state.inventory), name):
         Path(state.inventory).unlink()

@@ -74,6 +74,8 @@ class LabState:
     base: str | None = None
     #: The air gap (``airgap.py``): the ``address:port`` endpoints hosts may reach; None: no air gap.
     air_gap: list[str] | None = None
+    #: The lab's load balancer (``fleet lab up --lb``, ``balancer.py``): its URL; None: none.
+    lb: str | None = None
 
     def host(self, name: str) -> HostRecord | None:
         """The host called ``name``, if the lab has it."""

@@ -121,9 +121,17 @@ def plan_inventory(
     return outcomes
 
 
+def load_for_planning(
+    path: str | Path, limit: list[str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> LoadedInventory:
+    """Load an inventory to plan it: every host's model config is read here with the rest of the
+    checks, so a missing model on one host is reported together with a bad value on another."""
+    return load_inventory(path, limit, overrides, model_check=load_model)
+
+
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:
     """Plan an inventory from its own ``gpu`` data (no host is contacted)."""
-    return plan_inventory(load_inventory(path, limit))
+    return plan_inventory(load_for_planning(path, limit))
 
 
 @dataclass(frozen=True)
@@ -142,7 +150,7 @@ def plan_fleet(
     ``probe_timeout``: seconds to wait for each host's SSH port (all hosts at once); None: the
     probe's default (``fleet.facts.PROBE_CONNECT_TIMEOUT``).
     """
-    loaded = load_inventory(path, limit)
+    loaded = load_for_planning(path, limit)
     if offline:
         return FleetPlan(plan_inventory(loaded), {})
     from fleet.facts.probed import probe_host_gpus

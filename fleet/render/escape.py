@@ -147,3 +147,15 @@ def ssh_command(argv: Sequence[str]) -> str:
         if "\0" in word:
             raise RenderError("a command argument contains NUL")
     return shlex.join(argv)
+
+
+_HAPROXY_WORD = re.compile(r"[A-Za-z0-9._@+/:\[\]-]+")
+
+
+def haproxy_word(value: str) -> str:
+    """One word of an HAProxy configuration line, written as is: names, addresses and paths that
+    the inventory validated to plain characters. Anything else (a space, ``#``, a quote, ``$``, a
+    backslash, a line break) would change the line's meaning, so it is refused here too."""
+    if not _HAPROXY_WORD.fullmatch(value):
+        raise RenderError(f"{value!r} cannot be written into an HAProxy configuration as one word")
+    return value

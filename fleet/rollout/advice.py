@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
-from fleet.rollout.engine import RolloutState, RolloutStatus
+from fleet.rollout.engine import RolloutState, RolloutStatus, left_midway, midway_words
+
+
+def out_of_traffic(state: RolloutState) -> list[str]:
+    """Instances this rollout took out of their load balancer's traffic and did not put back, and
+    the command that puts each back (once it is checked to serve)."""
+    if state.kind == "drain":
+        return []
+    left = [i for i in state.instances.values() if i.lb_out]
+    if not left:
+        return []
+    refs = " ".join(str(i.ref) for i in left)
+    return [
+        f"out of traffic on its load balancer: {', '.join(str(i.ref) for i in left)}; once each serves "
+        f"(fleet status), put it back: fleet lb ready {state.fleet} {refs}"
+    ]
 
 
 def next_steps(state: RolloutState) -> list[str]:
     """What the on-call does next, in words and commands."""
     if state.status is RolloutStatus.RUNNING:
-        return [f"stopped between steps; resume with: fleet rollout --resume {state.id}"]
+        out = [f"interrupted: {state.reason}"] if state.reason else []
+        out += [f"{i.ref} was left mid-way: {midway_words(i)}" for i in left_midway(state)]
+        out.append(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
+        return out
     if state.status is RolloutStatus.DONE:
         out = [f"every instance is healthy; `fleet history {state.id}` lists every step"]
         if state.kind == "rollout":
             out.append(f"to undo it: fleet rollback {state.id}")
         return out
     out = [f"halted: {state.reason}", f"`fleet history {state.id}` lists every step and its outcome"]
+    out += out_of_traffic(state)
     stuck = [i for i in state.instances.values() if i.rollback_failure]
     if stuck:
         for i in stuck:
+            if i.rollback_failure.startswith("load balancer not reachable") and i.lb_out:
+                continue  # named above, with the command that puts it back
             if "host unreachable" in i.rollback_failure:
                 out.append(
                     f"{i.ref} is not serving: host {i.ref.host} cannot be reached ({i.rollback_failure}). Bring "

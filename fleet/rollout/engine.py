@@ -12,12 +12,19 @@ is seen as an active unit.
 The restart protocol for one instance (forward to the target release, or back to the previous
 one when its batch is rolled back)::
 
-    PENDING → DRAIN (drain hook) → DRAINING (in-flight requests reach 0, or drain_timeout_s)
+    PENDING → LB_OUT (its load balancer's server set ``drain``: no new request reaches it)
+      → DRAIN (drain hook) → DRAINING (the balancer reports no session or queued request for it,
+              then vLLM's running + waiting requests reach 0; each wait bounded by drain_timeout_s)
       → STOP (systemctl stop: SIGTERM, vLLM's --shutdown-timeout drains the rest)
       → GPUS (NVML shows the instance's GPUs free; an orphaned engine of this unit is named and
               stopped, or the instance fails)
       → SWITCH (flip the release link) → START → GATES (gates.step until soaked)
-      → UNDRAIN (undrain hook) → DONE | ROLLED_BACK
+      → UNDRAIN (undrain hook) → LB_IN (the server set ``ready``) → DONE | ROLLED_BACK
+
+A ``stop_only`` target (``fleet drain``) ends after GPUS: LB_IN sets its server ``maint``.
+The balancer's view of each instance comes with the facts (``InstanceFacts.lb``); an instance
+already on its target and serving but out of its balancer's traffic (a halted rollout left it
+there) is gated again and put back, never skipped.
 
 On a failure the failed batch is rolled back (every instance of it that was touched, including
 ones already done: the batch is atomic, as Argo Rollouts' abort) and the rollout halts; or it
@@ -41,6 +48,7 @@ from fleet.rollout.policy import HookPlace, OnFailure, OrphanPolicy, RolloutPoli
 
 class Phase(StrEnum):
     PENDING = "pending"
+    LB_OUT = "lb_out"
     DRAIN = "drain"
     DRAINING = "draining"
     STOP = "stop"
@@ -49,6 +57,7 @@ class Phase(StrEnum):
     START = "start"
     GATES = "gates"
     UNDRAIN = "undrain"
+    LB_IN = "lb_in"
     DONE = "done"
     FAILED = "failed"
     ROLLED_BACK = "rolled_back"
@@ -71,6 +80,7 @@ class Act(StrEnum):
     FLIP = "flip"
     START = "start"
     WAIT = "wait"
+    LB = "lb"  #: set the instance's server state on its load balancer
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,7 @@ class Target:
     #: the configuration revision (unit and env file, ``fleet.operations.revisions``) to switch to;
     #: None: the instance's files are left as they are (``--release``, ``fleet restart``)
     revision: str | None = None
+    stop_only: bool = False  #: ``fleet drain``: out of traffic and stopped, then done (no start)
 
 
 @dataclass(frozen=True)
@@ -108,6 +119,8 @@ class InstanceState:
     failure: str = ""  #: why the forward restart failed (kept through the rollback)
     rollback_failure: str = ""
     note: str = ""  #: the last thing awaited, for people
+    lb_drained: bool = False  #: the balancer's sessions for it reached 0 (or their wait ran out)
+    lb_out: bool = False  #: fleet took it out of its balancer's traffic and has not put it back
 
     @property
     def release(self) -> str:
@@ -144,11 +157,13 @@ class Action:
     release: str = ""
     revision: str | None = None  #: with FLIP: the configuration revision to put in place too
     pids: tuple[int, ...] = ()
+    lb_state: str = ""  #: with LB: "drain", "ready" or "maint"
 
     def __str__(self) -> str:
         where = f" {self.ref}" if self.ref else ""
         to = f" → {self.release}" + (f" (config {self.revision})" if self.revision else "")
-        extra = {Act.HOOK: f" {self.hook}", Act.FLIP: to, Act.KILL: f" pids {list(self.pids)}"}
+        extra = {Act.HOOK: f" {self.hook}", Act.FLIP: to, Act.KILL: f" pids {list(self.pids)}",
+                 Act.LB: f" {self.lb_state}"}  # fmt: skip
         return f"{self.kind.value}{where}{extra.get(self.kind, '')}: {self.why}"
 
 
@@ -203,8 +218,40 @@ def new_rollout(
     )
 
 
+def interrupted(state: RolloutState, why: str) -> RolloutState:
+    """The rollout stops before its end for a reason outside the engine (the journal cannot be
+    written, a hard abort): it stays ``running`` (resumable; shown as *interrupted*) with why."""
+    return replace(state, reason=why)
+
+
+#: What an instance left in each phase of the protocol is doing, for people.
+_MIDWAY = {
+    Phase.LB_OUT: "being taken out of its balancer's traffic; still running",
+    Phase.DRAIN: "drain hook not yet run; still serving",
+    Phase.DRAINING: "being drained; still running",
+    Phase.STOP: "being stopped",
+    Phase.GPUS: "stopped by this rollout (waiting for its GPUs)",
+    Phase.SWITCH: "stopped by this rollout (not yet switched)",
+    Phase.START: "stopped by this rollout (not yet started)",
+    Phase.GATES: "started, not yet through its gates",
+    Phase.UNDRAIN: "healthy, not yet put back into traffic (undrain hook)",
+    Phase.LB_IN: "healthy, not yet back in its balancer's traffic",
+}
+
+
+def left_midway(state: RolloutState) -> list[InstanceState]:
+    """Instances a rollout that stops now leaves between its first step and its end."""
+    return [i for i in state.instances.values() if i.touched and i.phase not in (*TERMINAL, Phase.PENDING)]
+
+
+def midway_words(inst: InstanceState) -> str:
+    back = " (rolling back)" if inst.rolling_back else ""
+    return f"{_MIDWAY.get(inst.phase, inst.phase.value)}{back}, release {inst.release}"
+
+
 def resume(state: RolloutState, now: float) -> RolloutState:
     """After a crash or Ctrl-C: clocks restart from now (deadlines do not count the downtime)."""
+    state = replace(state, reason="") if state.status is RolloutStatus.RUNNING else state
     instances = {
         ref: replace(
             i,
@@ -265,7 +312,7 @@ def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
     if state.batch_index >= len(state.batches):
         return Decision(replace(state, status=RolloutStatus.DONE, reason="every batch is healthy", waiting=""))
     batch = state.batches[state.batch_index]
-    unavailable = [ref for ref in state.instances if not obs.of(ref).serving]
+    unavailable = [ref for ref in state.instances if not obs.of(ref).available]
     budget = budget_of(p.max_unavailable, len(state.instances))
     a = admit(batch, unavailable, budget, state.host_sizes(), p.whole_host)
     if a.blocked:
@@ -307,7 +354,8 @@ def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
             rolling_back=True,
             failure=failure,
             # never stopped: only put it back into traffic; else the restart protocol to the old release
-            phase=Phase.DRAIN if inst.changed else Phase.UNDRAIN,
+            phase=Phase.LB_OUT if inst.changed else Phase.UNDRAIN,
+            lb_drained=False,
             hooks_done=() if drain_again else tuple(h for h in inst.hooks_done if h != "undrain"),
             phase_since=now,
             started=False,
@@ -386,6 +434,10 @@ def _instance_step(
             return _fail(
                 inst, f"not healthy {now - inst.first_step_at:.0f}s after its first step (host_deadline_s)", now
             ), None
+        if f.claimed_by:
+            # Another rollout holds the host (its claim replaced this one's): never touch it again.
+            changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
+            return _fail(inst, f"host {inst.ref.host} is claimed {changed} by {f.claimed_by}", now), None
         if f.unreachable and inst.phase is not Phase.GATES:
             # The executor retries SSH itself before it reports a host unreachable; here it is final.
             changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
@@ -414,7 +466,14 @@ def _phase_step(
     waited = now - inst.phase_since
     if inst.phase is Phase.PENDING:
         unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
-        if kind_skips_current(inst) and _on_target(inst, f) and f.serving:
+        if kind_skips_current(inst) and _on_target(inst, f) and f.serving and not inst.target.stop_only:
+            if f.lb is not None and not f.lb.in_traffic:
+                # serving its target, but out of its balancer's traffic (a halted rollout left it
+                # there): gate it, then put it back; nothing is stopped
+                return _to(inst, Phase.GATES, now, first_step_at=now, previous_release=f.release,
+                           previous_model=f.model, previous_revision=f.revision, previous_unit=unit,
+                           baseline_restarts=f.unit.n_restarts if f.unit else 0, track=start_track(now),
+                           note=f"serving release {f.release} but out of traffic ({f.lb.view})"), None  # fmt: skip
             # Already there and serving: nothing to do (Kubernetes compares the template hash;
             # Nomad reports a rollback to the same job as a no-op).
             return _to(inst, Phase.DONE, now, previous_release=f.release, previous_model=f.model,
@@ -422,7 +481,7 @@ def _phase_step(
                        note=f"already serving release {f.release}"), None  # fmt: skip
         return _to(
             inst,
-            Phase.DRAIN,
+            Phase.LB_OUT,
             now,
             first_step_at=now,
             previous_release=f.release,
@@ -430,6 +489,12 @@ def _phase_step(
             previous_revision=f.revision,
             previous_unit=unit,
         ), None
+    if inst.phase is Phase.LB_OUT:
+        if f.lb_error:
+            return _fail(inst, f"load balancer not reachable: {f.lb_error}", now), None
+        if f.lb is not None and f.lb.admin.value == "ready":
+            return inst, Action(Act.LB, ref, "take the instance out of traffic on its load balancer", lb_state="drain")
+        return _to(inst, Phase.DRAIN, now), None
     if inst.phase is Phase.DRAIN:
         argv = p.hooks.argv("drain", host=ref.host, instance=ref.instance, port=inst.target.port)
         if argv is not None and "drain" not in inst.hooks_done:
@@ -439,6 +504,20 @@ def _phase_step(
     if inst.phase is Phase.DRAINING:
         if f.process_gone or not _unit_running(f):
             return _to(inst, Phase.STOP, now), None
+        if f.lb_error:
+            return _fail(inst, f"load balancer not reachable while draining: {f.lb_error}", now), None
+        if f.lb is not None and not inst.lb_drained:
+            # first the balancer: no session or queued request for the server any more
+            if f.lb.busy == 0:
+                return replace(inst, lb_drained=True, phase_since=now, note=""), None
+            if waited > p.drain_timeout_s:
+                note = f"balancer still has {f.lb.describe()} after {waited:.0f}s; going on"
+                return replace(inst, lb_drained=True, phase_since=now, note=note), None
+            return replace(
+                inst,
+                note=f"draining on the balancer: {f.lb.sessions} session(s), {f.lb.queued} queued, "
+                f"{waited:.0f}s of {p.drain_timeout_s:g}s",
+            ), None
         if f.in_flight == 0:
             return _to(inst, Phase.STOP, now), None
         if waited > p.drain_timeout_s:
@@ -453,7 +532,10 @@ def _phase_step(
             return replace(inst, changed=True), Action(Act.STOP, ref, "SIGTERM; vLLM drains for --shutdown-timeout")
         return _to(inst, Phase.GPUS, now), None
     if inst.phase is Phase.GPUS:
-        return _gpus(inst, f, p, now, waited)
+        new, action = _gpus(inst, f, p, now, waited)
+        if new.phase is Phase.SWITCH and inst.target.stop_only:
+            return _to(new, Phase.LB_IN, now), None  # drained: stopped, GPUs free; maintenance on the balancer
+        return new, action
     if inst.phase is Phase.SWITCH:
         if not _on_target(inst, f):
             was = f"was {f.release}" + (f" (config {f.revision})" if inst.revision else "")
@@ -482,6 +564,15 @@ def _phase_step(
         if argv is not None and "undrain" not in inst.hooks_done:
             why = "put the instance back into traffic" + _hook_place(p)
             return inst, Action(Act.HOOK, ref, why, hook="undrain", argv=tuple(argv))
+        return _to(inst, Phase.LB_IN, now), None
+    if inst.phase is Phase.LB_IN:
+        want = "maint" if inst.target.stop_only and not inst.rolling_back else "ready"
+        if f.lb_error:
+            return _fail(inst, f"load balancer not reachable to set it {want}: {f.lb_error}", now), None
+        if f.lb is not None and f.lb.admin.value != want:
+            why = ("keep it out of traffic (maintenance) while drained" if want == "maint"
+                   else "put the instance back into traffic on its load balancer: every gate passed")  # fmt: skip
+            return inst, Action(Act.LB, ref, why, lb_state=want)
         return _to(inst, Phase.ROLLED_BACK if inst.rolling_back else Phase.DONE, now), None
     raise AssertionError(inst.phase)
 
@@ -542,6 +633,8 @@ def after(state: RolloutState, action: Action, ok: bool, detail: str, now: float
             inst = replace(inst, hooks_done=(*inst.hooks_done, action.hook))
         elif action.kind is Act.START:
             inst = replace(inst, started=True)
+        elif action.kind is Act.LB:
+            inst = replace(inst, lb_out=action.lb_state != "ready")
     else:
         inst = _fail(inst, f"{action.kind.value} failed: {detail}", now)
     return replace(state, instances={**state.instances, action.ref: inst})
@@ -600,6 +693,7 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
             "port": i.target.port,
             "restart": i.target.restart,
             "revision": i.target.revision,
+            "stop_only": i.target.stop_only,
         },
         "phase": i.phase.value,
         "rolling_back": i.rolling_back,
@@ -618,6 +712,8 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
         "failure": i.failure,
         "rollback_failure": i.rollback_failure,
         "note": i.note,
+        "lb_drained": i.lb_drained,
+        "lb_out": i.lb_out,
     }
 
 
@@ -626,7 +722,9 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
     t = d["target"]
     return InstanceState(
         ref=ref,
-        target=Target(ref, t["release"], t["model"], t["port"], t["restart"], t.get("revision")),
+        target=Target(
+            ref, t["release"], t["model"], t["port"], t["restart"], t.get("revision"), t.get("stop_only", False)
+        ),
         phase=Phase(d["phase"]),
         rolling_back=d["rolling_back"],
         phase_since=d["phase_since"],
@@ -644,4 +742,6 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
         failure=d["failure"],
         rollback_failure=d["rollback_failure"],
         note=d["note"],
+        lb_drained=d.get("lb_drained", False),
+        lb_out=d.get("lb_out", False),
     )

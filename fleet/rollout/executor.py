@@ -52,6 +52,10 @@ class Executor(Protocol):
         put that stored configuration revision in place (unit and env file, daemon-reload)."""
         ...
 
+    def set_lb_state(self, ref: InstanceRef, state: str) -> None:
+        """Set the instance's server on its load balancer to ``state`` ("drain", "ready", "maint")."""
+        ...
+
     def run_hook(self, ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
         """Run a drain/undrain hook for ``ref`` (argv, no shell) on the control machine, or with
         ``on=HookPlace.HOST`` on ``ref``'s host as the SSH user; its output, or raise."""

@@ -21,9 +21,11 @@ from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
-from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
+from fleet.inventory.spec import HostSpec, LoadedInventory
+from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.plan.outcomes import load_for_planning
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
@@ -39,17 +41,27 @@ class RolloutFleet:
     instances: Mapping[InstanceRef, InstanceSpec]  #: inventory order, hosts then instances
     host_data: Mapping[str, Mapping[str, Any]]
     api_keys: Mapping[str, str | None]
+    loaded: LoadedInventory | None = None  #: for the load balancers in front of the instances
+
+    def traffic(self) -> Traffic:
+        """The balancer seat of every instance whose host has a ``balancer`` entry."""
+        if self.loaded is None:
+            return Traffic({})
+        return traffic_of(self.loaded, [(r.host, r.instance) for r in self.instances])
 
     def policy(self, overrides: Mapping[str, Any] | None = None) -> RolloutPolicy:
         return policy_from_hosts(self.inventory, self.host_data, overrides)
 
-    def executor(self, gates_over_ssh: Sequence[str] = (), http_timeout_s: float = 10.0) -> SshExecutor:
+    def executor(
+        self, gates_over_ssh: Sequence[str] = (), http_timeout_s: float = 10.0, *, lb: bool = True
+    ) -> SshExecutor:
+        """The SSH executor; with ``lb`` (default) it steers the instances' load balancers too."""
         unknown = sorted(set(gates_over_ssh) - set(self.hosts))
         if unknown:
             raise FleetError(f"--gates-over-ssh {', '.join(unknown)}: not a selected host of {self.inventory}")
         return SshExecutor(
             self.ssh, self.instances, api_keys=self.api_keys, gates_over_ssh=gates_over_ssh,
-            http_timeout_s=http_timeout_s,
+            http_timeout_s=http_timeout_s, traffic=self.traffic() if lb else None,
         )  # fmt: skip
 
     def targets(self, releases: Mapping[str, str | None], *, restart: bool) -> list[Target]:
@@ -77,7 +89,7 @@ def load_fleet(
 ) -> RolloutFleet:
     """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
     data given on the command line)."""
-    loaded = load_inventory(inventory, list(limit) if limit else None, overrides)
+    loaded = load_for_planning(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
     return fleet_of(loaded)
@@ -119,5 +131,6 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(
-        str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys
-    )
+        str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
+        loaded,
+    )  # fmt: skip

@@ -11,9 +11,11 @@ Gates, in order; the first that does not pass decides:
    connection is the normal "still loading"; 503 is ``EngineDeadError`` (fatal).
 3. **models**: ``GET /v1/models`` lists the expected served model name. Another model is fatal:
    waiting will not change it (the proposal's "deterministic mismatch").
-4. **completion**: a real ``POST /v1/completions`` returns tokens. An empty answer or
+4. **completion**: a real ``POST /v1/completions`` returns tokens. An empty answer, an error or
    ``finish_reason: "abort"`` does not pass: vLLM keeps ``/health`` at 200 while it drains
-   (``vllm/v1/engine/core.py: _handle_shutdown``) and finishes requests as aborted, and an engine
+   (``vllm/v1/engine/core.py: _handle_shutdown``), answers new requests with HTTP 500 ``cannot
+   schedule new futures after shutdown`` (``vllm/v1/engine/async_llm.py: AsyncLLM.shutdown``)
+   and aborts what is still running at its deadline, and an engine
    that is alive but hung answers ``/health`` while no token comes (vLLM issue #39863).
 5. **metrics** (optional): bounds on ``/metrics`` values; no data is not a pass (Flagger halts on
    "no values found"; Argo Rollouts errors on an empty result).
@@ -194,8 +196,10 @@ def check_completion(answer: CompletionAnswer | None) -> tuple[Check, str]:
         return Check.BAD, f"completion: {answer.why()} (alive but not generating?)"
     if answer.status in (401, 403):
         return Check.FATAL, f"completion {answer.status}: the API key was refused (check api_key_ref)"
+    if answer.status == 500 and "cannot schedule new futures after shutdown" in answer.error:
+        return Check.BAD, f"completion {answer.why()}: {answer.error} (the server is draining or stopping)"
     if answer.status != 200:
-        return Check.BAD, f"completion {answer.why()}"
+        return Check.BAD, f"completion {answer.why()}" + (f": {answer.error}" if answer.error else "")
     if answer.finish_reason == "abort":
         return Check.BAD, 'completion finished with finish_reason "abort" (the server is draining or stopping)'
     if answer.completion_tokens <= 0 or not answer.text:

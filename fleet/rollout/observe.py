@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from fleet.lb.runtime import ServerView
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.gates import Probe, UnitState
 
@@ -45,6 +46,16 @@ class InstanceFacts:
     serving: bool = False  #: unit active and /health 200 (for the availability budget)
     unreachable: str = ""  #: why the host could not be asked; empty when it answered
     probe: Probe | None = None  #: gate probes, made only for instances waiting on their gates
+    #: another rollout holds the host's claim (``fleet.rollout.claims``): who; fleet must not touch it
+    claimed_by: str = ""
+    #: what the instance's load balancer says about its server (None: no balancer in front of it)
+    lb: ServerView | None = None
+    lb_error: str = ""  #: why its balancer could not be asked; empty when it answered (or there is none)
+
+    @property
+    def available(self) -> bool:
+        """Serving clients: healthy and, behind a balancer, in its traffic (for the availability budget)."""
+        return self.serving and (self.lb is None or self.lb.in_traffic) and not self.lb_error
 
     @property
     def process_gone(self) -> bool:

@@ -115,7 +115,7 @@ class InstanceProber:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
         r = self._request("/v1/completions", body)
         if r.status != 200:
-            return CompletionAnswer(r.status, r.error, r.elapsed_s)
+            return CompletionAnswer(r.status, r.error or _error_message(r.body), r.elapsed_s)
         try:
             data = json.loads(r.body)
             choice = data["choices"][0]
@@ -175,3 +175,12 @@ def _os_error(err: object) -> str:
     if isinstance(err, OSError) and err.strerror:
         return err.strerror.lower()
     return str(err)
+
+
+def _error_message(body: bytes) -> str:
+    """The ``error.message`` of an OpenAI-style error body (vLLM's ``ErrorResponse``), or ""."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return ""
+    return str(message)[:300] if isinstance(message, str) else ""

@@ -21,6 +21,8 @@ What each step reads or does on a host:
 * the gates: HTTP from this machine (``fleet.rollout.probe``), or, for hosts whose port cannot
   be reached from here, ``curl`` on the host over the same SSH connection (the API key goes to
   curl on stdin, never in argv);
+* the load balancer in front of an instance (``fleet.lb.traffic``): its server's state and
+  sessions with the facts, ``set server ... state`` as a step;
 * hooks: on the control machine (argv, no shell), or with ``hooks.on: host`` on the instance's
   host over the same SSH connection as the SSH user: the argv joined by ``ssh_command`` and run
   under coreutils ``timeout`` (so a hook that runs over is ended on the host, not left behind
@@ -46,11 +48,22 @@ from fleet.facts.nvml import probe_command
 from fleet.facts.releases import MARKER
 from fleet.facts.runner import SshTarget, connect
 from fleet.facts.systemctl_show import show_properties, shown_unit
+from fleet.lb.runtime import AdminState
+from fleet.lb.traffic import BalancerError, Traffic
 from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.batches import InstanceRef
+from fleet.rollout.claims import (
+    STATE_DIR,
+    ClaimAnswer,
+    ClaimRequest,
+    HostClaims,
+    claim_script,
+    parse_answer,
+    safe_word,
+)
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
@@ -250,6 +263,9 @@ class SshProber(InstanceProber):
 class SshExecutor:
     """``fleet.rollout.executor.Executor`` for hosts reached over SSH (see the module docstring)."""
 
+    #: this rollout's claims on its hosts (``fleet.rollout.claims``), when the session took them
+    claims: HostClaims | None = None
+
     def __init__(
         self,
         targets: Mapping[str, SshTarget],
@@ -261,6 +277,7 @@ class SshExecutor:
         http_timeout_s: float = 5.0,
         gates_over_ssh: Collection[str] = (),
         ssh_timeout_s: float = SSH_TIMEOUT_S,
+        traffic: Traffic | None = None,
     ) -> None:
         missing = sorted({r.host for r in instances} - set(targets))
         if missing:
@@ -275,6 +292,8 @@ class SshExecutor:
         self.__keys = dict(api_keys or {})
         self._conns = {name: _Conn(t) for name, t in self.targets.items()}
         self._units: dict[InstanceRef, tuple[float, UnitState | None]] = {}
+        #: the load balancers in front of the instances (empty: none, or ``--no-lb``)
+        self.traffic = traffic or Traffic({})
 
     def __repr__(self) -> str:
         return f"SshExecutor(hosts={sorted(self.targets)}, api_keys={'<set>' if any(self.__keys.values()) else None})"
@@ -282,6 +301,7 @@ class SshExecutor:
     def close(self) -> None:
         for conn in self._conns.values():
             conn.close()
+        self.traffic.close()
 
     # ---- plumbing --------------------------------------------------------------------------------
 
@@ -380,6 +400,9 @@ class SshExecutor:
 
     def facts(self, ref: InstanceRef) -> InstanceFacts:
         s = self.spec(ref)
+        taken = self.claims.lost_on(ref.host) if self.claims is not None else ""
+        if taken:
+            return InstanceFacts(ref, claimed_by=taken)  # another rollout has the host: not asked, not touched
         try:
             live = self.live(ref)
             unit, release = live.unit, live.release
@@ -396,6 +419,11 @@ class SshExecutor:
             prober = self.prober(ref)
             serving = prober.health().status == 200
             in_flight = prober.in_flight() if serving else None
+        lb, lb_error = None, ""
+        try:
+            lb = self.traffic.view(ref.host, ref.instance)
+        except BalancerError as exc:
+            lb_error = str(exc)
         return InstanceFacts(
             ref,
             unit=unit,
@@ -405,6 +433,8 @@ class SshExecutor:
             gpu_processes=gpus,
             in_flight=in_flight,
             serving=serving,
+            lb=lb,
+            lb_error=lb_error,
         )
 
     def probe(self, ref: InstanceRef, policy: RolloutPolicy, model: str) -> Probe:
@@ -480,6 +510,13 @@ class SshExecutor:
                 f"{self.revisions}/{ref.instance}", revision or ""]  # fmt: skip
         self.run(ref.host, argv, sudo=True)
 
+    def set_lb_state(self, ref: InstanceRef, state: str) -> None:
+        """``set server <backend>/<server> state <state>`` on the instance's load balancer."""
+        try:
+            self.traffic.set_state(ref.host, ref.instance, AdminState(state))
+        except BalancerError as exc:
+            raise ExecutorError(str(exc)) from exc
+
     def run_hook(self, ref: InstanceRef, argv: Sequence[str], timeout_s: float, on: HookPlace) -> str:
         """A drain/undrain hook: on this machine, or (``on=HookPlace.HOST``) on ``ref``'s host as
         the SSH user. Placeholders were filled in per argument by the policy; no shell either way."""
@@ -494,6 +531,21 @@ class SshExecutor:
         if done.returncode:
             raise ExecutorError(f"hook {argv[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}")
         return done.stdout
+
+    # ---- who is rolling a host (``fleet.rollout.claims``) ----------------------------------------
+
+    def claim_host(self, host: str, request: ClaimRequest, mode: str, stale: str = "") -> ClaimAnswer:
+        """Claim, renew or release ``host`` for ``request``'s rollout (root-only file under fleet's
+        state directory, atomic rename under ``flock``); ``stale``: a rollout whose claim may be
+        replaced (its owner is known gone). The host's answer; ``ExecutorError`` when it cannot be asked."""
+        who = [request.rollout_id, request.machine, request.user, str(request.pid), str(request.lease_s)]
+        argv = ["sh", "-c", claim_script(), "fleet-claim", STATE_DIR, mode, *who, request.pid_start,
+                safe_word(stale or "-")]  # fmt: skip
+        out = self.run(host, argv, sudo=True, timeout=60)
+        try:
+            return parse_answer(out)
+        except ValueError as exc:
+            raise ExecutorError(f"host {host}: claiming it for the rollout: {exc}") from None
 
     # ---- releases (for ``fleet rollback``) -------------------------------------------------------
 

@@ -16,6 +16,7 @@ lab's inventory with a ``rollout`` entry on every host (``inventory_with``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -270,6 +271,130 @@ def test_sigkill_of_the_control_process_then_resume_finishes(
     assert all(i["current"] == "next" for i in instance_state(lab, fleet).values())
 
 
+CLAIM = "/var/lib/fleet/rollout-claim"
+
+
+def claim_on(lab: LabFleet, index: int) -> str:
+    """The host's claim file (root only), or "" when there is none."""
+    return must(lab, index, f"sudo cat {CLAIM} 2>/dev/null || true")
+
+
+def test_two_journals_the_second_is_refused_by_the_hosts_claims(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 27: two control machines (two SQLite journals) restart one fleet 2 s apart. The hosts'
+    claims refuse the second before it touches anything, naming the first; the first finishes
+    undisturbed (each instance restarted once) and clears its claims."""
+    lab, fleet = serving
+    before = instance_state(lab, fleet)
+    first_journal, second_journal = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    argv = [str(FLEET), "restart", fleet.inventory, *FAST, "--journal", str(first_journal)]
+    first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rid = _wait_for_step(first_journal, "stop", 1)
+        assert claim_on(lab, 0).startswith(f"rollout={rid}\n"), claim_on(lab, 0)
+        rc, refused = fleet_cli("restart", fleet.inventory, *FAST, journal=second_journal)
+        assert rc == 2, refused
+        assert f"is being rolled by rollout {rid} by " in refused["error"], refused
+        assert "nothing was touched" in refused["error"]
+        with Journal(second_journal) as j:
+            assert j.history() == []  # nothing journaled, nothing done
+        out, err = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(30)
+    assert first.returncode == 0, out + err
+    assert json.loads(out)["status"] == "done"
+    with Journal(first_journal) as j:
+        stops = [s.instance for s in j.steps(rid) if s.action == "stop"]
+    assert sorted(stops) == sorted(before)  # each instance stopped once, by the first only
+    after = instance_state(lab, fleet)
+    assert_all_serving(before, after, before[next(iter(before))]["runs"])
+    assert all(after[n]["pid"] != before[n]["pid"] for n in before)
+    assert claim_on(lab, 0) == "" and claim_on(lab, 1) == ""  # cleared when it ended
+
+
+def test_a_claim_left_by_a_rollout_elsewhere_holds_until_its_lease_runs_out(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    before = instance_state(lab, fleet)
+    write = (
+        "sudo mkdir -p -m 700 /var/lib/fleet && printf 'rollout=20260101T000000Z-0ther0\\nmachine=jump-b\\n"
+        "user=bob\\npid=4242\\nsince=1\\nlease_until=%s\\n' $(( $(date +%s) {} )) | sudo tee {} >/dev/null"
+    )
+    must(lab, 0, write.format("+ 600", CLAIM))
+    try:
+        rc, refused = fleet_cli("restart", fleet.inventory, "--limit", h0, *FAST, journal=tmp_path / "j.sqlite")
+        assert rc == 2, refused
+        assert refused["error"].startswith(
+            f"host {h0} is being rolled by rollout 20260101T000000Z-0ther0 by bob@jump-b (pid 4242), its lease runs "
+        ), refused
+        assert {n: i["pid"] for n, i in instance_state(lab, fleet).items()} == {n: i["pid"] for n, i in before.items()}
+        must(lab, 0, write.format("- 5", CLAIM))  # its owner died and never renewed it
+        rc, result = fleet_cli("restart", fleet.inventory, "--limit", h0, *FAST, journal=tmp_path / "j.sqlite")
+        assert rc == 0 and result["status"] == "done", result
+        assert claim_on(lab, 0) == ""
+    finally:
+        must(lab, 0, f"sudo rm -f {CLAIM}")
+
+
+def test_two_operators_share_a_postgresql_journal_the_second_resumes_when_the_first_dies(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 27: two control processes with their own HOMEs (one with FLEET_JOURNAL and ~/.pgpass,
+    one with the journal config file and its password by reference) share a real PostgreSQL. The
+    second is refused naming the first; the first is killed mid-rollout; the second resumes it."""
+    from tests.postgres import private_cluster
+
+    lab, fleet = serving
+    before = instance_state(lab, fleet)
+    alice, bob = tmp_path / "alice", tmp_path / "bob"
+    with private_cluster() as pg:
+        alice.mkdir()
+        pg.pgpass(alice)
+        (bob / ".config" / "fleet").mkdir(parents=True)
+        (bob / ".config" / "fleet" / "journal.toml").write_text(f'url = "{pg.url}"\npassword_ref = "env:FLEET_DB_PW"\n')
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "FLEET_JOURNAL", "XDG_"))}
+        env_a = {**base, "HOME": str(alice), "FLEET_JOURNAL": pg.url}
+        env_b = {**base, "HOME": str(bob), "FLEET_DB_PW": pg.password}
+
+        def as_bob(*args: str) -> tuple[int, Any]:
+            proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                                  env=env_b, check=False)  # fmt: skip
+            try:
+                return proc.returncode, json.loads(proc.stdout)
+            except ValueError:
+                return proc.returncode, proc.stdout + proc.stderr
+
+        first = subprocess.Popen([str(FLEET), "restart", fleet.inventory, *FAST], cwd=REPO_ROOT, env=env_a,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            rid = ""
+            while time.monotonic() < deadline and not rid:
+                with contextlib.suppress(subprocess.CalledProcessError):  # no tables before its first write
+                    rid = pg.superuser("SELECT rollout_id FROM steps WHERE action = 'stop' AND outcome = 'ok' LIMIT 1")
+                time.sleep(0.2)
+            assert rid, "the first never stopped an instance"
+            rc, refused = as_bob("restart", fleet.inventory, *FAST)
+            assert rc == 2, refused
+            assert f"is locked by rollout {rid} by " in refused["error"] and f"(pid {first.pid})" in refused["error"]
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+        rc, listed = as_bob("history", "--json")
+        assert rc == 0 and [(r["id"], r["status"]) for r in listed["rollouts"]] == [(rid, "interrupted")], listed
+        rc, result = as_bob("rollout", "--resume", rid, "--take-over", "--json")
+        assert rc == 0, result
+        assert result["status"] == "done" and result["id"] == rid
+    after = instance_state(lab, fleet)
+    assert_all_serving(before, after, before[next(iter(before))]["runs"])
+    assert claim_on(lab, 0) == "" and claim_on(lab, 1) == ""
+
+
 def test_rollback_to_the_previous_release_is_a_link_flip(
     serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
 ) -> None:
@@ -491,6 +616,168 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
         lab, 0, "sudo journalctl -u fleet-vllm-0.service -o cat --no-pager | grep -c 'engine steps stall'"
     )
     assert rc == 0 and int(out) >= 1  # the stall did happen on the host
+
+
+# ---- a load balancer in the loop: a restart that clients never notice ------------------------------
+
+
+class Load:
+    """Clients of the balancer, with the ``openai`` client (no retries of its own: a failure counts):
+    mixed short and long completions, streaming and not, each worker in a loop until stopped.
+    Failed: an HTTP error, a broken connection, ``finish_reason: "abort"``, a stream that ends
+    without its finishing chunk."""
+
+    def __init__(self, url: str, workers: int = 8) -> None:
+        import threading
+
+        import openai
+
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ok = 0
+        self.failed: list[str] = []
+        self.threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(workers)]
+
+    def _one(self, i: int, n: int) -> str | None:
+        long = (i + n) % 3 == 0
+        tokens = 400 if long else 16
+        if (i + n) % 2:
+            stream = self.client.completions.create(model=MODEL, prompt=f"load {i} {n}", max_tokens=tokens,
+                                                    stream=True)  # fmt: skip
+            finish = None
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            if finish is None:
+                return "stream ended without a finish_reason (truncated)"
+        else:
+            answer = self.client.completions.create(model=MODEL, prompt=f"load {i} {n}", max_tokens=tokens)
+            finish = answer.choices[0].finish_reason
+        return None if finish in ("length", "stop") else f"finish_reason {finish!r}"
+
+    def _worker(self, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                why = self._one(i, n)
+            except Exception as exc:  # every error the client raises is a failed request
+                why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            with self.lock:
+                if why is None:
+                    self.ok += 1
+                else:
+                    self.failed.append(why)
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+
+
+def lb_views(inventory: str) -> dict[str, dict[str, Any]]:
+    rc, out = fleet_json("lb", "show", inventory, "--json")
+    assert rc == 0, out
+    return {r["instance"]: r for r in out["servers"]}
+
+
+def test_a_restart_under_load_behind_the_balancer_fails_no_request(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """HAProxy (the lab's, fleet's configuration) in front of the 4 instances, 8 clients of the
+    ``openai`` client through it, then ``fleet restart``: every instance leaves traffic (drain),
+    its sessions end, it restarts, passes its gates and comes back; not one request fails. Then
+    the same restart with ``--no-lb`` (the balancer keeps sending to draining instances, which
+    answer HTTP 500 as vLLM does): requests fail, which shows the first count is not vacuous."""
+    from fleet.lab import balancer
+
+    lab, fleet = serving
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    hosts = runpy_hosts(inventory)
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    Path(inventory).write_text(f"lab = {[(n, {**d, 'balancer': entry}) for n, d in hosts]!r}\n")
+    url = balancer.ensure(lab.dir, Path(inventory))
+    try:
+        refs = [str(r) for r in fleet.instances]
+        assert set(lb_views(inventory)) == set(refs)
+        assert {v["view"] for v in lb_views(inventory).values()} <= {"MAINT"}  # written disabled
+        rc, out = fleet_json("lb", "ready", inventory, *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(inventory).values()} == {"UP"}, 30), lb_views(inventory)
+        before = instance_state(lab, fleet)
+        journal = tmp_path / "j.sqlite"
+        with Load(url) as load:
+            time.sleep(3)
+            assert load.ok > 0 and not load.failed, load.failed
+            t0 = time.monotonic()
+            rc, result = fleet_cli("restart", inventory, "--health-timeout", "60", "--json", journal=journal)
+            took = time.monotonic() - t0
+            time.sleep(2)
+        assert rc == 0, result
+        assert result["status"] == "done"
+        print(f"\nrestart of 4 instances under load behind HAProxy: {took:.1f}s, {load.ok} requests, "
+              f"{len(load.failed)} failed")  # fmt: skip
+        assert load.failed == [], load.failed[:10]
+        assert load.ok >= 20
+        after = instance_state(lab, fleet)
+        for r in refs:  # each on the release it ran before (an earlier test leaves the hosts on two releases)
+            assert_all_serving({r: before[r]}, {r: after[r]}, before[r]["runs"])
+        assert all(after[r]["pid"] != before[r]["pid"] for r in refs)  # every instance restarted
+        with Journal(journal) as j:
+            steps = [(s.instance, s.action) for s in j.steps(result["id"])]
+        for r in refs:
+            assert [a for i, a in steps if i == r] == ["lb:drain", "stop", "start", "lb:ready"], (r, steps)
+        assert {v["view"] for v in lb_views(inventory).values()} == {"UP"}
+
+        # the control: the same restart with --no-lb; its drain never sees 0 requests under traffic
+        # (issue 18), so a short drain_timeout_s keeps it from waiting 30 s per batch
+        control = tmp_path / "control.py"
+        control.write_text(Path(inventory).read_text().replace("'drain_timeout_s': 30", "'drain_timeout_s': 3"))
+        assert "'drain_timeout_s': 3}" in control.read_text()
+        with Load(url) as load:
+            time.sleep(1)
+            proc = subprocess.run(
+                [str(FLEET), "restart", str(control), "--no-lb", "--health-timeout", "60", "--json", "--journal",
+                 str(tmp_path / "j2.sqlite")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+            time.sleep(1)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "--no-lb: nothing takes an instance out of traffic" in proc.stderr
+        print(f"the same restart with --no-lb: {load.ok} requests, {len(load.failed)} failed")
+        assert load.failed, "without the balancer in the loop some request must fail"
+    finally:
+        balancer.stop(lab.dir)
+
+
+def fleet_json(*args: str) -> tuple[int, Any]:
+    proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    try:
+        return proc.returncode, json.loads(proc.stdout)
+    except ValueError:
+        return proc.returncode, proc.stdout + proc.stderr
+
+
+def runpy_hosts(inventory: str) -> list[tuple[str, dict[str, Any]]]:
+    import runpy
+
+    hosts: list[tuple[str, dict[str, Any]]] = runpy.run_path(inventory)["lab"]
+    return hosts
+
+
+def wait_until(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def power_cut(lab: LabFleet, index: int) -> None:

@@ -635,12 +635,12 @@ def _late(server: Server) -> tuple[int, Any]:
     return status, json.loads(body)
 
 
-def test_drain_keeps_health_and_finishes_new_requests_as_aborts(lab: Lab, run: Callable[..., Server]) -> None:
+def test_drain_keeps_health_and_answers_new_requests_500(lab: Lab, run: Callable[..., Server]) -> None:
     """``serve_http``'s shutdown (``vllm/entrypoints/launchers/launcher.py``) with a timeout > 0:
-    ``/health`` stays 200 while the engine client drains; a request that arrives meanwhile is
-    finished at once as an abort (``EngineCore._reject_add_in_shutdown``,
-    ``vllm/v1/engine/core.py``): HTTP 200 with ``finish_reason: "abort"``, not a 503; the
-    in-flight request completes; a second SIGTERM is ignored (``signal_handler`` returns when
+    ``/health`` stays 200 while the engine client drains; a request that arrives meanwhile fails
+    with HTTP 500 ``cannot schedule new futures after shutdown`` (``AsyncLLM.shutdown``,
+    ``vllm/v1/engine/async_llm.py``, shuts the renderer's executor down before it drains), not a
+    503, streaming or not; the in-flight request completes; a second SIGTERM is ignored (``signal_handler`` returns when
     the shutdown event is already set); exit 0."""
     server = run(LLAMA_8B, "--max-model-len", "4096", "--shutdown-timeout", "20",
                  env={"FLEET_LAB_TOKEN_SECONDS": "0.02"}, wait=True)  # fmt: skip
@@ -653,8 +653,12 @@ def test_drain_keeps_health_and_finishes_new_requests_as_aborts(lab: Lab, run: C
     server.proc.send_signal(signal.SIGTERM)  # ignored
     assert health(server) == 200
     status, late = _late(server)
-    assert status == 200 and late["choices"][0]["finish_reason"] == "abort"
-    assert late["usage"]["completion_tokens"] == 0
+    assert status == 500, late
+    assert late["error"]["message"] == "cannot schedule new futures after shutdown"
+    assert late["error"]["type"] == "InternalServerError"
+    status, body, _ = http(server.url + "/v1/completions", {"prompt": "late", "max_tokens": 5, "stream": True},
+                           timeout=5)  # fmt: skip
+    assert status == 500 and b"cannot schedule new futures after shutdown" in body
     assert health(server) == 200
     thread.join(30)
     assert server.wait_exit() == 0

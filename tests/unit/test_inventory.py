@@ -84,8 +84,9 @@ def test_typo_of_a_fleet_key_is_caught(tmp_path: Path) -> None:
         load_inventory(path)
 
 
-def test_unrelated_keys_are_left_alone(tmp_path: Path) -> None:
-    path = write(tmp_path, f'h = [("h1", {{"model": "m/x", "workload": {WL}, "rack": "r12", "ssh_user": "x"}})]\n')
+def test_pyinfra_keys_and_declared_own_keys_are_left_alone(tmp_path: Path) -> None:
+    data = f'"model": "m/x", "workload": {WL}, "ssh_user": "x", "_sudo": True, "x_rack": "r12", "dc": "ams"'
+    path = write(tmp_path, f'h = [("h1", {{{data}, "user_keys": ["dc"]}})]\n')
     assert load_inventory(path).host("h1").model == "m/x"
 
 

@@ -157,7 +157,7 @@ def test_all_problems_at_once(keyring: str) -> None:
 )
 def test_typos_get_did_you_mean(typo: str, meant: str) -> None:
     (found,) = problems({typo: 1})
-    assert f"{typo}=1: unknown field; did you mean {meant!r}?" in found
+    assert f"{typo}=1: unknown field" in found and f"did you mean {meant!r}?" in found
 
 
 def test_a_keyring_in_group_data_is_reported_against_that_file(tmp_path: Path) -> None:

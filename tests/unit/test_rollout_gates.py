@@ -91,6 +91,11 @@ def test_models_gate(answer: ModelsAnswer, expected: Check, words: str) -> None:
         (CompletionAnswer(200, text="", finish_reason="length", completion_tokens=0), Check.BAD, "no tokens"),
         (CompletionAnswer(None, "timed out after 10s"), Check.BAD, "alive but not generating"),
         (CompletionAnswer(503), Check.BAD, "HTTP 503"),
+        (
+            CompletionAnswer(500, "cannot schedule new futures after shutdown"),
+            Check.BAD,
+            "HTTP 500: cannot schedule new futures after shutdown (the server is draining or stopping)",
+        ),
         (CompletionAnswer(401), Check.FATAL, "API key"),
         (None, Check.PENDING, "not probed"),
     ],

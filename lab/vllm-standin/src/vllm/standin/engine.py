@@ -8,9 +8,12 @@ deterministically from the prompt, so two identical requests give identical answ
 
 Statistics go to ``metrics.Metrics`` (prometheus_client), as vLLM's ``PrometheusStatLogger``.
 
-While the server shuts down (``rejecting``), a new request is finished at once as an abort,
-like ``EngineCore._reject_add_in_shutdown`` (``vllm/v1/engine/core.py``) does: the client gets a
-finished answer with ``finish_reason: "abort"``, not an error.
+While the server shuts down (``rejecting``), a new request is refused with
+``RuntimeError("cannot schedule new futures after shutdown")``: vLLM 0.33's ``AsyncLLM.shutdown``
+(``vllm/v1/engine/async_llm.py``) shuts the renderer's thread pool down before it drains, so the
+next request's preprocessing fails in ``concurrent.futures.ThreadPoolExecutor.submit`` with that
+message, which the API server answers as HTTP 500 (``server.py``). Requests already admitted
+go on until done or until the drain's deadline aborts them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ def count_tokens(text: str) -> int:
 
 class EngineDeadError(Exception):
     """The engine died (vLLM's ``EngineDeadError``)."""
+
+
+#: ``concurrent.futures.ThreadPoolExecutor.submit`` after ``shutdown()`` (CPython ``thread.py``).
+SHUTDOWN_MESSAGE = "cannot schedule new futures after shutdown"
+
+
+class ShutdownRejected(RuntimeError):
+    """A new request while the server shuts down (vLLM: the renderer's executor is shut down)."""
 
 
 class RequestAborted(Exception):
@@ -119,10 +130,9 @@ class Engine:
             if self.dead:
                 raise EngineDeadError("EngineCore encountered an issue. See stack trace above for the root cause.")
             self._ids += 1
-            req = Request(f"cmpl-{self._ids:08x}", prompt, count_tokens(prompt), max_tokens)
-            if self.rejecting:  # _reject_add_in_shutdown: finished as an abort at once
-                req.abort.set()
-            return req
+            if self.rejecting:  # the renderer's executor is shut down (AsyncLLM.shutdown)
+                raise ShutdownRejected(SHUTDOWN_MESSAGE)
+            return Request(f"cmpl-{self._ids:08x}", prompt, count_tokens(prompt), max_tokens)
 
     def oldest_running_seconds(self) -> float:
         """How long the longest-running request has been scheduled (0 when none)."""

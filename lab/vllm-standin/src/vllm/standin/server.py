@@ -16,8 +16,12 @@ Endpoints, as vLLM 0.33.0 answers them:
   (``load_aware_call`` in ``entrypoints/serve/utils/api_utils.py``), else always 0.
 * ``/v1/completions`` and ``/v1/chat/completions`` (also ``"stream": true``); without
   ``max_tokens`` a completion gets 16 (``CompletionRequest``), a chat the rest of the context,
-  ``max_model_len − prompt tokens`` (``get_max_tokens`` in ``api_utils.py``). An aborted request
-  (shutdown) is a finished answer with ``finish_reason: "abort"``: HTTP 200 when not streaming.
+  ``max_model_len − prompt tokens`` (``get_max_tokens`` in ``api_utils.py``). A request in flight
+  that a shutdown aborts is a finished answer with ``finish_reason: "abort"`` (HTTP 200 when not
+  streaming); a request that arrives while the server drains is HTTP 500 ``cannot schedule new
+  futures after shutdown`` (``AsyncLLM.shutdown`` in ``vllm/v1/engine/async_llm.py`` shuts the
+  renderer's executor down first; the API server's exception handler answers an
+  ``InternalServerError``), streaming or not: it fails before any token.
 * ``/version``, ``/metrics`` (prometheus_client exposition).
 
 API keys (``--api-key`` or ``$VLLM_API_KEY``) are enforced only on ``/v1``, ``/v2``,
@@ -39,7 +43,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from vllm.standin.engine import Engine, EngineDeadError, RequestAborted, count_tokens
+from vllm.standin.engine import Engine, EngineDeadError, RequestAborted, ShutdownRejected, count_tokens
 from vllm.standin.log import logger
 from vllm.version import __version__
 
@@ -277,6 +281,9 @@ class Handler(BaseHTTPRequestHandler):
             requests = [self.app.engine.new_request(text, n) for text, n in zip(prompts, limits, strict=True)]
         except EngineDeadError as exc:
             self._json(500, _error(str(exc), "EngineDeadError", 500))
+            return
+        except ShutdownRejected as exc:
+            self._json(500, _error(str(exc), "InternalServerError", 500))
             return
         kind = "chat.completion" if chat else "text_completion"
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex

@@ -1,0 +1,165 @@
+"""Rollouts that clients never notice, measured with a client nobody here wrote (``openai``).
+
+Drives a deployed lab fleet through its load balancer (``fleet lab up --lb``, then ``fleet
+deploy``) with the ``openai`` Python client, no retries of its own: ``--workers`` closed-loop
+clients, mixed short (16 tokens) and long (400 tokens) completions, half of them streaming.
+For each of ``fleet restart`` and ``fleet rollout --model M`` (and back), it runs the command
+once on the idle fleet and once under load, and reports:
+
+* failed requests (an HTTP error, a broken connection, ``finish_reason: "abort"``, a stream that
+  ends without its finishing chunk): target 0;
+* p50/p99 latency of the requests before the rollout vs during it;
+* the rollout's duration under load vs idle: target <= 1.25x.
+
+    python benchmarks/rollout_under_load.py --lab NAME [--workers 8] [--model M] [--no-lb-too]
+
+``--no-lb-too`` runs the restart under load once more with ``--no-lb`` (what clients see without a
+balancer in the loop). Everything it sends goes to the lab's balancer on 127.0.<octet>.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+FLEET = Path(sys.executable).parent / "fleet"
+
+
+class Load:
+    def __init__(self, url: str, model: str, workers: int) -> None:
+        import openai
+
+        self.client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        self.model = model
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.done: list[tuple[float, float]] = []  # (finished at, seconds)
+        self.failed: list[tuple[float, str]] = []
+        self.threads = [threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(workers)]
+
+    def _one(self, i: int, n: int) -> str | None:
+        tokens = 400 if (i + n) % 3 == 0 else 16
+        prompt = f"benchmark {i} {n}"
+        if (i + n) % 2:
+            finish = None
+            for chunk in self.client.completions.create(model=self.model, prompt=prompt, max_tokens=tokens,
+                                                        stream=True):  # fmt: skip
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            if finish is None:
+                return "truncated stream"
+        else:
+            finish = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=tokens).choices[0]
+            finish = finish.finish_reason
+        return None if finish in ("length", "stop") else f"finish_reason {finish}"
+
+    def _worker(self, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            t0 = time.monotonic()
+            try:
+                why = self._one(i, n)
+            except Exception as exc:  # any error of the client is a failed request
+                why = f"{type(exc).__name__}: {str(exc)[:120]}"
+            with self.lock:
+                if why is None:
+                    self.done.append((time.monotonic(), time.monotonic() - t0))
+                else:
+                    self.failed.append((time.monotonic(), why))
+
+    def start(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(180)
+
+    def latency(self, start: float, end: float) -> tuple[float, float, int]:
+        xs = sorted(s for at, s in self.done if start <= at <= end)
+        if not xs:
+            return float("nan"), float("nan"), 0
+        p99 = xs[min(len(xs) - 1, int(0.99 * len(xs)))]
+        return statistics.median(xs), p99, len(xs)
+
+
+def fleet(*args: str) -> tuple[int, dict[str, Any], float]:
+    t0 = time.monotonic()
+    proc = subprocess.run([str(FLEET), *args, "--json"], capture_output=True, text=True, timeout=3600, check=False)
+    took = time.monotonic() - t0
+    try:
+        return proc.returncode, json.loads(proc.stdout), took
+    except ValueError:
+        return proc.returncode, {"error": (proc.stdout + proc.stderr)[-2000:]}, took
+
+
+def measure(name: str, argv: list[str], url: str, model: str, workers: int) -> dict[str, Any]:
+    rc, _out, idle = fleet(*argv)
+    if rc:
+        raise SystemExit(f"{name} on the idle fleet failed: {_out}")
+    load = Load(url, model, workers)
+    load.start()
+    time.sleep(10)
+    t0 = time.monotonic()
+    rc, out, busy = fleet(*argv)
+    t1 = time.monotonic()
+    time.sleep(3)
+    load.finish()
+    p50b, p99b, nb = load.latency(t0 - 10, t0)
+    p50d, p99d, nd = load.latency(t0, t1)
+    row = {
+        "rollout": name, "exit": rc, "status": out.get("status"), "idle_s": round(idle, 1),
+        "under_load_s": round(busy, 1),
+        "ratio": round(busy / idle, 2), "requests": len(load.done) + len(load.failed), "failed": len(load.failed),
+        "failures": sorted({w for _t, w in load.failed})[:5], "p50_before_s": round(p50b, 3),
+        "p99_before_s": round(p99b, 3), "p50_during_s": round(p50d, 3), "p99_during_s": round(p99d, 3),
+        "requests_before": nb, "requests_during": nd,
+    }  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lab", default="lab")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct",
+                    help="the model `fleet rollout --model` switches to and back from")  # fmt: skip
+    ap.add_argument("--no-lb-too", action="store_true")
+    a = ap.parse_args()
+    status = json.loads(subprocess.run([str(FLEET), "lab", "status", "--name", a.lab, "--json"], capture_output=True,
+                                       text=True, check=False).stdout)  # fmt: skip
+    url = status.get("lb_url")
+    if not url:
+        raise SystemExit(f"lab {a.lab} has no load balancer: fleet lab up --name {a.lab} --lb, then fleet deploy")
+    inventory = str(Path(status.get("inventory") or f"/var/lib/fleet-lab/{a.lab}/inventory.py"))
+    served = "meta-llama/Llama-3.1-8B-Instruct"
+    fast = ["--soak", "1", "--probe-interval", "0.5"]
+    rows = [measure("fleet restart", ["restart", inventory, *fast], url, served, a.workers)]
+    rows.append(measure("fleet rollout --model", ["rollout", inventory, "--model", a.model, *fast], url, served,
+                        a.workers))  # fmt: skip
+    if a.no_lb_too:
+        rows.append(measure("fleet restart --no-lb", ["restart", inventory, "--no-lb", *fast], url, served, a.workers))
+    head = (
+        "| rollout | requests | failed | p50/p99 before (s) | p50/p99 during (s) | idle (s) | under load (s) | ratio |"
+    )
+    print("\n" + head)
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        before = f"{r['p50_before_s']}/{r['p99_before_s']}"
+        during = f"{r['p50_during_s']}/{r['p99_during_s']}"
+        print(f"| {r['rollout']} | {r['requests']} | {r['failed']} | {before} | {during} | {r['idle_s']} | "
+              f"{r['under_load_s']} | {r['ratio']} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
