@@ -33,6 +33,9 @@ probing, every host refuses (nothing listens)          6.93 s      2.74 s      1
 probing, every host silent (its SYNs dropped)          165.15 s    5.33 s      159 → 139
 =====================================================  ==========  ==========  ==================
 
+Again after merging main (the carried probe, the balancer keys), load average 3-4: ``--offline``
+1.62 s, refusing 1.76 s, silent 4.86 s, 139-141 MiB.
+
 Where the time went, and goes (in-process phases, same runs, before → after): start-up and
 imports of a fresh ``python -c "import fleet.cli"`` 0.9-1.1 s (click, rich, pydantic, pyinfra);
 loading and validating the inventory 0.4-0.6 s; planning 2.69 s → 0.05 s; ``outcome_data``
