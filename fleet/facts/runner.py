@@ -152,7 +152,8 @@ def run_command(
             sock.close()
         raise
     try:
-        _in, out, err = client.exec_command(command, timeout=timeout)
+        chan_in, out, err = client.exec_command(command, timeout=timeout)
+        chan_in.channel.shutdown_write()  # no input: EOF now, as ssh -n does (a command reading stdin ends)
         stdout = out.read().decode(errors="replace")
         stderr = err.read().decode(errors="replace")
         return out.channel.recv_exit_status(), stdout, stderr

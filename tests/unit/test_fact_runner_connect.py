@@ -57,19 +57,9 @@ def listener() -> Iterator[socket.socket]:
         yield sock
 
 
-class AnsweringServer(SshServer):
-    """Answers at once: the fact runner does not close the command's stdin, which the base
-    server waits for (up to 5 s) as sshd's clients do before reading the output."""
-
-    def answer(self, channel: paramiko.Channel, command: str) -> None:
-        channel.sendall(b"hi\n")
-        channel.send_exit_status(0)
-        channel.close()
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[SshServer]:
-    s = AnsweringServer(tmp_path)
+    s = SshServer(tmp_path)
     try:
         yield s
     finally:
