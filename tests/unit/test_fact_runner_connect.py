@@ -13,7 +13,6 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-import paramiko
 import pytest
 from pyinfra.api.facts import FactBase
 
