@@ -11,7 +11,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -25,17 +25,20 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
+from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import left_down, next_steps
-from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, resume
+from fleet.rollout.batches import InstanceRef
+from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
-from fleet.rollout.journal import Journal
+from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import Observations
+from fleet.rollout.previous import back_to, last_changes, rollback_targets
 from fleet.rollout.runner import Runner
-from fleet.rollout.session import open_journal, run_rollout
+from fleet.rollout.session import NothingToResume, open_journal, resume_rollout, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 
 EXIT_STOPPED = 1
@@ -54,8 +57,7 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--take-over", is_flag=True, help="Take over a stale lock (its owner is gone)."),
         click.option("--no-lb", is_flag=True,
                      help="Roll without the load balancers (clients will see failed requests; said once)."),
-        click.option("--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
-                     help="The journal database (default: $FLEET_JOURNAL or ~/.local/state/fleet/journal.sqlite)."),
+        click.option("--journal", "journal_path", metavar="PATH|URL", help=JOURNAL_HELP),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
     ]  # fmt: skip
     for opt in reversed(opts):
@@ -161,7 +163,7 @@ class LiveRunner(Runner):
 def _run(
     state: RolloutState,
     executor: SshExecutor,
-    journal: Journal,
+    journal: RolloutJournal,
     as_json: bool,
     resumed: bool,
 ) -> RolloutState:
@@ -216,7 +218,7 @@ def _loop(
     return final
 
 
-def _abort(state: RolloutState, executor: SshExecutor, journal: Journal, as_json: bool, how: str) -> NoReturn:
+def _abort(state: RolloutState, executor: SshExecutor, journal: RolloutJournal, as_json: bool, how: str) -> NoReturn:
     """Stop in the middle of a step: close every SSH connection (a command in flight ends now, and
     nothing more is sent), journal the interruption, say what is left down and how to resume."""
     for s in (signal.SIGINT, signal.SIGTERM):
@@ -253,7 +255,8 @@ def _summary(state: RolloutState) -> dict[str, Any]:
         "id": state.id,
         "fleet": state.fleet,
         "kind": state.kind,
-        "status": state.status.value,
+        # a rollout whose process ends before it did is interrupted (the journal keeps it running)
+        "status": "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value,
         "reason": state.reason,
         "instances": [
             {
@@ -274,7 +277,8 @@ def _report(state: RolloutState, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(_summary(state), indent=2))
     else:
-        table = Table(title=f"fleet {state.kind} {state.id}: {state.status.value}", title_justify="left")
+        shown = "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value
+        table = Table(title=f"fleet {state.kind} {state.id}: {shown}", title_justify="left")
         for col in ("instance", "result", "release before", "release now", "why"):
             table.add_column(col)
         for ref, i in state.instances.items():
@@ -334,8 +338,10 @@ def _warn(as_json: bool) -> Callable[[str], None]:
     return say
 
 
-def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
-    return {h: executor.links(h)[0] for h in hosts}
+def _running_releases(executor: SshExecutor, fleet: RolloutFleet) -> dict[InstanceRef, str | None]:
+    """The release each instance runs now (its process's; ``fleet.facts.releases.running_release``):
+    a restart keeps every instance on its own, whatever its host's ``current`` link says."""
+    return {ref: executor.live(ref).release for ref in fleet.instances}
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -360,7 +366,7 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
-    _start(fleet, "restart", lambda ex: fleet.targets(_current_releases(ex, fleet.hosts), restart=True), opts)
+    _start(fleet, "restart", lambda ex: fleet.instance_targets(_running_releases(ex, fleet), restart=True), opts)
 
 
 @click.command()
@@ -448,32 +454,21 @@ def _apply(
 
 def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     as_json = bool(opts["as_json"])
-    with open_journal(opts["journal_path"]) as journal:
-        rid = resume_id or next((r.id for r in journal.history(None, 200) if r.status == "running"), None)
-        if not rid:
-            fail("no unfinished rollout in the journal (`fleet history` lists them)", as_json, code=EXIT_SOME_HOSTS)
-        try:
-            saved = journal.latest_state(rid)
-            if saved.status is not RolloutStatus.RUNNING:
-                fail(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume", as_json)
-            hosts = sorted({r.host for r in saved.instances})
-            fleet = load_fleet(saved.fleet, hosts)
-            executor = fleet.executor(opts["gates_over_ssh"], lb=not opts.get("no_lb"))
-            try:
-                executor.traffic.preflight()
-            except BalancerDown as exc:
-                executor.close()
-                fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
-                     as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
-            journal.acquire(saved.fleet, rid, takeover=bool(opts["take_over"]))
-        except FleetError as exc:
-            fail(str(exc) + ("\nor resume without the balancer: --no-lb" if isinstance(exc, BalancerMisconfigured)
-                             else ""), as_json, code=exit_code_of(exc))  # fmt: skip
-        try:
-            final = _run(resume(saved, time.time()), executor, journal, as_json, resumed=True)
-        finally:
-            journal.release(saved.fleet, rid)
-            executor.close()
+    try:
+        final = resume_rollout(
+            resume_id or None, journal_path=opts["journal_path"], take_over=bool(opts["take_over"]),
+            gates_over_ssh=opts["gates_over_ssh"] or (), lb=not opts.get("no_lb"),
+            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=True),
+        )  # fmt: skip
+    except NothingToResume as exc:
+        fail(str(exc), as_json, code=EXIT_SOME_HOSTS)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
+    except FleetError as exc:
+        fail(str(exc), as_json, code=exit_code_of(exc))
     _report(final, as_json)
 
 
@@ -484,35 +479,24 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
 def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
     """Go back to the last good release: a link flip and a restart per instance, no reinstall.
 
-    TARGET is a rollout ID (every instance it changed goes back to the release it ran before) or
-    an INVENTORY (every host goes to its ``previous`` release link). Without TARGET: the last
-    rollout in the journal.
+    TARGET is a rollout ID (every instance it changed goes back to what it ran before it) or an
+    INVENTORY (each instance goes back to what it ran before the newest rollout that changed it,
+    as the journal recorded it for that instance; instances no rollout changed stay as they are).
+    Without TARGET: the last rollout in the journal.
     """
     as_json = bool(opts["as_json"])
     if target is not None and Path(target).is_file():
-        try:
-            fleet = load_fleet(target, limit)
-        except FleetError as exc:
-            fail(str(exc), as_json, code=exit_code_of(exc))
-
-        def previous(ex: SshExecutor) -> list[Target]:
-            links = {h: ex.links(h) for h in fleet.hosts}
-            none = [h for h, (_c, p) in links.items() if not p]
-            if none:
-                raise FleetError(f"no previous release on {', '.join(none)} (no previous link): nothing to go back to")
-            return fleet.targets({h: p for h, (_c, p) in links.items()}, restart=False)
-
-        _start(fleet, "rollback", previous, opts)
+        _rollback_inventory(target, limit, opts)
         return
-    with open_journal(opts["journal_path"]) as journal:
-        rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
-        if not rid:
-            fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
-                 as_json)  # fmt: skip
-        try:
+    try:
+        with open_journal(opts["journal_path"]) as journal:
+            rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
+            if not rid:
+                fail("no rollout in the journal to roll back; give an INVENTORY to send each instance back to what "
+                     "it ran before its last rollout", as_json)  # fmt: skip
             saved = journal.latest_state(rid)
-        except FleetError as exc:
-            fail(str(exc), as_json, code=exit_code_of(exc))
+    except FleetError as exc:
+        fail(str(exc), as_json, code=exit_code_of(exc))
     back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
@@ -520,18 +504,37 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
         fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))
+    _start(fleet, "rollback", lambda _ex: [back_to(i) for ref, i in back.items() if ref in fleet.instances], opts)
 
-    def before(_ex: SshExecutor) -> list[Target]:
-        return [
-            Target(
-                ref,
-                str(i.previous_release),
-                i.previous_model or i.target.model,
-                i.target.port,
-                revision=i.previous_revision if i.target.revision else None,
-            )
-            for ref, i in back.items()
-            if ref in fleet.instances
-        ]
 
-    _start(fleet, "rollback", before, opts)
+#: rollouts of a fleet read to find each instance's newest change (newest first)
+ROLLBACK_HISTORY = 200
+
+
+def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[str, Any]) -> None:
+    """``fleet rollback INVENTORY``: each instance back to what it ran before the newest rollout
+    that changed it (``fleet.rollout.previous``), from the journal; never the host's ``previous``
+    link, which one instance's switch flips for all of the host's."""
+    as_json = bool(opts["as_json"])
+    try:
+        fleet = load_fleet(inventory, limit)
+    except FleetError as exc:
+        fail(str(exc), as_json, code=exit_code_of(exc))
+    try:
+        with open_journal(opts["journal_path"]) as journal:
+            records = journal.history(fleet.name, ROLLBACK_HISTORY)
+            changes = last_changes(journal.latest_state(r.id) for r in records)
+    except ValueError as exc:
+        fail(f"rollout {exc} of {inventory} did not finish: resume it (fleet rollout --resume {exc}) or roll "
+             f"it back by its ID (fleet rollback {exc}) first", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    targets, untouched = rollback_targets(changes, fleet.instances)
+    if not targets:
+        fail(f"no rollout in the journal changed an instance of {inventory}: nothing to go back to "
+             "(fleet history lists the rollouts; fleet rollout INVENTORY --release R goes to a given release)",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    if untouched and not as_json:
+        names = ", ".join(str(r) for r in untouched)
+        Console(stderr=True, highlight=False).print(f"no rollout changed {escape(names)}: left as they are")
+    _start(fleet, "rollback", lambda _ex: targets, opts)

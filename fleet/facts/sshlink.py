@@ -165,18 +165,24 @@ def _tcp_reason(addr: str, exc: OSError, timeout: float) -> str:
     return f"unreachable: {addr}: {exc.strerror or exc}"
 
 
-def connect(target: SshTarget, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHClient:
-    """A logged-in client for ``target`` within ``timeout`` seconds, host key checked strictly
-    (unless the inventory says ``ssh_strict_host_key_checking=no``); else ``SshError``."""
+def connect(
+    target: SshTarget, timeout: float = CONNECT_TIMEOUT_S, sock: socket.socket | None = None
+) -> paramiko.SSHClient:
+    """A logged-in client for ``target`` within ``timeout`` seconds (over ``sock`` when its TCP
+    connection is already made; it is closed on failure), host key checked strictly (unless the
+    inventory says ``ssh_strict_host_key_checking=no``); else ``SshError``."""
     deadline = time.monotonic() + timeout
     addr = f"{target.hostname}:{target.port}"
     key = os.path.expanduser(target.key) if target.key else None
     if key is not None and not os.access(key, os.R_OK):
+        if sock is not None:
+            sock.close()
         raise AuthError(target.name, f"ssh_key {key} cannot be read here")
-    try:
-        sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
-    except OSError as exc:
-        raise Unreachable(target.name, _tcp_reason(addr, exc, timeout), since=None) from None
+    if sock is None:
+        try:
+            sock = socket.create_connection((target.hostname, target.port), timeout=timeout)
+        except OSError as exc:
+            raise Unreachable(target.name, _tcp_reason(addr, exc, timeout), since=None) from None
     client = paramiko.SSHClient()
     known = known_hosts_of(target)
     if os.path.isfile(known):
@@ -216,6 +222,7 @@ def connect(target: SshTarget, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.S
         raise AuthError(target.name, f"{addr} refused the login as {who} with {with_key}: {exc}") from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
         client.close()
+        sock.close()
         if expired.is_set() or "banner" in str(exc) or isinstance(exc, EOFError | socket.timeout):
             raise Unreachable(
                 target.name,
@@ -450,10 +457,16 @@ class Link:
 
 
 def run_once(
-    target: SshTarget, command: str, timeout: float, *, silent_s: float = SILENT_S, heartbeat_s: float = HEARTBEAT_S
+    target: SshTarget,
+    command: str,
+    timeout: float,
+    *,
+    sock: socket.socket | None = None,
+    silent_s: float = SILENT_S,
+    heartbeat_s: float = HEARTBEAT_S,
 ) -> tuple[int, str, str]:
-    """Connect, run one command with its deadline, close."""
-    link = Link(target.name, connect(target, min(timeout, CONNECT_TIMEOUT_S)), silent_s, heartbeat_s)
+    """Connect (or log in over ``sock``), run one command with its deadline, close."""
+    link = Link(target.name, connect(target, min(timeout, CONNECT_TIMEOUT_S), sock), silent_s, heartbeat_s)
     try:
         return link.run(command, timeout)
     finally:

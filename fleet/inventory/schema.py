@@ -68,6 +68,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
+from fleet.secrets import SECRET_REF_HELP, parse_secret_ref
 
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
@@ -540,3 +541,58 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
     except LayoutError as exc:
         return ("nvidia_driver_version", version, str(exc).split(": ", 1)[-1] + "; pin a newer driver or leave it out")
     return None
+
+
+# ---- the rollout journal's location (a control-machine setting, not host data) -----------------
+
+JOURNAL_URL_RULE = (
+    "a PostgreSQL URL without a password: postgresql://[user@]host[:port]/database[?param=value...] "
+    "(libpq's URI form; a service from a libpq service file: postgresql:///?service=NAME). The password "
+    "comes from ~/.pgpass or PGPASSFILE, the service file, or password_ref in the journal config file"
+)
+
+
+def journal_url_problem(value: object) -> str | None:
+    """Why ``value`` cannot be the journal's PostgreSQL URL, or None.
+
+    libpq's URI grammar ("Connection URIs", PostgreSQL 15 docs, 34.1.1.2); a password, in the
+    user part or as a ``password=`` parameter, is refused: a URL is shown in errors and can land
+    in argv (``--journal``), so credentials are always by reference.
+    """
+    if not isinstance(value, str) or not value or len(value) > 2048:
+        return JOURNAL_URL_RULE
+    if not _printable(value) or any(c.isspace() for c in value):
+        return JOURNAL_URL_RULE
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return JOURNAL_URL_RULE
+    if parts.scheme not in ("postgresql", "postgres"):
+        return JOURNAL_URL_RULE
+    query_keys = {kv.split("=", 1)[0].lower() for kv in parts.query.split("&") if kv}
+    if ":" in parts.netloc.rpartition("@")[0] or "password" in query_keys:
+        return "a password in the journal URL is refused: " + JOURNAL_URL_RULE.split(". ", 1)[1]
+    return None
+
+
+def _secret_ref(value: str) -> str:
+    if parse_secret_ref(value) is None:
+        raise ValueError(SECRET_REF_HELP)
+    return value
+
+
+def _journal_url(value: str) -> str:
+    problem = journal_url_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class JournalSettings(BaseModel):
+    """The journal config file (``~/.config/fleet/journal.toml``): where the shared journal is."""
+
+    model_config = _STRICT
+
+    url: Annotated[str, AfterValidator(_journal_url)]
+    #: where the database password lives on this machine: ``env:NAME`` or ``file:/path``
+    password_ref: Annotated[str, AfterValidator(_secret_ref)] | None = None

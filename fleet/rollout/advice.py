@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.rollout.engine import InstanceState, Phase, RolloutState, RolloutStatus
+from fleet.rollout.engine import InstanceState, Phase, RolloutState, RolloutStatus, left_midway, midway_words
 
 #: Phases in which an instance fleet stopped is serving again (or never stopped).
 BACK = (Phase.DONE, Phase.ROLLED_BACK)
@@ -10,8 +10,9 @@ BACK = (Phase.DONE, Phase.ROLLED_BACK)
 
 def left_down(state: RolloutState) -> list[InstanceState]:
     """Instances this rollout stopped that are not back in service: stopped (or a stop was sent),
-    not yet started, or started but not through their gates. A stop journaled but cut short by an
-    abort counts: the engine marks an instance ``changed`` before its stop is sent."""
+    not yet started, started but not through their gates, or failed. A stop journaled but cut
+    short by an abort counts: the engine marks an instance ``changed`` before its stop is sent.
+    (``engine.left_midway``: every instance between its first step and its end, stopped or not.)"""
     return [i for i in state.instances.values() if i.changed and i.phase not in BACK]
 
 
@@ -38,8 +39,11 @@ def out_of_traffic(state: RolloutState) -> list[str]:
 def next_steps(state: RolloutState) -> list[str]:
     """What the on-call does next, in words and commands."""
     if state.status is RolloutStatus.RUNNING:
-        out = [f"stopped between steps; resume with: fleet rollout --resume {state.id}"]
-        out += [_down_line(i) for i in left_down(state)]
+        out = [f"interrupted: {state.reason}"] if state.reason else []
+        out += [f"{i.ref} was left mid-way: {midway_words(i)}" for i in left_midway(state)]
+        midway = {i.ref for i in left_midway(state)}
+        out += [_down_line(i) for i in left_down(state) if i.ref not in midway]
+        out.append(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
         return out
     if state.status is RolloutStatus.DONE:
         out = [f"every instance is healthy; `fleet history {state.id}` lists every step"]

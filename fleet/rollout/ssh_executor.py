@@ -14,8 +14,9 @@ What each step reads or does on a host:
 
 * unit state: ``systemctl show -p ActiveState,SubState,NRestarts,MainPID <unit>`` (systemd's
   own names, systemd.exec(5)/org.freedesktop.systemd1(5));
-* the release an instance runs: the target of ``<root>/current`` (the link ``fleet deploy``'s
-  ``vllm.activate`` flips; ``previous`` is the one before);
+* the release an instance runs: its main process's interpreter, or for a stopped one the target
+  of ``<root>/current`` (``fleet.facts.releases.running_release``: one definition, which
+  ``fleet status`` and ``fleet deploy`` read too);
 * GPU processes: the NVML probe (``fleet.facts.nvml``), run only while the unit is not active;
   a process on one of the instance's GPUs whose ``/proc/<pid>/cgroup`` names the instance's
   unit is ours (vLLM's ``VLLM::EngineCore`` and ``VLLM::Worker_TP*`` processes survive a
@@ -51,7 +52,7 @@ from fleet.errors import FleetError
 from fleet.facts import sshlink
 from fleet.facts.hostfacts import parse_probe_output
 from fleet.facts.nvml import probe_command
-from fleet.facts.releases import MARKER
+from fleet.facts.releases import MARKER, main_exe_sh, release_of, running_release
 from fleet.facts.runner import SshTarget
 from fleet.facts.systemctl_show import show_properties, shown_unit
 from fleet.lb.runtime import AdminState
@@ -61,6 +62,15 @@ from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.batches import InstanceRef
+from fleet.rollout.claims import (
+    STATE_DIR,
+    ClaimAnswer,
+    ClaimRequest,
+    HostClaims,
+    claim_script,
+    parse_answer,
+    safe_word,
+)
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
@@ -73,6 +83,7 @@ STOP_TIMEOUT_S = 900.0
 #: A unit state read this recently by ``facts`` is reused by ``probe`` (one SSH round trip a tick).
 UNIT_FRESH_S = 1.0
 UNIT_PROPS = ("ActiveState", "SubState", "NRestarts", "MainPID")
+_UNIT_ARG = '"$1"'  #: the unit, as ``live``'s script is given it
 
 
 @dataclass(frozen=True)
@@ -102,21 +113,6 @@ def parse_unit(text: str) -> UnitState | None:
     if shown is None or shown.active_state is None:
         return None
     return UnitState(shown.active_state, shown.sub_state or "", shown.n_restarts or 0, shown.main_pid or 0)
-
-
-def release_of(link_target: str) -> str | None:
-    """``releases/<id>`` (what ``current`` points at) → ``<id>``; None for no link."""
-    target = link_target.strip().rstrip("/")
-    return target.rsplit("/", 1)[-1] or None if target else None
-
-
-def release_from_exe(exe: str, root: str) -> str | None:
-    """``<root>/releases/<id>/bin/python3`` → ``<id>``; None for a path outside ``<root>/releases``."""
-    prefix = root.rstrip("/") + "/releases/"
-    if not exe.startswith(prefix):
-        return None
-    release = exe[len(prefix) :].split("/", 1)[0]
-    return release or None
 
 
 @dataclass(frozen=True)
@@ -322,6 +318,9 @@ class SshProber(InstanceProber):
 class SshExecutor:
     """``fleet.rollout.executor.Executor`` for hosts reached over SSH (see the module docstring)."""
 
+    #: this rollout's claims on its hosts (``fleet.rollout.claims``), when the session took them
+    claims: HostClaims | None = None
+
     def __init__(
         self,
         targets: Mapping[str, SshTarget],
@@ -404,9 +403,7 @@ class SshExecutor:
         s = self.spec(ref)
         script = (
             'systemctl show -p "$3" -- "$1" || exit $?; printf "current=%s\\n" "$(readlink -- "$2/current")"; '
-            'pid=$(systemctl show -p MainPID --value -- "$1"); '
-            'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then printf "exe=%s\\n" "$(tr "\\000" "\\n" < /proc/$pid/cmdline '
-            '2>/dev/null | head -n 1)"; fi; U=$4; E=$5; '
+            f'printf "exe=%s\\n" "$({main_exe_sh(_UNIT_ARG)})"; U=$4; E=$5; '
             f'if [ -f "$U" ] && [ -f "$E" ]; then r=$({rev.LIVE_ID_SH}); printf "revision=%s\\n" "$r"; '
             f'm="$6/$r/{rev.META}"; [ -f "$m" ] && printf "meta=%s\\n" "$(head -c 4096 "$m" | tr -d "\\n")"; fi; true'
         )
@@ -421,11 +418,10 @@ class SshExecutor:
             raise ExecutorError(f"host {ref.host}: systemctl show {s.unit} exited {rc}: {err.strip()[-300:]}")
         values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         unit = parse_unit(out)
-        running = release_from_exe(values.get("exe", ""), self.root)
-        release = running if unit is not None and unit.main_pid and running is not None else None
+        exe = values.get("exe") if unit is not None and unit.main_pid else None
         return LiveInstance(
             unit,
-            release or release_of(values.get("current", "")),
+            running_release(exe, release_of(values.get("current", "")), self.root),
             values.get("revision") or None,
             served_model_of(values.get("meta", "")),
         )
@@ -460,6 +456,9 @@ class SshExecutor:
 
     def facts(self, ref: InstanceRef) -> InstanceFacts:
         s = self.spec(ref)
+        taken = self.claims.lost_on(ref.host) if self.claims is not None else ""
+        if taken:
+            return InstanceFacts(ref, claimed_by=taken)  # another rollout has the host: not asked, not touched
         try:
             live = self.live(ref)
             unit, release = live.unit, live.release
@@ -588,6 +587,21 @@ class SshExecutor:
         if done.returncode:
             raise ExecutorError(f"hook {argv[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}")
         return done.stdout
+
+    # ---- who is rolling a host (``fleet.rollout.claims``) ----------------------------------------
+
+    def claim_host(self, host: str, request: ClaimRequest, mode: str, stale: str = "") -> ClaimAnswer:
+        """Claim, renew or release ``host`` for ``request``'s rollout (root-only file under fleet's
+        state directory, atomic rename under ``flock``); ``stale``: a rollout whose claim may be
+        replaced (its owner is known gone). The host's answer; ``ExecutorError`` when it cannot be asked."""
+        who = [request.rollout_id, request.machine, request.user, str(request.pid), str(request.lease_s)]
+        argv = ["sh", "-c", claim_script(), "fleet-claim", STATE_DIR, mode, *who, request.pid_start,
+                safe_word(stale or "-")]  # fmt: skip
+        out = self.run(host, argv, sudo=True, timeout=60)
+        try:
+            return parse_answer(out)
+        except ValueError as exc:
+            raise ExecutorError(f"host {host}: claiming it for the rollout: {exc}") from None
 
     # ---- releases (for ``fleet rollback``) -------------------------------------------------------
 

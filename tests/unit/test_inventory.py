@@ -9,7 +9,7 @@ import pytest
 from fleet.errors import FieldProblem, InventoryError
 from fleet.inventory.ports import Listener, collisions, plan_port_problems
 from fleet.inventory.spec import load_inventory
-from fleet.secrets import looks_like_secret, redact
+from fleet.secrets import looks_like_secret, redact, redact_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -242,6 +242,14 @@ def test_public_keys_and_fingerprints_are_shown_as_they_are(text: str) -> None:
 )
 def test_real_secrets_beside_public_keys_are_still_redacted(text: str, shown: str) -> None:
     assert redact(text) == shown
+
+
+def test_redact_data_redacts_every_string_keys_too_however_often_it_repeats() -> None:
+    token = "hf_abcdefghijklmnopqrst"
+    host = {"argv": ["--api-key", token], token: "x", "note": f"key {token}", "port": 8000, "ok": True}
+    data = {"hosts": [host, dict(host), (token, None)], "n": 1.5}
+    clean = {"argv": ["--api-key", "<redacted>"], "<redacted>": "x", "note": "key <redacted>", "port": 8000, "ok": True}
+    assert redact_data(data) == {"hosts": [clean, clean, ["<redacted>", None]], "n": 1.5}
 
 
 def test_a_problem_never_keeps_a_secret_value() -> None:
