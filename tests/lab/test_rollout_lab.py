@@ -750,12 +750,15 @@ DECIDE_WITHIN_S = 30.0
 
 @contextmanager
 def own_cgroup(name: str) -> Iterator[Path]:
-    """A cgroup (v2) of this test's own; removed at the end (its processes are gone by then)."""
+    """A cgroup (v2) of this test's own, below this process's (so what guards the test run's
+    cgroup, the network guard of tests/conftest.py, guards it too); removed at the end (its
+    processes are gone by then)."""
     from fleet.lab.airgap import cgroup2_root
 
     root = cgroup2_root()
     assert root is not None, "no cgroup v2 hierarchy"
-    path = root / f"fleet-test-{os.getpid()}-{name}"
+    mine = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+    path = root / mine.strip("/") / f"fleet-test-{os.getpid()}-{name}"
     path.mkdir()
     try:
         yield path
