@@ -24,6 +24,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from fleet.logs import route_library_logs
 from fleet.secrets import redact, redact_data
 
 EXIT_OK = 0
@@ -158,6 +159,7 @@ def main() -> None:
 
     Exit codes: 0 done; 1 some host could not be served; 2 invalid input; 3 internal error (a bug).
     """
+    route_library_logs()  # paramiko's tracebacks go to fleet's log file, not between fleet's lines
 
 
 def fail(

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console, Group
@@ -28,10 +28,11 @@ from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
-from fleet.rollout.advice import next_steps
+from fleet.rollout.advice import left_down, next_steps
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
+from fleet.rollout.executor import ExecutorError
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import Observations
@@ -64,6 +65,12 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def exit_code_of(exc: FleetError) -> int:
+    """1 for a host that could not be asked (unreachable, a refused host key or login): a host
+    failed, the input is fine; 2 for everything else (bad input, a held lock)."""
+    return EXIT_SOME_HOSTS if isinstance(exc, ExecutorError) else EXIT_INVALID
+
+
 def _size(text: str) -> int | str:
     text = text.strip()
     return int(text) if text.lstrip("-").isdigit() else text
@@ -90,20 +97,31 @@ def overrides_of(opts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Stop:
-    """Ctrl-C (or SIGTERM) asks the runner to stop between steps; the step in progress finishes."""
+    """Ctrl-C (or SIGTERM) asks the runner to stop between steps; the step in progress finishes
+    (every step has a deadline: on a host that stopped answering it ends within the SSH layer's
+    ``SILENT_S``). A second one aborts at once (``_Abort``): the connections are closed, what is
+    left down is named, and the journal records the interruption."""
 
     def __init__(self) -> None:
         self.asked = False
+        self.signal = ""
         self.note: Callable[[str], None] = lambda _m: None
 
     def __call__(self) -> bool:
         return self.asked
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self.asked:
-            raise KeyboardInterrupt
-        self.asked = True
-        self.note(f"{signal.Signals(signum).name}: stopping after the step in progress (again to abort at once)")
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)  # the abort is quick; a third signal must not cut it short
+            raise _Abort(f"second signal ({self.signal}, then {name})")
+        self.asked, self.signal = True, name
+        self.note(f"{name}: stopping after the step in progress (again to abort at once)")
+
+
+class _Abort(KeyboardInterrupt):
+    """A second Ctrl-C/SIGTERM: stop in the middle of a step."""
 
 
 @contextmanager
@@ -165,6 +183,20 @@ def _run(
         what = "resuming" if resumed else "starting"
         n, b = len(state.instances), len(state.batches)
         err.print(f"{what} {state.kind} {state.id}: {n} instance(s) in {b} batch(es)")
+    try:
+        return _loop(runner, state, stop, live_on, event, err)
+    except KeyboardInterrupt as exc:  # a second signal (or a Ctrl-C that came before ours was set)
+        _abort(runner.state or state, executor, journal, as_json, str(exc) or "Ctrl-C")
+
+
+def _loop(
+    runner: LiveRunner,
+    state: RolloutState,
+    stop: _Stop,
+    live_on: bool,
+    event: Callable[[str], None],
+    err: Console,
+) -> RolloutState:
     with _signals(stop):
         if live_on:
             with Live(console=err, refresh_per_second=2, transient=True) as live:
@@ -184,6 +216,34 @@ def _run(
         else:
             final = runner.run(state)
     return final
+
+
+def _abort(state: RolloutState, executor: SshExecutor, journal: RolloutJournal, as_json: bool, how: str) -> NoReturn:
+    """Stop in the middle of a step: close every SSH connection (a command in flight ends now, and
+    nothing more is sent), journal the interruption, say what is left down and how to resume."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)  # quick, and must not be cut short
+    executor.close()
+    down = left_down(state)
+    names = ", ".join(str(i.ref) for i in down) or "none"
+    detail = f"aborted during a step on a {how}; not serving (stopped by this rollout, not back): {names}"
+    journal.interrupted(state, detail, time.time())
+    lines = [
+        f"{state.kind} {state.id} aborted during a step ({how}); the journal records it",
+        *(f"{i.ref}: not serving: this rollout stopped it and it is not back (last step: {i.phase.value})"
+          for i in down),
+        *(["no instance was left stopped by this rollout"] if not down else []),
+        f"resume with: fleet rollout --resume {state.id}",
+    ]  # fmt: skip
+    if as_json:
+        body = {"id": state.id, "fleet": state.fleet, "kind": state.kind, "status": "interrupted",
+                "reason": detail, "down": [str(i.ref) for i in down], "next": lines}  # fmt: skip
+        click.echo(json.dumps(body, indent=2))
+    else:
+        out = console(stderr=True)
+        for line in lines:
+            out.print(escape(line), soft_wrap=True)
+    sys.exit(EXIT_STOPPED)
 
 
 def _live(runner: LiveRunner, initial: RolloutState) -> Group:
@@ -263,6 +323,8 @@ def roll(
     except BalancerDown as exc:
         fail(f"{exc}\nnothing was touched; bring the balancer back, or roll without it: --no-lb (clients will "
              "see failed requests)", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except ExecutorError as exc:  # a host could not be asked before anything started: not bad input
+        fail(f"{exc} (nothing was changed)", as_json, code=EXIT_SOME_HOSTS)
     except FleetError as exc:
         fail(str(exc), as_json)
 
@@ -300,7 +362,7 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), bool(opts["as_json"]))
+        fail(str(exc), bool(opts["as_json"]), code=exit_code_of(exc))
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
@@ -358,7 +420,7 @@ def rollout(
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     chosen = release
     _start(fleet, "rollout", lambda _ex: fleet.targets(dict.fromkeys(fleet.hosts, chosen), restart=False), opts)
 
@@ -386,7 +448,7 @@ def _apply(
                 overrides=overrides,
             )  # fmt: skip
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     report(result, as_json, "fleet rollout")
 
 
@@ -406,7 +468,7 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     except BalancerMisconfigured as exc:
         fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
     except FleetError as exc:
-        fail(str(exc), as_json, code=EXIT_INVALID)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     _report(final, as_json)
 
 
@@ -434,14 +496,14 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
                      "it ran before its last rollout", as_json)  # fmt: skip
             saved = journal.latest_state(rid)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
     try:
         fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     _start(fleet, "rollback", lambda _ex: [back_to(i) for ref, i in back.items() if ref in fleet.instances], opts)
 
 
@@ -457,7 +519,7 @@ def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[st
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     try:
         with open_journal(opts["journal_path"]) as journal:
             records = journal.history(fleet.name, ROLLBACK_HISTORY)

@@ -43,7 +43,7 @@ from typing import Any
 
 import paramiko
 from pyinfra.api.config import Config
-from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.connect import disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
@@ -51,7 +51,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from fleet.deploy import factcache, prefetch
+from fleet.deploy import factcache, prefetch, sshwatch
 from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
@@ -293,17 +293,19 @@ def deploy(
     def finish(error: str | None = None) -> DeployResult:
         return DeployResult(dry, [results[h.name] for h in selected], time.monotonic() - t0, error)
 
+    conn = sshwatch.Connected()
     try:
         progress(f"connecting to {len(selected)} host(s)")
         for h in selected:
             step(h.name, "connecting")
         try:
-            connect_all(state)
+            conn = sshwatch.connect(state)
         except PyinfraError as exc:
             raise FleetError(f"no host could be reached ({exc}); check ssh settings and known_hosts") from exc
         for h in selected:
             if h not in state.activated_hosts:
-                results[h.name] = HostResult(h.name, "unreachable", error="could not connect over SSH (see the log)")
+                why = conn.failed.get(h.name, "could not connect over SSH")
+                results[h.name] = HostResult(h.name, "unreachable", error=why)
                 step(h.name, "unreachable")
         active = [h for h in selected if h.name not in results]
         if not dry and _over(len(results), len(selected), fail_percent):
@@ -348,7 +350,11 @@ def deploy(
             progress(f"pyinfra: {exc}")
         for h in active:
             if h in state.failed_hosts:
-                results[h.name] = HostResult(h.name, "failed", error=_failure(state, h))
+                silent = conn.silent(h.name)
+                if silent:
+                    results[h.name] = HostResult(h.name, "unreachable", error=f"{silent}; {_failure(state, h)}")
+                else:
+                    results[h.name] = HostResult(h.name, "failed", error=_failure(state, h))
                 step(h.name, "failed")
                 continue
             ops = _op_names(state, h, will=False)
@@ -360,6 +366,7 @@ def deploy(
                 results[h.name].note = "its units are installed once NVML answers, after the reboot (--reboot)"
         progress(factcache.summary(caches))
     finally:
+        conn.release()
         _close(state)
     failed = sum(r.status in FAILED for r in results.values())
     if failed:
@@ -503,10 +510,11 @@ def _units_once_probed(
     fresh = loaded.reload(names)
     hosts = [fresh.pyinfra.get_host(n) for n in names]
     state = State(fresh.pyinfra, _config(), initial_limit=hosts)
+    conn = sshwatch.Connected()
     try:
         for name in names:
             step(name, "probing GPUs")
-        connect_all(state)
+        conn = sshwatch.connect(state)
         probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
         for name, why in probed.refused.items():  # its driver answers only now
             results[name].status = "refused"
@@ -540,6 +548,7 @@ def _units_once_probed(
             if ops or r.status == "waiting":
                 r.status = "changed"
     finally:
+        conn.release()
         _close(state)
 
 
@@ -696,10 +705,11 @@ def _start(
     state = State(fresh.pyinfra, _config(), initial_limit=hosts)
     serving: list[str] = []
     started: list[str] = []
+    conn = sshwatch.Connected()
     try:
         for name in ready:
             step(name, "starting units")
-        connect_all(state)
+        conn = sshwatch.connect(state)
         _add_deploy(state, host_deploy.vllm_start, hosts)
         run_ops(state)
         for h in hosts:
@@ -717,6 +727,7 @@ def _start(
                     results[h.name].status = "changed"
                 serving.append(h.name)
     finally:
+        conn.release()
         _close(state)
     for name in started:
         endpoints = _endpoints_of(loaded, plans, name)

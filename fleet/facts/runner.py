@@ -7,7 +7,9 @@ the single-use ``State``/``Inventory`` and the SSH clients ``disconnect_all`` le
 ``process()``), so the pyinfra CLI and deploys can run the same fact.
 
 Host keys are checked strictly against the host's ``ssh_known_hosts_file`` (or
-``~/.ssh/known_hosts``): an unknown or changed key is refused, never added.
+``~/.ssh/known_hosts``): an unknown or changed key is refused, never added. Connections and
+commands have deadlines that hold when a host stops answering (``fleet.facts.sshlink``); a host
+that cannot be asked is a ``HostUnreachable`` with the reason in one line.
 
 With ``connect_timeout`` (the read-only probes of ``fleet plan``), every host's SSH port is
 connected to at once before any SSH session starts (:func:`open_connections`: non-blocking
@@ -36,13 +38,14 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import paramiko
 from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
+from fleet.facts import sshlink
+from fleet.facts.sshlink import CONNECT_TIMEOUT_S, SshError
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 60.0
@@ -93,6 +96,9 @@ class HostUnreachable:
 
     host: str
     reason: str
+    #: the host could not be asked at all (SSH), as opposed to a command's failure (not compared:
+    #: the reason says it too)
+    ssh_failed: bool = field(default=False, compare=False)
 
 
 @dataclass
@@ -116,49 +122,22 @@ def targets_from_inventory(inventory: Any, names: Iterable[str] | None = None) -
     return out
 
 
-def connect(target: SshTarget, timeout: float = 10.0, sock: socket.socket | None = None) -> paramiko.SSHClient:
-    """An SSH client logged in to ``target`` (over ``sock`` when it is already connected)."""
-    client = paramiko.SSHClient()
-    known = target.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
-    if Path(known).is_file():
-        client.load_host_keys(known)
-    if target.strict:
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    else:
-        client.set_missing_host_key_policy(paramiko.WarningPolicy())
-    client.connect(
-        target.hostname,
-        port=target.port,
-        username=target.user,
-        key_filename=os.path.expanduser(target.key) if target.key else None,
-        allow_agent=target.key is None,
-        look_for_keys=target.key is None,
-        timeout=timeout,
-        banner_timeout=timeout,
-        auth_timeout=timeout,
-        sock=sock,
-    )
-    return client
+def connect(
+    target: SshTarget, timeout: float = CONNECT_TIMEOUT_S, sock: socket.socket | None = None
+) -> paramiko.SSHClient:
+    """A logged-in client within ``timeout`` seconds (over ``sock`` when it is already connected),
+    or ``SshError`` (``fleet.facts.sshlink.connect``)."""
+    return sshlink.connect(target, timeout, sock)
 
 
 def run_command(
     target: SshTarget, command: str, timeout: float = DEFAULT_TIMEOUT, sock: socket.socket | None = None
 ) -> tuple[int, str, str]:
-    """Connect (or log in over ``sock``), run one command, close: (exit status, stdout, stderr)."""
-    try:
-        client = connect(target, timeout=min(timeout, 10.0), sock=sock)
-    except BaseException:
-        if sock is not None:
-            sock.close()
-        raise
-    try:
-        chan_in, out, err = client.exec_command(command, timeout=timeout)
-        chan_in.channel.shutdown_write()  # no input: EOF now, as ssh -n does (a command reading stdin ends)
-        stdout = out.read().decode(errors="replace")
-        stderr = err.read().decode(errors="replace")
-        return out.channel.recv_exit_status(), stdout, stderr
-    finally:
-        client.close()
+    """Connect (or log in over ``sock``), run one command, close: (exit status, stdout, stderr),
+    or ``SshError``. The command's stdin is closed at once (as ``ssh -n``), and it has a deadline
+    of ``timeout`` seconds that holds even when the host stops answering mid-command
+    (``fleet.facts.sshlink``: a heartbeat and a watchdog)."""
+    return sshlink.run_once(target, command, timeout, sock=sock)
 
 
 def _one(
@@ -166,18 +145,8 @@ def _one(
 ) -> T | HostUnreachable:
     try:
         rc, out, err = run_command(target, command, timeout, sock)
-    except paramiko.BadHostKeyException as exc:
-        return HostUnreachable(target.name, f"host key changed for {exc.hostname}: refusing to connect")
-    except paramiko.SSHException as exc:
-        if "not found in known_hosts" in str(exc):
-            return HostUnreachable(
-                target.name,
-                f"{target.hostname}:{target.port} is not in {target.known_hosts or '~/.ssh/known_hosts'}; "
-                "add its key (ssh-keyscan, checked out of band)",
-            )
-        return HostUnreachable(target.name, f"SSH: {exc}")
-    except (TimeoutError, OSError, EOFError) as exc:
-        return HostUnreachable(target.name, f"cannot reach {target.hostname}:{target.port}: {exc}")
+    except SshError as exc:
+        return HostUnreachable(target.name, exc.reason, ssh_failed=True)
     if rc != 0:
         return HostUnreachable(target.name, f"fact command exited {rc}: {err.strip()[-300:]}")
     try:
@@ -362,7 +331,7 @@ def run_fact_on_hosts(
         for t in targets:
             why = socks.get(t.name)
             if isinstance(why, str):
-                done(t.name, HostUnreachable(t.name, f"cannot reach {t.hostname}:{t.port}: {why}"))
+                done(t.name, HostUnreachable(t.name, f"cannot reach {t.hostname}:{t.port}: {why}", ssh_failed=True))
     reachable = [t for t in targets if t.name not in results]
     try:
         with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(reachable) or 1))) as pool:

@@ -6,7 +6,8 @@ vLLM version, the host's Python, extras, pinned companions, the package index), 
 inputs always give the same directory and a change gives a new one beside it. It is built in
 place (a venv cannot move) and counts only once its marker file is written, last. ``current``
 and ``previous`` are symlinks flipped atomically (``ln -sfn`` to a temporary name, then
-``mv -T``: one ``rename(2)``), so going back is one flip, no reinstall. Old releases are pruned
+``mv -T``: one ``rename(2)``) under a per-host lock (``SWITCH_SH``, shared with the rollout's
+``flip_release``), so going back is one flip, no reinstall. Old releases are pruned
 beyond a count, never the current or the previous one.
 """
 
@@ -157,15 +158,31 @@ def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "p
     yield StringCommand(shlex.join(argv), _stdin=BUILD)
 
 
-def _flip(root: str, link: str, release_id: str) -> str:
-    """``ln -sfn`` to a temporary link, then ``mv -T`` over ``link``: one atomic rename."""
-    tmp = f"{root}/.{link}.fleet-tmp"
-    return " && ".join(
-        [
-            shlex.join(["ln", "-sfn", f"releases/{release_id}", tmp]),
-            shlex.join(["mv", "-fT", tmp, f"{root}/{link}"]),
-        ]
-    )
+#: Every switch of a host's release links takes this lock on the host (util-linux ``flock(1)``)
+#: for as long as it runs, so two switches on one host never interleave: two instances of one
+#: batch switching at once, or a deploy's ``activate`` beside a rollout's ``flip_release``.
+SWITCH_LOCK = ".fleet-switch.lock"
+SWITCH_LOCK_WAIT_S = 60
+#: The exit status of a switch that did not get the lock in ``SWITCH_LOCK_WAIT_S`` (EX_TEMPFAIL).
+SWITCH_LOCK_BUSY = 75
+
+#: Shell that points ``$r/current`` at ``releases/$rel`` (``$r``, ``$rel`` set by the caller), the
+#: release it pointed at becoming ``previous``: under the host's switch lock (held until the
+#: calling script ends), each link replaced by one ``rename(2)`` (``ln -sfn`` to a temporary link
+#: named for this process, then ``mv -T``); a no-op when ``current`` already names the release.
+SWITCH_SH = (
+    f'exec 9>>"$r/{SWITCH_LOCK}"; flock -w {SWITCH_LOCK_WAIT_S} 9 || {{ echo "another switch of $r held '
+    f'its lock ($r/{SWITCH_LOCK}) for {SWITCH_LOCK_WAIT_S}s" >&2; exit {SWITCH_LOCK_BUSY}; }}; '
+    'cur=$(readlink "$r/current" || true); if [ "$cur" != "releases/$rel" ]; then '
+    'if [ -n "$cur" ]; then ln -sfn "$cur" "$r/.previous.fleet-tmp.$$"; mv -fT "$r/.previous.fleet-tmp.$$" '
+    '"$r/previous"; fi; ln -sfn "releases/$rel" "$r/.current.fleet-tmp.$$"; '
+    'mv -fT "$r/.current.fleet-tmp.$$" "$r/current"; fi'
+)
+
+
+def switch_command(root: str, release_id: str) -> str:
+    """The command that makes ``release_id`` current under ``root`` (``SWITCH_SH``)."""
+    return shlex.join(["sh", "-c", f"set -e; r=$1; rel=$2; {SWITCH_SH}", "fleet-activate", root, release_id])
 
 
 @operation()
@@ -180,9 +197,7 @@ def activate(release_id: str, root: str = DEFAULT_ROOT) -> Commands:
     if facts["current"] == release_id:
         host.noop(f"current is {release_id}")
         return
-    if facts["current"] is not None:
-        yield _flip(root, "previous", facts["current"])
-    yield _flip(root, "current", release_id)
+    yield switch_command(root, release_id)
 
 
 @operation()

@@ -20,7 +20,7 @@ from typing import Any
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
-from fleet.facts.runner import SshTarget, run_fact_on_hosts
+from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations import host as host_deploy
@@ -28,6 +28,7 @@ from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.plan.outcomes import load_for_planning
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
+from fleet.rollout.executor import ExecutorError
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
 from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
 
@@ -88,9 +89,19 @@ class RolloutFleet:
 
 
 def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:
-    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer)."""
+    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer).
+
+    A host that cannot be reached at all is an ``ExecutorError`` naming it (a host that failed,
+    not bad input): its instances cannot be planned, so nothing is touched."""
     targets = [ssh[s.name] for s in specs if s.gpu is None]
     answers = run_fact_on_hosts(targets, NvmlProbe)
+    down = [a for a in answers.values() if isinstance(a, HostUnreachable) and a.ssh_failed]
+    if down:
+        raise ExecutorError(
+            "; ".join(f"host {a.host}: SSH failed: {a.reason}" for a in down)
+            + ": its GPUs cannot be probed to plan its instances (bring it back, give it a gpu entry, or leave it "
+            "out with --limit)"
+        )
     return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
 
 

@@ -57,6 +57,9 @@ from fleet.rollout.engine import Action, RolloutState, state_from_dict, state_to
 from fleet.rollout.errors import JournalDamaged, JournalError, LockHeld, NoJournal
 from fleet.secrets import REDACTED, SecretRef, parse_secret_ref, redact
 
+#: The step (and its outcome) that records a rollout stopped by a signal before its end.
+INTERRUPTED = "interrupted"
+
 #: The schema this fleet writes. 1: the first journal (no ``schema_version`` table); 2: the
 #: version table and an index for ``fleet history --fleet``.
 SCHEMA_VERSION = 2
@@ -530,6 +533,23 @@ class RolloutJournal(ABC):
             x(
                 "UPDATE steps SET outcome = ?, outcome_detail = ?, outcome_at = ? WHERE seq = ?",
                 ("ok" if ok else "failed", detail, now, seq),
+            )
+            self._save(x, state, now)
+
+        self._write(write)
+
+    def interrupted(self, state: RolloutState, detail: str, now: float) -> None:
+        """Record that this process stopped the rollout before its end (Ctrl-C, SIGTERM): a step
+        ``interrupted`` (no instance) saying how and what it left, and the state as it was. The
+        status stays ``running``: ``fleet rollout --resume ID`` picks it up from here."""
+        row = (state.id, now, None, INTERRUPTED, detail, "{}", json.dumps(state_to_dict(state)), INTERRUPTED, detail,
+               now)  # fmt: skip
+
+        def write(x: Exec) -> None:
+            x(
+                "INSERT INTO steps (rollout_id, at, instance, action, detail, before, state, outcome, outcome_detail, "
+                "outcome_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                row,
             )
             self._save(x, state, now)
 

@@ -19,17 +19,20 @@ import base64
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import paramiko
 import pytest
 
+from fleet.errors import FleetError
 from fleet.lab import lab as lab_ops
 from fleet.lab import ssh
 from fleet.lab.base import LOGIN_USER
@@ -39,6 +42,7 @@ from fleet.rollout.probe import InstanceProber
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT
+from .polling import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -127,10 +131,11 @@ def make_release(lab: LabFleet, index: int, name: str, faults: dict[str, Any] | 
     must(lab, index, script)
 
 
-def instance_state(lab: LabFleet, fleet: RolloutFleet) -> dict[str, dict[str, Any]]:
-    """Every instance: unit state, MainPID, NRestarts, the release its process runs, what it serves."""
+def instance_state(lab: LabFleet, fleet: RolloutFleet, first_index: int = 0) -> dict[str, dict[str, Any]]:
+    """Every instance: unit state, MainPID, NRestarts, the release its process runs, what it serves.
+    ``first_index``: the lab index of ``fleet``'s first host (a fleet of one host: that host's)."""
     out: dict[str, dict[str, Any]] = {}
-    for i, host in enumerate(fleet.hosts):
+    for i, host in enumerate(fleet.hosts, start=first_index):
         current = must(lab, i, f"readlink {ROOT}/current").strip().removeprefix("releases/")
         for ref, spec in fleet.instances.items():
             if ref.host != host:
@@ -732,6 +737,460 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
     assert rc == 0 and int(out) >= 1  # the stall did happen on the host
 
 
+# ---- a host that stops answering, a second Ctrl-C, a changed host key, concurrent switches --------
+#
+# A partition that cuts only fleet off from one lab host: the command under test runs in a cgroup
+# of its own, and an nftables output rule drops that cgroup's packets to the host's address
+# (``socket cgroupv2``, as the lab's air gap matches hosts: ``fleet/lab/airgap.py``); the lab's
+# hosts keep reaching their own addresses. A frozen host: its cgroup's ``cgroup.freeze`` (cgroup
+# v2), every process of it stopped while its kernel still answers TCP.
+
+DECIDE_WITHIN_S = 30.0
+
+
+@contextmanager
+def own_cgroup(name: str) -> Iterator[Path]:
+    """A cgroup (v2) of this test's own, below this process's (so what guards the test run's
+    cgroup, the network guard of tests/conftest.py, guards it too); removed at the end (its
+    processes are gone by then)."""
+    from fleet.lab.airgap import cgroup2_root
+
+    root = cgroup2_root()
+    assert root is not None, "no cgroup v2 hierarchy"
+    mine = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+    path = root / mine.strip("/") / f"fleet-test-{os.getpid()}-{name}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        for _ in range(50):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def fleet_in(cgroup: Path, *args: str, log: Path) -> subprocess.Popen[str]:
+    """``fleet ARGS`` started inside ``cgroup`` (so every socket it opens is that cgroup's)."""
+    argv = ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", str(cgroup), str(FLEET), *args]
+    env = {**os.environ, "FLEET_LOG": str(log)}
+    return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@contextmanager
+def partition(cgroup: Path, address: str) -> Iterator[Callable[[], str]]:
+    """Yields ``cut()``: from then on every packet ``cgroup``'s sockets send to ``address`` is
+    dropped (no answer, no error: a partition). The rule is removed at the end, pass or fail.
+    ``cut()`` returns the nft table's name, to read its counter."""
+    from fleet.lab.airgap import host_rule
+
+    rule = host_rule("fleet-under-test", address, cgroup)
+    table = f"fleet_test_{os.getpid()}"
+    script = (
+        f"table inet {table} {{\n  chain output {{\n    type filter hook output priority filter; policy accept;\n"
+        f'    socket cgroupv2 level {rule.level} "{rule.cgroup}" ip daddr {address} counter drop\n  }}\n}}\n'
+    )
+
+    def cut() -> str:
+        done = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return table
+
+    try:
+        yield cut
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, check=False)
+
+
+def dropped(table: str) -> int:
+    """Packets the partition dropped so far."""
+    out = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True, text=True, check=True).stdout
+    return int(out.split("counter packets ")[1].split()[0])
+
+
+@contextmanager
+def frozen(lab: LabFleet, index: int) -> Iterator[Callable[[], None]]:
+    """Yields ``freeze()``: every process of the host stops (cgroup v2 ``cgroup.freeze``); thawed
+    at the end, pass or fail."""
+    from fleet.lab.airgap import host_cgroup
+    from fleet.lab.lab import machine_for
+
+    state = lab.state
+    m = machine_for(lab.dir, state, state.hosts[index])
+    cgroup = host_cgroup(m.name, m.pid())
+    assert cgroup is not None and (cgroup / "cgroup.freeze").exists(), cgroup
+
+    def freeze() -> None:
+        (cgroup / "cgroup.freeze").write_text("1\n")
+
+    try:
+        yield freeze
+    finally:
+        (cgroup / "cgroup.freeze").write_text("0\n")
+
+
+def slow_stop(lab: LabFleet, index: int, unit: str, seconds: int) -> str:
+    """Make ``systemctl stop UNIT`` take ``seconds`` on the host (``ExecStopPost=`` runs within the
+    stop job), as a vLLM draining for its ``--shutdown-timeout`` does; returns the drop-in's path."""
+    dropin = f"/etc/systemd/system/{unit}.d/zz-test-slow-stop.conf"
+    must(lab, index, f"sudo mkdir -p /etc/systemd/system/{unit}.d && printf '[Service]\\nExecStopPost=/bin/sleep "
+                     f"{seconds}\\n' | sudo tee {dropin} >/dev/null && sudo systemctl daemon-reload")  # fmt: skip
+    return dropin
+
+
+def unit_state_on_host(lab: LabFleet, index: int, unit: str) -> str:
+    """``ActiveState/SubState`` read over the test's own SSH connection (outside any partition)."""
+    out = must(lab, index, f"systemctl show -p ActiveState,SubState --value {unit}").split()
+    return "/".join(out)
+
+
+def ensure_serving(lab: LabFleet, fleet: RolloutFleet) -> None:
+    """Every instance started and serving again (after a test that may have left one down)."""
+    for i, host in enumerate(fleet.hosts):
+        units = " ".join(spec.unit for ref, spec in fleet.instances.items() if ref.host == host)
+        must(lab, i, f"sudo systemctl reset-failed {units} 2>/dev/null; sudo systemctl start {units}")
+    assert wait_for(
+        lambda: all(
+            i["unit"] == "active/running" and i["serves"] == (MODEL,) for i in instance_state(lab, fleet).values()
+        ),
+        120,
+        1.0,
+    ), instance_state(lab, fleet)
+
+
+def _wait_for_intent(journal: Path, instance: str, action: str, timeout: float = 120) -> tuple[str, float]:
+    """The rollout id and the time a step was journaled (before it is taken)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if journal.exists():
+            with Journal(journal) as j:
+                for r in j.history():
+                    hit = [s for s in j.steps(r.id) if s.instance == instance and s.action == action]
+                    if hit:
+                        return r.id, hit[0].at
+        time.sleep(0.1)
+    raise AssertionError(f"no {action} of {instance} within {timeout}s")
+
+
+def _no_library_noise(err: str) -> None:
+    assert "Traceback" not in err and "paramiko" not in err and "Exception (client)" not in err, err
+    assert "ssh-keygen -R 1" not in err, err  # pyinfra's advice (it edits ~/.ssh/known_hosts)
+
+
+def test_a_host_cut_off_while_its_stop_runs_halts_the_restart_within_30_s_naming_it(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.1: packets to one host dropped while ``systemctl stop`` of its instance runs (a
+    20 s drain). Before, the step waited as long as the partition lasted. Now the SSH heartbeat
+    goes unanswered, the step fails, and the restart halts within 30 s naming the host as
+    unreachable; the instance it stopped is named as not serving."""
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    target = f"{h1}/vllm-0"
+    unit = fleet.instances[next(r for r in fleet.instances if str(r) == target)].unit
+    before = instance_state(lab, fleet)
+    dropin = slow_stop(lab, 1, unit, 20)
+    journal = tmp_path / "j.sqlite"
+    args = ["restart", fleet.inventory, "--batches", "1", "--soak", "1", "--probe-interval", "0.5",
+            "--health-timeout", "60", "--json", "--journal", str(journal)]  # fmt: skip
+    try:
+        with own_cgroup("cut") as cgroup, partition(cgroup, lab.state.hosts[1].address) as cut:
+            proc = fleet_in(cgroup, *args, log=tmp_path / "fleet.log")
+            try:
+                rid, _at = _wait_for_intent(journal, target, "stop")
+                # the stop reached the host and runs there (vLLM's drain, then the ExecStopPost sleep)
+                assert wait_for(lambda: unit_state_on_host(lab, 1, unit).startswith("deactivating"), 30, 0.1)
+                table = cut()
+                cut_at = time.monotonic()
+                out, err = proc.communicate(timeout=120)
+                took = time.monotonic() - cut_at
+                assert dropped(table) > 0  # the partition did drop fleet's packets
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        assert proc.returncode == 1, out + err
+        assert took <= DECIDE_WITHIN_S, took
+        print(f"partitioned during systemctl stop: halted {took:.1f}s after the cut")
+        _no_library_noise(err)
+        result = json.loads(out)
+        assert result["status"] == "halted" and result["id"] == rid
+        reason = result["reason"]
+        assert reason.startswith(f"batch 2 failed ({target}: stop failed: host {h1}: SSH failed: unreachable: "), reason
+        assert "no answer to SSH keepalives for 1" in reason and "during `systemctl stop -- " in reason, reason
+        phases = {i["instance"]: i["phase"] for i in result["instances"]}
+        assert phases == {f"{h0}/vllm-0": "done", target: "failed", f"{h0}/vllm-1": "pending",
+                          f"{h1}/vllm-1": "pending"}  # fmt: skip
+        assert any(line.startswith(f"{target} is not serving: this rollout stopped it and it is not back")
+                   for line in result["next"]), result["next"]  # fmt: skip
+        # every instance's end state (the partition is gone: fleet's view of the host is back)
+        after = instance_state(lab, fleet)
+        assert after[f"{h0}/vllm-0"]["unit"] == "active/running" and after[f"{h0}/vllm-0"]["pid"] != before[
+            f"{h0}/vllm-0"]["pid"]  # fmt: skip
+        for name in (f"{h0}/vllm-1", f"{h1}/vllm-1"):
+            assert after[name]["unit"] == "active/running" and after[name]["pid"] == before[name]["pid"], name
+        # the stop it sent finished on the host: the instance is down, as the output says
+        assert wait_for(lambda: instance_state_of_host(lab, fleet, 1)[target]["unit"].split("/")[0] in (
+            "inactive", "failed"), 40), instance_state_of_host(lab, fleet, 1)[target]  # fmt: skip
+    finally:
+        must(lab, 1, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
+        ensure_serving(lab, fleet)
+
+
+def test_a_host_frozen_mid_restart_is_skipped_within_30_s_and_the_rest_restarts(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 19.8: the host's cgroup frozen after the canary started. Before, the restart said
+    nothing for 2.5 min and then waited for the host until it was thawed. Now its instances are
+    skipped (never touched) once it has not answered for ``unreachable_timeout_s``, the other
+    host's instance restarts within the budget (``--max-unavailable 3``), and the restart ends
+    halted, exit 1, naming the host and what to run once it answers."""
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    before = instance_state(lab, fleet)
+    journal = tmp_path / "j.sqlite"
+    args = ["restart", fleet.inventory, "--batches", "1,-1", "--max-unavailable", "3", "--soak", "1",
+            "--probe-interval", "0.5", "--health-timeout", "60", "--json", "--journal", str(journal)]  # fmt: skip
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    try:
+        with frozen(lab, 1) as freeze:
+            proc = subprocess.Popen([str(FLEET), *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+            try:
+                rid, _at = _wait_for_intent(journal, f"{h0}/vllm-0", "start")
+                freeze()
+                frozen_at = time.time()
+                out, err = proc.communicate(timeout=180)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        after = instance_state(lab, fleet)  # thawed: every instance's end state
+    finally:
+        ensure_serving(lab, fleet)
+    assert proc.returncode == 1, out + err
+    _no_library_noise(err)
+    result = json.loads(out)
+    assert result["status"] == "halted" and result["id"] == rid
+    assert result["reason"] == (
+        f"2 instance(s) skipped, never touched: host(s) {h1} unreachable ({h1}/vllm-0, {h1}/vllm-1); "
+        "every other instance is done"
+    ), result["reason"]
+    phases = {i["instance"]: i["phase"] for i in result["instances"]}
+    assert phases == {f"{h0}/vllm-0": "done", f"{h0}/vllm-1": "done", f"{h1}/vllm-0": "skipped",
+                      f"{h1}/vllm-1": "skipped"}  # fmt: skip
+    skipped = next(i for i in result["instances"] if i["instance"] == f"{h1}/vllm-0")
+    assert skipped["failure"].startswith(f"skipped: host {h1} unreachable for "), skipped
+    assert "SSH failed: unreachable: " in skipped["failure"], skipped
+    assert f"not touched, host {h1} did not answer: {h1}/vllm-0, {h1}/vllm-1; once it does, run the restart " \
+           f"again for it (`--limit {h1}`)" in result["next"]  # fmt: skip
+    with Journal(journal) as j:
+        went_on = next(s.at for s in j.steps(rid) if s.instance == f"{h0}/vllm-1" and s.action == "stop")
+        assert not [s for s in j.steps(rid) if s.instance and s.instance.startswith(f"{h1}/")]  # never touched
+    decided = went_on - frozen_at  # the skip was decided, and the next instance stopped, this long after
+    print(f"frozen after the canary started: skipped and went on {decided:.1f}s after the freeze")
+    assert decided <= DECIDE_WITHIN_S, decided
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+        assert (inst["pid"] != before[name]["pid"]) == name.startswith(f"{h0}/"), (name, before[name], inst)
+
+
+def test_a_host_frozen_before_a_restart_exits_1_naming_it_and_status_says_why_in_one_line(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 19.8/25.8: with a host frozen before the command, restart exited 2 ("invalid input")
+    after 21 s and both it and ``fleet status`` printed paramiko's traceback ("Exception (client):
+    Error reading SSH protocol banner"); status's reason was paramiko's "No existing session"."""
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    before = instance_state(lab, fleet)
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    with frozen(lab, 1) as freeze:
+        freeze()
+        t0 = time.monotonic()
+        restart = subprocess.run([str(FLEET), "restart", fleet.inventory, "--journal", str(tmp_path / "j.sqlite")],
+                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        took = time.monotonic() - t0
+        status = subprocess.run([str(FLEET), "status", fleet.inventory, "--json"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert restart.returncode == 1, restart.stdout + restart.stderr
+    print(f"restart with a frozen host: exit 1 after {took:.1f}s")
+    assert took < DECIDE_WITHIN_S
+    _no_library_noise(restart.stderr)
+    lines = [line for line in restart.stderr.splitlines() if line.strip() and not line.startswith("warning: ")]
+    assert len(lines) == 1, lines  # one line: the host, "unreachable", why, and that nothing changed
+    assert lines[0].startswith(f"error: host {h1}: SSH failed: unreachable: "), lines[0]
+    assert "took the TCP connection but the SSH handshake did not finish within 10s" in lines[0]
+    assert lines[0].endswith("(nothing was changed)"), lines[0]
+    assert status.returncode == 1, status.stdout + status.stderr
+    _no_library_noise(status.stderr)
+    rows = {r["host"] + "/" + r["instance"]: r for r in json.loads(status.stdout)["instances"]}
+    for name, row in rows.items():
+        if name.startswith(f"{h1}/"):
+            assert row["unit"]["state"] == "unreachable", row
+            assert "took the TCP connection but the SSH handshake did not finish" in row["unit"]["detail"], row
+            assert "No existing session" not in json.dumps(row)
+    assert "Error reading SSH protocol banner" in (tmp_path / "fleet.log").read_text()  # the details: in the log
+    after = instance_state(lab, fleet)
+    assert {n: i["pid"] for n, i in after.items()} == {n: i["pid"] for n, i in before.items()}  # nothing changed
+
+
+def test_a_second_ctrl_c_names_what_is_down_and_how_to_resume_and_the_journal_says_interrupted(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.5: a second Ctrl-C printed only "Aborted!", left the journal "running" and named
+    nothing. The first Ctrl-C waits for the step in progress (a stop draining for 20 s); the second
+    aborts at once: the instance being stopped is named as down, the resume command is printed,
+    an ``interrupted`` step is journaled, and the lock is released; the resume finishes it."""
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    target = f"{h0}/vllm-0"
+    unit = fleet.instances[next(r for r in fleet.instances if str(r) == target)].unit
+    dropin = slow_stop(lab, 0, unit, 20)
+    journal = tmp_path / "j.sqlite"
+    argv = [str(FLEET), "restart", fleet.inventory, "--batches", "1", "--soak", "1", "--probe-interval", "0.5",
+            "--health-timeout", "60", "--journal", str(journal)]  # fmt: skip
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        rid, _at = _wait_for_intent(journal, target, "stop")
+        assert wait_for(lambda: unit_state_on_host(lab, 0, unit).startswith("deactivating"), 30, 0.1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        second = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        must(lab, 0, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
+    try:
+        print(f"second SIGINT: exited {took:.1f}s later")
+        assert proc.returncode == 1, out + err
+        assert took < 5, took
+        _no_library_noise(err)
+        assert "Aborted!" not in err
+        assert "SIGINT: stopping after the step in progress (again to abort at once)" in err
+        assert f"restart {rid} aborted during a step (second signal (SIGINT, then SIGINT))" in err, err
+        assert f"{target}: not serving: this rollout stopped it and it is not back (last step: stop)" in err, err
+        assert f"resume with: fleet rollout --resume {rid}" in err, err
+        with Journal(journal) as j:
+            assert j.latest_state(rid).status.value == "running"  # resumable
+            assert j.lock_owner(fleet.name) is None  # released: no --take-over needed
+            marks = [s for s in j.steps(rid) if s.action == "interrupted"]
+            assert len(marks) == 1 and marks[0].outcome == "interrupted", marks
+            assert marks[0].detail.startswith("aborted during a step on a second signal (SIGINT, then SIGINT)")
+            assert marks[0].detail.endswith(f"not serving (stopped by this rollout, not back): {target}")
+        rc, done = fleet_cli("rollout", "--resume", rid, "--json", journal=journal)
+        assert rc == 0 and done["status"] == "done", done
+        for name, inst in instance_state(lab, fleet).items():
+            assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+    finally:
+        ensure_serving(lab, fleet)
+
+
+def test_a_changed_host_key_shows_both_fingerprints_and_the_right_known_hosts_file(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.7: the advice was pyinfra's ``ssh-keygen -R ADDR`` (it edits ~/.ssh/known_hosts, not
+    the inventory's ``ssh_known_hosts_file``), the keys were shown with parts redacted, and restart
+    exited 2. Now: SHA256 fingerprints (expected and offered), ``ssh-keygen -R ... -f FILE``, exit 1."""
+    import runpy
+
+    from fleet.lab.lab import machine_for
+
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    before = instance_state(lab, fleet)
+    known = lab.dir.known_hosts.read_text().splitlines()
+    address = lab.state.hosts[1].address
+    port = lab.state.ssh_port
+    entry = address if port == 22 else f"[{address}]:{port}"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    impostor = (tmp_path / "impostor.pub").read_text().split()
+    changed = [f"{entry} {impostor[0]} {impostor[1]}" if line.split()[0] == entry else line for line in known]
+    assert changed != known
+    (tmp_path / "known_hosts").write_text("\n".join(changed) + "\n")
+    hosts = runpy.run_path(fleet.inventory)["lab"]
+    hosts = [(name, {**data, "ssh_known_hosts_file": str(tmp_path / "known_hosts")}) for name, data in hosts]
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"lab = {hosts!r}\n")
+
+    def fingerprint(pub: Path) -> str:
+        return subprocess.run(
+            ["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True
+        ).stdout.split()[1]
+
+    expected = fingerprint(tmp_path / "impostor.pub")
+    m = machine_for(lab.dir, lab.state, lab.state.hosts[1])
+    offered = fingerprint(m.host_key.with_suffix(".pub"))
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    rc, result = fleet_cli("restart", str(inventory), "--json", journal=tmp_path / "j.sqlite")
+    assert rc == 1, result
+    error = result["error"]
+    assert error.startswith(f"host {h1}: SSH failed: the host key of {entry} has changed: "), error
+    assert f"{tmp_path / 'known_hosts'} holds ED25519 {expected}, the host offered ED25519 {offered}" in error
+    assert f"`ssh-keygen -R {shlex.quote(entry)} -f {tmp_path / 'known_hosts'}`" in error, error
+    assert "<redacted>" not in error and "~/.ssh" not in error and error.endswith("(nothing was changed)")
+    deploy = subprocess.run([str(FLEET), "deploy", str(inventory), "--dry", "--limit", h1, "--json"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert deploy.returncode == 1, deploy.stdout + deploy.stderr
+    _no_library_noise(deploy.stderr)
+    (row,) = json.loads(deploy.stdout)["hosts"]
+    assert row["status"] == "unreachable" and f"the host offered ED25519 {offered}" in row["error"], row
+    assert f"-f {tmp_path / 'known_hosts'}" in row["error"] and "<redacted>" not in row["error"], row
+    after = instance_state(lab, fleet)
+    assert {n: i["pid"] for n, i in after.items()} == {n: i["pid"] for n, i in before.items()}
+
+
+def test_concurrent_release_switches_on_one_host_never_collide(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.2: two instances of one host switching in one batch wrote the same temporary link
+    2-3 ms apart (``mv: cannot stat``) and the batch's rollback hit the same. 50 rounds of 2-4
+    concurrent ``flip_release`` calls through the executor on one host (its own root beside the
+    real one): every call succeeds and ``current``/``previous`` are valid links after each round."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleet.facts.releases import MARKER
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
+
+    lab, fleet = serving
+    host = fleet.hosts[0]
+    root = f"/var/tmp/fleet-switch-test-{os.getpid()}"
+    must(lab, 0, f"sudo mkdir -p {root}/releases/a {root}/releases/b && sudo touch {root}/releases/a/{MARKER} "
+                 f"{root}/releases/b/{MARKER}")  # fmt: skip
+    refs = [InstanceRef(host, f"vllm-{i}") for i in range(4)]
+    specs = {r: InstanceSpec(r, f"fleet-{r.instance}.service", "http://127.0.0.1:1", 1, (0,), MODEL) for r in refs}
+    executor = SshExecutor({host: fleet.ssh[host]}, specs, root=root)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            for n in range(50):
+                release, other = ("a", "b") if n % 2 else ("b", "a")
+                width = 2 + n % 3
+                outcomes = list(pool.map(lambda r, rel=release: _flip(executor, r, rel), refs[:width]))
+                assert outcomes == ["ok"] * width, (n, outcomes)
+                current, previous = executor.links(host)
+                assert current == release and (n == 0 or previous == other), (n, current, previous)
+        left = must(lab, 0, f"ls -A {root}").split()
+        assert sorted(left) == [".fleet-switch.lock", "current", "previous", "releases"], left  # no temporary link
+    finally:
+        executor.close()
+        must(lab, 0, f"sudo rm -rf {root}")
+
+
+def _flip(executor: Any, ref: Any, release: str) -> str:
+    try:
+        executor.flip_release(ref, release)
+    except FleetError as exc:
+        return str(exc)
+    return "ok"
+
+
 # ---- a load balancer in the loop: a restart that clients never notice ------------------------------
 
 
@@ -998,4 +1457,4 @@ def instance_state_of_host(lab: LabFleet, fleet: RolloutFleet, index: int) -> di
         fleet.name, fleet.inventory, (host,), {host: fleet.ssh[host]},
         {r: s for r, s in fleet.instances.items() if r.host == host}, fleet.host_data, fleet.api_keys,
     )  # fmt: skip
-    return instance_state(lab, one)
+    return instance_state(lab, one, first_index=index)

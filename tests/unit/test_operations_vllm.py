@@ -177,21 +177,55 @@ def test_another_failure_is_not_called_a_full_disk_and_is_cleaned_up(tmp_path: P
     assert list(releases_dir.iterdir()) == []
 
 
-def test_activate_flips_current_and_keeps_previous() -> None:
+def test_activate_flips_current_under_the_hosts_switch_lock() -> None:
+    from fleet.operations.vllm import SWITCH_SH
+
     first = run_op(vllm.activate, {key(VllmReleases, root=ROOT): releases((1, 1, "a"))}, release_id="a", root=ROOT)
-    assert first.texts == [
-        f"ln -sfn releases/a {ROOT}/.current.fleet-tmp && mv -fT {ROOT}/.current.fleet-tmp {ROOT}/current"
-    ]
+    assert first.texts == [shlex.join(["sh", "-c", f"set -e; r=$1; rel=$2; {SWITCH_SH}", "fleet-activate", ROOT, "a"])]
     second = run_op(
         vllm.activate, {key(VllmReleases, root=ROOT): releases((1, 1, "a"), (2, 1, "b"), current="a")},
         release_id="b", root=ROOT,
     )  # fmt: skip
-    assert second.texts == [
-        f"ln -sfn releases/a {ROOT}/.previous.fleet-tmp && mv -fT {ROOT}/.previous.fleet-tmp {ROOT}/previous",
-        f"ln -sfn releases/b {ROOT}/.current.fleet-tmp && mv -fT {ROOT}/.current.fleet-tmp {ROOT}/current",
-    ]
+    assert second.texts == [shlex.join(["sh", "-c", f"set -e; r=$1; rel=$2; {SWITCH_SH}", "fleet-activate", ROOT, "b"])]
     again = {key(VllmReleases, root=ROOT): releases((1, 1, "a"), (2, 1, "b"), current="b", previous="a")}
     assert run_op(vllm.activate, again, release_id="b", root=ROOT).texts == []
+
+
+def _switch(tmp_path: Path, rel: str) -> subprocess.CompletedProcess[str]:
+    from fleet.operations.vllm import switch_command
+
+    return subprocess.run(switch_command(str(tmp_path), rel), shell=True, capture_output=True, text=True, check=False)
+
+
+def test_the_switch_script_flips_current_and_previous_atomically_and_is_a_no_op_when_current(tmp_path: Path) -> None:
+    """The shell itself, run here by ``sh`` (flock(1) from util-linux, as on every host)."""
+    for r in ("a", "b"):
+        (tmp_path / "releases" / r).mkdir(parents=True)
+    assert _switch(tmp_path, "a").returncode == 0
+    assert os.readlink(tmp_path / "current") == "releases/a" and not (tmp_path / "previous").exists()
+    assert _switch(tmp_path, "b").returncode == 0
+    assert (os.readlink(tmp_path / "current"), os.readlink(tmp_path / "previous")) == ("releases/b", "releases/a")
+    assert _switch(tmp_path, "b").returncode == 0  # already current: previous stays what it was
+    assert os.readlink(tmp_path / "previous") == "releases/a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fleet-switch.lock", "current", "previous", "releases"]
+
+
+def test_concurrent_switches_on_one_host_never_collide(tmp_path: Path) -> None:
+    """Issue 25.2: two instances of one host switching in one batch wrote the same temporary link
+    2-3 ms apart (``mv: cannot stat``). Under the host's lock, 4 at once, 30 rounds: all succeed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for r in ("a", "b"):
+        (tmp_path / "releases" / r).mkdir(parents=True)
+    with ThreadPoolExecutor(4) as pool:
+        for n in range(30):
+            rel = "ab"[n % 2]
+            done = list(pool.map(lambda _i, rel=rel: _switch(tmp_path, rel), range(4)))
+            assert [d.returncode for d in done] == [0] * 4, [d.stderr for d in done]
+            assert os.readlink(tmp_path / "current") == f"releases/{rel}"
+            if n:
+                assert os.readlink(tmp_path / "previous") == f"releases/{'ab'[(n + 1) % 2]}"
+    assert not [p for p in tmp_path.iterdir() if "fleet-tmp" in p.name]  # no temporary link left
 
 
 @pytest.mark.parametrize(
