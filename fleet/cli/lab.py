@@ -1,6 +1,6 @@
 """``fleet lab up / down / status``: a local fleet of real hosts to rehearse deploys on.
 
-Thin commands over :mod:`fleet.lab.lab`. Human output is a rich table with progress on stderr;
+Thin commands over :mod:`fleetlab.lab`. Human output is a rich table with progress on stderr;
 ``--json`` prints one JSON document on stdout (progress still goes to stderr). Errors print
 what is wrong and how to fix it, and exit 2.
 """
@@ -18,10 +18,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fleet.lab import lab as lab_ops
-from fleet.lab.errors import LabError
-from fleet.lab.inventory_writer import default_inventory
-from fleet.lab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT, LabDir
+from fleetlab import lab as lab_ops
+from fleetlab.errors import LabError
+from fleetlab.inventory_writer import default_inventory
+from fleetlab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT, LabDir
 
 _err = Console(stderr=True, highlight=False)
 

@@ -4,7 +4,7 @@ A real host: ``sudo systemctl reboot`` over SSH, then wait for sshd to go away a
 the host key is checked strictly on every reconnect (``fleet.facts.runner.connect``), so a
 host that comes back with another key is refused, not trusted. A lab host (host data
 ``fleet_lab``, written by ``fleet lab up``) is power-cycled the lab's way,
-``fleet.lab.lab.restart_host``, which is what clears its stand-in driver's "reboot required".
+``fleetlab.lab.restart_host``, which is what clears its stand-in driver's "reboot required".
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def reboot(target: SshTarget, data: Mapping[str, Any], timeout: float = REBOOT_T
     t0 = time.monotonic()
     lab = _lab(data)
     if lab is not None:
-        from fleet.lab.lab import restart_host
+        from fleetlab.lab import restart_host
 
         restart_host(lab[0], target.name, lab[1])
         return time.monotonic() - t0

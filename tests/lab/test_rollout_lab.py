@@ -33,12 +33,12 @@ import paramiko
 import pytest
 
 from fleet.errors import FleetError
-from fleet.lab import lab as lab_ops
-from fleet.lab import ssh
-from fleet.lab.base import LOGIN_USER
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import Journal
 from fleet.rollout.probe import InstanceProber
+from fleetlab import lab as lab_ops
+from fleetlab import ssh
+from fleetlab.base import LOGIN_USER
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT
@@ -741,7 +741,7 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
 #
 # A partition that cuts only fleet off from one lab host: the command under test runs in a cgroup
 # of its own, and an nftables output rule drops that cgroup's packets to the host's address
-# (``socket cgroupv2``, as the lab's air gap matches hosts: ``fleet/lab/airgap.py``); the lab's
+# (``socket cgroupv2``, as the lab's air gap matches hosts: ``fleetlab/airgap.py``); the lab's
 # hosts keep reaching their own addresses. A frozen host: its cgroup's ``cgroup.freeze`` (cgroup
 # v2), every process of it stopped while its kernel still answers TCP.
 
@@ -753,7 +753,7 @@ def own_cgroup(name: str) -> Iterator[Path]:
     """A cgroup (v2) of this test's own, below this process's (so what guards the test run's
     cgroup, the network guard of tests/conftest.py, guards it too); removed at the end (its
     processes are gone by then)."""
-    from fleet.lab.airgap import cgroup2_root
+    from fleetlab.airgap import cgroup2_root
 
     root = cgroup2_root()
     assert root is not None, "no cgroup v2 hierarchy"
@@ -783,7 +783,7 @@ def partition(cgroup: Path, address: str) -> Iterator[Callable[[], str]]:
     """Yields ``cut()``: from then on every packet ``cgroup``'s sockets send to ``address`` is
     dropped (no answer, no error: a partition). The rule is removed at the end, pass or fail.
     ``cut()`` returns the nft table's name, to read its counter."""
-    from fleet.lab.airgap import host_rule
+    from fleetlab.airgap import host_rule
 
     rule = host_rule("fleet-under-test", address, cgroup)
     table = f"fleet_test_{os.getpid()}"
@@ -813,8 +813,8 @@ def dropped(table: str) -> int:
 def frozen(lab: LabFleet, index: int) -> Iterator[Callable[[], None]]:
     """Yields ``freeze()``: every process of the host stops (cgroup v2 ``cgroup.freeze``); thawed
     at the end, pass or fail."""
-    from fleet.lab.airgap import host_cgroup
-    from fleet.lab.lab import machine_for
+    from fleetlab.airgap import host_cgroup
+    from fleetlab.lab import machine_for
 
     state = lab.state
     m = machine_for(lab.dir, state, state.hosts[index])
@@ -1100,7 +1100,7 @@ def test_a_changed_host_key_shows_both_fingerprints_and_the_right_known_hosts_fi
     exited 2. Now: SHA256 fingerprints (expected and offered), ``ssh-keygen -R ... -f FILE``, exit 1."""
     import runpy
 
-    from fleet.lab.lab import machine_for
+    from fleetlab.lab import machine_for
 
     lab, fleet = serving
     h1 = fleet.hosts[1]
@@ -1268,7 +1268,7 @@ def test_a_restart_under_load_behind_the_balancer_fails_no_request(
     its sessions end, it restarts, passes its gates and comes back; not one request fails. Then
     the same restart with ``--no-lb`` (the balancer keeps sending to draining instances, which
     answer HTTP 500 as vLLM does): requests fail, which shows the first count is not vacuous."""
-    from fleet.lab import balancer
+    from fleetlab import balancer
 
     lab, fleet = serving
     policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
@@ -1359,7 +1359,7 @@ def power_cut(lab: LabFleet, index: int) -> None:
     loss does. Nothing is shut down cleanly."""
     import signal as sig
 
-    from fleet.lab.lab import machine_for
+    from fleetlab.lab import machine_for
 
     state = lab.state
     m = machine_for(lab.dir, state, state.hosts[index])

@@ -14,9 +14,9 @@ from fleet.facts.hostfacts import HostFacts, parse_probe
 from fleet.facts.nvml import NvmlProbe
 from fleet.gpus import GiB
 from fleet.inventory.spec import HostSpec, host_spec
-from fleet.lab.inventory_writer import declared_gpus
 from fleet.operations import host as host_deploy
 from fleet.plan.gpu_source import GpuMismatch, GpusNotKnownYet, gpu_source, mismatches
+from fleetlab.inventory_writer import declared_gpus
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 BASE: dict[str, Any] = {

@@ -153,10 +153,10 @@ def test_example_inventory_loads_for_planning() -> None:
 
 
 def test_the_labs_own_inventory_loads_for_planning(tmp_path: Path) -> None:
-    from fleet.lab.apt_repo import AptRepo
-    from fleet.lab.balancer import balancer_entry
-    from fleet.lab.inventory_writer import render_inventory
-    from fleet.lab.state import HostRecord, LabDir, LabState
+    from fleetlab.apt_repo import AptRepo
+    from fleetlab.balancer import balancer_entry
+    from fleetlab.inventory_writer import render_inventory
+    from fleetlab.state import HostRecord, LabDir, LabState
 
     lab = LabDir("keys", state_root=tmp_path / "state")
     keyring = tmp_path / "nvidia.gpg"

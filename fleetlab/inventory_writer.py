@@ -18,12 +18,12 @@ import pprint
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.lab.base import LOGIN_USER
-from fleet.lab.profiles import load_profile
-from fleet.lab.state import HostRecord, LabDir, LabState
+from fleetlab.base import LOGIN_USER
+from fleetlab.profiles import load_profile
+from fleetlab.state import HostRecord, LabDir, LabState
 
 if TYPE_CHECKING:
-    from fleet.lab.apt_repo import AptRepo
+    from fleetlab.apt_repo import AptRepo
 
 INVENTORY_NAME = "inventory.py"
 GROUP = "lab"
@@ -81,7 +81,7 @@ def host_data(
         "gpu": declared_gpus(host.profile),
         "bind_address": host.address,
         # fleet_lab: which lab the host belongs to, so `fleet deploy --reboot` power-cycles it the
-        # lab's way (fleet.lab.lab.restart_host) instead of `systemctl reboot`.
+        # lab's way (fleetlab.lab.restart_host) instead of `systemctl reboot`.
         "fleet_lab": {"name": lab.name, "state_root": str(lab.state_root)},
         **FLEET_LAB_DEFAULTS,
     }
