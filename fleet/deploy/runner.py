@@ -616,7 +616,7 @@ def _reboot(
         try:
             active = ssh_command(["systemctl", "is-active", "--quiet", "--", *units])
             was_serving = bool(units) and run_command(target, active)[0] == 0
-            seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
+            seconds = reboot_host(target, loaded.host(r.host).reboot_command)
             rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
         except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
             r.status, r.error = "failed", redact(f"reboot: {exc}")

@@ -188,6 +188,8 @@ class HostSpec:
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
     balancer: BalancerSpec | None = None  #: the load balancer in front of its instances
+    #: how this machine power-cycles the host (argv, run without a shell); None: ``systemctl reboot``
+    reboot_command: tuple[str, ...] | None = None
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
@@ -550,6 +552,7 @@ def host_spec(
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
         balancer=_balancer_spec(valid.balancer, valid.model, valid.served_model_name),
+        reboot_command=tuple(valid.reboot_command) if valid.reboot_command is not None else None,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
 

@@ -54,12 +54,15 @@ def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> Ho
 
 def planning_inputs(spec: HostSpec) -> HostSpec:
     """The part of a host spec its plan depends on: everything but the host's name and place
-    (where it is written, its groups, the machine's address and SSH port: ``plan_host`` reads none).
+    (where it is written, its groups, the machine's address, SSH port and reboot command: ``plan_host``
+    reads none).
 
     Hosts whose planning inputs (this, their GPU facts and their model) are equal get equal
     plans, so a fleet of identical hosts costs one plan (``plan_inventory``).
     """
-    return dataclasses.replace(spec, name="", inventory="", groups=(), ssh_hostname=None, ssh_port=22)
+    return dataclasses.replace(
+        spec, name="", inventory="", groups=(), ssh_hostname=None, ssh_port=22, reboot_command=None
+    )
 
 
 def _renamed(
