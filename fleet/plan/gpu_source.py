@@ -29,14 +29,18 @@ which (a probed host is planned from its real islands).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from fleet.deploy.preflight import OUR_UNIT_PREFIX
 from fleet.errors import FleetError, PlanError, PlanProblem
 from fleet.facts.hostfacts import GpuFacts, HostFacts
+from fleet.facts.units import OUR_UNIT_PREFIX
 from fleet.gpus import CATALOGUE, GiB, HostGpus
 from fleet.inventory.spec import GpuSpec, HostSpec
-from fleet.plan.outcomes import gpus_for
+
+if TYPE_CHECKING:  # not at run time: fleet plan --offline does not load paramiko
+    from fleet.facts.runner import HostUnreachable
 
 #: probe statuses that mean "NVML does not answer yet, and a deploy is what brings it":
 #: no driver, a driver installed and not loaded until the reboot (``fleet.facts.nvml_probe`` sets
@@ -148,6 +152,46 @@ def planning_gpus(facts: HostFacts) -> HostGpus:
     probed = facts.host_gpus()
     others = {g.index: _others_use(g) for g in facts.gpus}
     return replace(probed, gpus=tuple(replace(g, memory_used=others.get(g.index, g.memory_used)) for g in probed.gpus))
+
+
+def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> HostGpus:
+    """The GPU facts ``fleet plan`` plans a host from: its probe where it answered (``probed``),
+    else the inventory's ``gpu`` entry; ``PlanError`` if there are none."""
+    if probed and spec.name in probed:
+        return probed[spec.name]
+    if spec.gpu is not None:
+        return spec.gpu.host_gpus()
+    raise PlanError(
+        PlanProblem(
+            spec.name,
+            "no GPU facts: the host was not probed and the inventory has no gpu entry",
+            ways_out=[
+                "add gpu: {'sku': 'h100-sxm-80gb', 'count': 8} to the host's data",
+                "probe the host (fleet audit)",
+            ],
+        )
+    )
+
+
+def planning_gpus_of(
+    answers: Mapping[str, HostFacts | HostUnreachable | None],
+) -> tuple[dict[str, HostGpus], dict[str, str]]:
+    """``({host: probed HostGpus}, {host: why it was not probed})`` from each host's probe answer
+    (``fleet.facts.probed.probe_hosts``): a host whose NVML answered with GPUs is planned from them
+    (as ``fleet deploy`` plans it: our own units' memory is free), any other keeps the inventory's
+    ``gpu`` data, and the note says why."""
+    gpus: dict[str, HostGpus] = {}
+    notes: dict[str, str] = {}
+    for name, result in answers.items():
+        if result is None:
+            notes[name] = "the probe could not run on the host"
+        elif not isinstance(result, HostFacts):  # HostUnreachable
+            notes[name] = f"not probed: {result.reason}"
+        elif result.ok and result.gpus:
+            gpus[name] = planning_gpus(result)
+        else:
+            notes[name] = f"probe answered {result.status}" + (f" ({result.error_class})" if result.error_class else "")
+    return gpus, notes
 
 
 def _no_answer(spec: HostSpec, why: str, not_yet: bool) -> GpuSource:

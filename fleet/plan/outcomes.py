@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from fleet.errors import FleetError, ModelConfigError, PlanError, PlanProblem
+from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
+from fleet.plan.gpu_source import gpus_for, planning_gpus_of
 from fleet.plan.planner import HostPlan, Instance, plan_host
 
 
@@ -32,24 +34,6 @@ class HostOutcome:
     @property
     def ok(self) -> bool:
         return self.plan is not None
-
-
-def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> HostGpus:
-    """The GPU facts the planner uses for a host; ``PlanError`` if there are none."""
-    if probed and spec.name in probed:
-        return probed[spec.name]
-    if spec.gpu is not None:
-        return spec.gpu.host_gpus()
-    raise PlanError(
-        PlanProblem(
-            spec.name,
-            "no GPU facts: the host was not probed and the inventory has no gpu entry",
-            ways_out=[
-                "add gpu: {'sku': 'h100-sxm-80gb', 'count': 8} to the host's data",
-                "probe the host (fleet audit)",
-            ],
-        )
-    )
 
 
 def planning_inputs(spec: HostSpec) -> HostSpec:
@@ -156,12 +140,10 @@ def plan_fleet(
     loaded = load_for_planning(path, limit)
     if offline:
         return FleetPlan(plan_inventory(loaded), {})
-    from fleet.facts.probed import probe_host_gpus
+    from fleet.facts.probed import probe_hosts
 
-    if probe_timeout is None:
-        probed, notes = probe_host_gpus(loaded)
-    else:
-        probed, notes = probe_host_gpus(loaded, connect_timeout=probe_timeout)
+    answers = probe_hosts(loaded, connect_timeout=PROBE_CONNECT_TIMEOUT if probe_timeout is None else probe_timeout)
+    probed, notes = planning_gpus_of(answers)
     return FleetPlan(plan_inventory(loaded, probed), notes)
 
 
