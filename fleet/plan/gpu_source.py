@@ -38,6 +38,7 @@ from fleet.facts.hostfacts import GpuFacts, HostFacts
 from fleet.facts.units import OUR_UNIT_PREFIX
 from fleet.gpus import CATALOGUE, GiB, HostGpus
 from fleet.inventory.spec import GpuSpec, HostSpec
+from fleet.topology import host_gpus
 
 if TYPE_CHECKING:  # not at run time: fleet plan --offline does not load paramiko
     from fleet.facts.runner import HostUnreachable
@@ -149,7 +150,7 @@ def _others_use(g: GpuFacts) -> int:
 
 def planning_gpus(facts: HostFacts) -> HostGpus:
     """The probed GPUs as a deploy plans them: memory our own units hold counts as free."""
-    probed = facts.host_gpus()
+    probed = host_gpus(facts)
     others = {g.index: _others_use(g) for g in facts.gpus}
     return replace(probed, gpus=tuple(replace(g, memory_used=others.get(g.index, g.memory_used)) for g in probed.gpus))
 

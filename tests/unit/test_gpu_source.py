@@ -16,6 +16,7 @@ from fleet.gpus import GiB
 from fleet.inventory.spec import HostSpec, host_spec
 from fleet.operations import host as host_deploy
 from fleet.plan.gpu_source import GpuMismatch, GpusNotKnownYet, gpu_source, mismatches
+from fleet.topology import host_gpus
 from fleetlab.inventory_writer import declared_gpus
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
@@ -73,7 +74,7 @@ def test_a_real_driver_answer_plans_the_host_without_an_inventory_entry(fixture:
 )
 def test_an_agreeing_inventory_entry_is_a_passed_check_and_the_probe_plans(fixture: str, gpu: dict[str, Any]) -> None:
     probed = facts(fixture)
-    assert mismatches(spec(gpu).gpu, probed.host_gpus()) == []  # type: ignore[arg-type]
+    assert mismatches(spec(gpu).gpu, host_gpus(probed)) == []  # type: ignore[arg-type]
     source = gpu_source(spec(gpu), probed)
     assert source.origin == "probe" and source.gpus is not None and source.gpus.source == "probe"
 
@@ -142,7 +143,7 @@ def test_every_lab_profile_declares_what_its_simulated_nvml_answers() -> None:
         if not source.startswith("probe against the lab NVML library, profile "):
             continue
         profile = source.rsplit(" ", 1)[1]
-        found = mismatches(spec(declared_gpus(profile)).gpu, facts(path.stem).host_gpus())  # type: ignore[arg-type]
+        found = mismatches(spec(declared_gpus(profile)).gpu, host_gpus(facts(path.stem)))  # type: ignore[arg-type]
         missing = ["count: the inventory says 8, the probe found 7"]
         assert found == (missing if "gpu-missing" in profile else []), profile
         seen += 1
