@@ -494,7 +494,7 @@ FLEET_KEYS: tuple[str, ...] = tuple(
 #: pyinfra's keys that fleet reads too (its schema checks their values).
 PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
 #: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
-#: ``fleet.rollout.policy``, ``alerts`` by ``fleet.monitor.thresholds``.
+#: ``fleet.inventory.policy``, ``alerts`` by ``fleet.inventory.alerts``.
 NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
 #: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
 KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS

@@ -449,9 +449,8 @@ def _with_hint(allowed: str, fld: str) -> str:
 
 def _nested(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
     """``rollout`` and ``alerts``: their own modules' grammar, reported like every other field."""
-    from fleet.monitor.thresholds import parse_thresholds
-    from fleet.rollout.errors import PolicyError
-    from fleet.rollout.policy import parse_policy
+    from fleet.inventory.alerts import parse_thresholds
+    from fleet.inventory.policy import PolicyError, parse_policy
 
     if "alerts" in data and "alerts" not in refused:
         for p in parse_thresholds(h.inventory, h.name, data["alerts"])[1]:
