@@ -17,9 +17,9 @@ import time
 from collections.abc import Sequence
 
 from fleet.errors import FleetError
+from fleet.escape import ssh_command
 from fleet.facts.runner import SshTarget, connect, run_command
 from fleet.facts.sshlink import HostKeyError, SshError
-from fleet.render.escape import ssh_command
 from fleet.secrets import redact
 
 REBOOT_TIMEOUT_S = 900.0

@@ -57,6 +57,7 @@ from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError
+from fleet.escape import ssh_command
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
@@ -67,7 +68,6 @@ from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
 from fleet.plan.outcomes import load_for_planning
 from fleet.plan.planner import HostPlan
-from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.advice import next_steps
 from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target

@@ -545,7 +545,7 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
 
     ``default_driver``: the driver each vLLM series is deployed with when none is pinned.
     """
-    from fleet.operations.layout import LayoutError, check_driver_version
+    from fleet.inventory.drivers import LayoutError, check_driver_version
 
     if data.nvidia_apt_url is None:
         return None

@@ -32,6 +32,7 @@ from pyinfra.api.inventory import Inventory
 
 from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
+from fleet.inventory.drivers import DEFAULT_DRIVER
 from fleet.inventory.load import HostEntry, read_inventory
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
@@ -53,7 +54,6 @@ from fleet.inventory.schema import (
     haproxy_name,
     port_range_problem,
 )
-from fleet.operations.layout import DEFAULT_DRIVER
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
 __all__ = [

@@ -34,9 +34,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.escape import comment_text, haproxy_word
 from fleet.inventory.spec import BalancerSpec, HostSpec, LoadedInventory
 from fleet.plan.planner import HostPlan
-from fleet.render.escape import comment_text, haproxy_word
 from fleet.render.units import RenderedFile, _environment
 
 #: Where Debian's haproxy (a balancer host) keeps the state fleet dumps before a reload.
@@ -136,7 +136,7 @@ def render_config(config: BalancerConfig, inventory: str, written_by: str = "fle
 
 def state_dump_command(admin_socket: str, state_file: str) -> str:
     """A shell line that writes ``show servers state`` to ``state_file`` atomically (for a reload)."""
-    from fleet.render.escape import ssh_command
+    from fleet.escape import ssh_command
 
     tmp = f"{state_file}.tmp"
     dump = ssh_command(["socat", "-t", "5", "STDIO", f"UNIX-CONNECT:{admin_socket}"])
