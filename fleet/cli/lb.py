@@ -165,7 +165,7 @@ def _traffic(inventory: str, limit: tuple[str, ...], as_json: bool):  # type: ig
 
     try:
         loaded = load_inventory(inventory, list(limit) or None)
-        fleet = fleet_of(loaded)
+        fleet = fleet_of(loaded, markers="unread")
         order = [(r.host, r.instance) for r in fleet.instances]
         return traffic_of(loaded, order), order
     except FleetError as exc:

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.errors import FleetError
+from fleet.facts.drain import DrainMarker
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import next_steps
 from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, resume
@@ -188,7 +189,7 @@ def _live(runner: LiveRunner, initial: RolloutState) -> Group:
     return Group(_view(runner.last or initial, time.time()), Text(""))
 
 
-def _summary(state: RolloutState) -> dict[str, Any]:
+def _summary(state: RolloutState, skipped: Mapping[str, DrainMarker] | None = None) -> dict[str, Any]:
     return {
         "id": state.id,
         "fleet": state.fleet,
@@ -207,12 +208,15 @@ def _summary(state: RolloutState) -> dict[str, Any]:
             for ref, i in state.instances.items()
         ],
         "next": next_steps(state),
+        "skipped": [{"host": name, "drained": m.data()} for name, m in (skipped or {}).items()],
     }
 
 
-def _report(state: RolloutState, as_json: bool) -> None:
+def report_state(state: RolloutState, as_json: bool, skipped: Mapping[str, DrainMarker] | None = None) -> None:
+    """The result for people or ``--json``, then exit (0: every instance healthy; hosts skipped
+    because they are drained do not change that)."""
     if as_json:
-        click.echo(json.dumps(_summary(state), indent=2))
+        click.echo(json.dumps(_summary(state, skipped), indent=2))
     else:
         table = Table(title=f"fleet {state.kind} {state.id}: {state.status.value}", title_justify="left")
         for col in ("instance", "result", "release before", "release now", "why"):
@@ -224,6 +228,8 @@ def _report(state: RolloutState, as_json: bool) -> None:
         out.print(table)
         for line in next_steps(state):
             out.print(escape(line), soft_wrap=True)
+        for name, m in (skipped or {}).items():
+            out.print(escape(f"skipped {name}: {m.describe()}"), soft_wrap=True)
     sys.exit(0 if state.status is RolloutStatus.DONE else EXIT_SOME_HOSTS)
 
 
@@ -234,7 +240,8 @@ def _start(
     opts: Mapping[str, Any],
 ) -> None:
     """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
-    _report(roll(fleet, kind, targets_of, opts), bool(opts["as_json"]))
+    skipped = {n: m for n, m in fleet.drained.items() if n not in fleet.hosts}
+    report_state(roll(fleet, kind, targets_of, opts), bool(opts["as_json"]), skipped)
 
 
 def roll(
@@ -245,13 +252,28 @@ def roll(
 ) -> RolloutState:
     """``run_rollout`` with the command line's live view; a bad input or a held lock exits here."""
     as_json = bool(opts.get("as_json"))
-    try:
-        return run_rollout(
+    for line in fleet.skipped_lines():
+        warn_to_stderr(as_json)(line)
+    return guarded(
+        lambda: run_rollout(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
-            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
-            lb=not opts.get("no_lb"), warn=_warn(as_json),
-        )  # fmt: skip
+            run=live_loop(as_json), lb=not opts.get("no_lb"), warn=warn_to_stderr(as_json),
+        ),
+        as_json,
+    )  # fmt: skip
+
+
+def live_loop(as_json: bool) -> Callable[[RolloutState, SshExecutor, Journal], RolloutState]:
+    """The runner with the command line's live view (and Ctrl-C between steps)."""
+    return lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False)
+
+
+def guarded(call: Callable[[], RolloutState], as_json: bool) -> RolloutState:
+    """``call()``; a held lock, a balancer that cannot be used or is down, or a bad input exits
+    here, saying that nothing was touched and the way out."""
+    try:
+        return call()
     except LockHeld as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
     except BalancerMisconfigured as exc:
@@ -263,7 +285,7 @@ def roll(
         fail(str(exc), as_json)
 
 
-def _warn(as_json: bool) -> Callable[[str], None]:
+def warn_to_stderr(as_json: bool) -> Callable[[str], None]:
     """Warnings go to stderr (also with --json, whose document is stdout's)."""
 
     def say(line: str) -> None:
@@ -372,7 +394,7 @@ def _apply(
     err = Console(stderr=True, highlight=False)
     try:
         # the policy is checked before any host is touched
-        load_fleet(inventory, limit, overrides).policy(overrides_of(opts))
+        load_fleet(inventory, limit, overrides, markers="unread").policy(overrides_of(opts))
         with HostSteps(err) as steps:
             result = run_deploy(
                 inventory, limit, health_timeout=timeout, progress=steps.note, step=steps.step,
@@ -395,7 +417,10 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
             if saved.status is not RolloutStatus.RUNNING:
                 fail(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume", as_json)
             hosts = sorted({r.host for r in saved.instances})
-            fleet = load_fleet(saved.fleet, hosts)
+            # the rollout's own instances, drained since or not: it finishes what it started
+            fleet = load_fleet(saved.fleet, hosts, markers="keep")
+            for name, m in fleet.drained.items():
+                warn_to_stderr(as_json)(f"host {name} is {m.describe()}; this rollout began before, and goes on")
             executor = fleet.executor(opts["gates_over_ssh"], lb=not opts.get("no_lb"))
             try:
                 executor.traffic.preflight()
@@ -412,7 +437,7 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
         finally:
             journal.release(saved.fleet, rid)
             executor.close()
-    _report(final, as_json)
+    report_state(final, as_json)
 
 
 @click.command()

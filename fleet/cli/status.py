@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Group
@@ -17,6 +18,11 @@ from fleet.cli import console, fail
 from fleet.errors import FleetError
 from fleet.monitor.histograms import Quantile
 from fleet.monitor.status import Health, InstanceStatus
+
+if TYPE_CHECKING:
+    from fleet.inventory.spec import LoadedInventory
+    from fleet.lb.traffic import Traffic
+    from fleet.monitor.targets import Target
 
 
 def _q(q: Quantile | None) -> str:
@@ -40,6 +46,8 @@ def _red_if(text: str, row: InstanceStatus, word: str) -> Text:
 
 
 def _notes(row: InstanceStatus) -> Text:
+    if row.drained is not None:
+        return Text("; ".join([row.drained.describe(), *row.problems]), style="yellow")
     if row.health is not Health.READY:
         return Text("; ".join([row.detail, *row.problems]), style="red")
     return Text("; ".join(row.problems) or "ok", style="yellow" if row.problems else "green")
@@ -71,9 +79,25 @@ def _release_cell(row: InstanceStatus) -> str:
     return unit.release
 
 
+def _health_cell(row: InstanceStatus) -> Text:
+    if row.drained is not None:
+        return Text("drained", style="yellow")
+    return Text(row.health.value, style="green" if row.health is Health.READY else "red")
+
+
+def _lb_cell(row: InstanceStatus) -> Text:
+    """The balancer's view: UP/DRAIN/MAINT/DOWN and its sessions ("-": no balancer in front)."""
+    if row.lb_error:
+        return Text("?", style="red")
+    if row.lb is None:
+        return Text("-", style="dim")
+    style = "green" if row.lb.view == "UP" and row.lb.in_traffic else "yellow"
+    return Text(f"{row.lb.view} {row.lb.sessions}", style=style)
+
+
 def status_table(rows: list[InstanceStatus], interval: float) -> Table:
     table = Table(title=f"fleet status (rates over the last {interval:g}s)", header_style="bold")
-    for col in ("host", "inst", "model", "health", "vLLM", "KV", "run/wait", "preempt", "req/s",
+    for col in ("host", "inst", "model", "health", "lb", "vLLM", "KV", "run/wait", "preempt", "req/s",
                 "TTFT p50/p99", "e2e p50/p99", "unit", "restarts", "release", "GPU mem"):  # fmt: skip
         table.add_column(col, no_wrap=col not in ("host", "model", "release"))
     table.add_column("notes", overflow="fold")
@@ -86,7 +110,8 @@ def status_table(rows: list[InstanceStatus], interval: float) -> Table:
             t.host,
             str(t.index),
             t.model,
-            Text(row.health.value, style="green" if row.health is Health.READY else "red"),
+            _health_cell(row),
+            _lb_cell(row),
             row.version or "-",
             _red_if(_num(row.kv_usage, "{:.0%}"), row, "KV"),
             _red_if(f"{_num(row.running)}/{_num(row.waiting)}", row, "waiting"),
@@ -122,8 +147,13 @@ def status(
     over HTTP and, at the same time, over SSH: unit state, uptime and restarts (systemd), the
     release, and GPU memory in use (NVML).
 
-    Exit status 1 when an instance is not ready, its unit is not active, its host is unreachable
-    or it breaks an alert threshold; 2 when the inventory is invalid.
+    A host drained for maintenance (`fleet drain`) shows its instances as `drained` with who,
+    when and why; the `lb` column is what each instance's load balancer says (UP/DRAIN/MAINT/DOWN
+    and its current sessions; with --no-ssh only balancers on this machine are asked).
+
+    Exit status 1 when an instance is not ready (and not drained), its unit is not active, its host
+    is unreachable, it serves but is left out of its balancer's traffic, or it breaks an alert
+    threshold; 2 when the inventory is invalid.
     """
     from fleet.inventory.spec import load_inventory
     from fleet.monitor.hoststate import observe, ssh_targets
@@ -138,6 +168,7 @@ def status(
         outcomes = plan_inventory(loaded)
         targets = targets_from_outcomes(outcomes, loaded)
         hosts = ssh_targets(loaded.pyinfra, targets) if ssh else []
+        traffic = _traffic(loaded, targets, ssh)
     except FleetError as exc:
         fail(str(exc), as_json)
     unplanned = [o.spec.name for o in outcomes if o.plan is None]
@@ -147,17 +178,23 @@ def status(
         fail("--watch is for people; use --json without it (or call it in a loop)", as_json)
     if watch:
         out = console()
-        rows, latest = observe(targets, hosts, thresholds, interval, timeout)
+        rows, latest = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
         try:
             with Live(status_table(rows, interval), console=out, auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
-                    rows, latest = observe(targets, hosts, thresholds, interval, timeout, previous=latest)
+                    rows, latest = observe(
+                        targets, hosts, thresholds, interval, timeout, previous=latest, traffic=traffic
+                    )
                     stamp = Text(time.strftime("%H:%M:%S") + "  Ctrl-C to stop", style="dim")
                     live.update(Group(status_table(rows, interval), stamp), refresh=True)
         except KeyboardInterrupt:
             return
-    rows, _ = observe(targets, hosts, thresholds, interval, timeout)
+    try:
+        rows, _ = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
+    finally:
+        if traffic is not None:
+            traffic.close()
     if as_json:
         data = {"instances": [status_data(r) for r in rows], "hosts_without_plan": unplanned}
         click.echo(json.dumps(data, indent=2))
@@ -166,3 +203,13 @@ def status(
         if unplanned:
             console().print(f"[yellow]not observed (no valid plan, so no instances):[/] {', '.join(unplanned)}")
     sys.exit(0 if all(r.ok for r in rows) and not unplanned else 1)
+
+
+def _traffic(loaded: LoadedInventory, targets: list[Target], ssh: bool) -> Traffic | None:
+    """The balancers in front of the targets (without SSH: only those on this machine)."""
+    from fleet.lb.traffic import Traffic, traffic_of
+
+    traffic = traffic_of(loaded, [(t.host, f"vllm-{t.index}") for t in targets])
+    if not ssh:
+        traffic = Traffic({k: v for k, v in traffic.seats.items() if v.balancer.spec.local})
+    return traffic or None

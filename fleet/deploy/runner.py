@@ -1,7 +1,9 @@
 """Run the deploy of ``fleet.operations.host`` on an inventory through pyinfra's API.
 
 Order: validate every selected host's data and plan (errors for all hosts at once, before any
-host is touched); connect (strict host keys, as the inventory says); probe each host's GPUs
+host is touched); connect (strict host keys, as the inventory says); skip the hosts drained for
+maintenance (``fleet drain``'s marker on the host, ``fleet.facts.drain``: reported ``skipped``,
+which is no failure); probe each host's GPUs
 (the ``NvmlProbe`` fact, once per host) and plan it from what it has (``fleet.plan.gpu_source``:
 an inventory ``gpu`` entry the probe contradicts refuses the host before anything is written; a
 host whose NVML does not answer yet and has no entry waits: its units are rendered once the
@@ -48,6 +50,7 @@ from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError
+from fleet.facts.drain import read_markers
 from fleet.facts.packages import RebootRequired
 from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
@@ -78,7 +81,8 @@ class HostResult:
     #: "changed", "unchanged", "would change", "no change", "failed", "unreachable", "refused"
     #: (preflight, or GPUs that differ from the inventory's), "stopped" (not finished: the deploy
     #: stopped at the fail-percent), "waiting" (installed, but NVML does not answer yet: its units
-    #: are rendered by a deploy after the driver loads)
+    #: are rendered by a deploy after the driver loads), "skipped" (drained for maintenance,
+    #: ``fleet drain``: nothing is done to it, and it is no failure)
     status: str
     operations: list[str] = field(default_factory=list)  #: changed (or, dry, would change)
     error: str | None = None
@@ -296,6 +300,12 @@ def deploy(
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
             return finish(_stop_message(results, fail_percent))
+        for name, marker in read_markers([_target(loaded, h.name) for h in active]).items():
+            results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
+            step(name, "skipped: drained")
+        active = [h for h in active if h.name not in results]
+        if not active:
+            return finish()
         progress(f"probing the GPUs of {len(active)} host(s)")
         for h in active:
             step(h.name, "probing GPUs")
@@ -714,7 +724,7 @@ def _roll(
 ) -> str | None:
     """Serving hosts whose release or configuration changed go through the rolling engine: batches,
     drain, stop, GPUs free, switch (release link and configuration revision), start, gates."""
-    fleet = fleet_of(loaded.reload(hosts))
+    fleet = fleet_of(loaded.reload(hosts), markers="unread")  # drained hosts were skipped before
     stale = {(n, u.unit) for n in hosts for u in states.get(n) or () if u.stale}
     targets = [
         Target(ref, staged[ref.host].release, s.model, s.port, restart=(ref.host, s.unit) in stale,

@@ -41,6 +41,9 @@ The load balancer in front of a group (``fleet.lb``), group or host data ``balan
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
+Not inventory data, but text that lands on hosts all the same: ``fleet drain --reason`` (written
+into the host's drain marker, shown by ``fleet status``): ``drain_reason``.
+
 Values given on pyinfra's command line (``pyinfra --data releases_kept=2``) reach fleet already
 converted by pyinfra (``pyinfra_cli.util.parse_cli_arg``: ``true``/``false``, integers, JSON,
 else the string), so the same strict grammar applies to them: ``releases_kept=2`` is the integer
@@ -59,6 +62,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
+from fleet.secrets import looks_like_secret
 
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
@@ -111,6 +115,20 @@ def _served_name(value: str) -> str:
             "not starting with '-' or a space, not ending with a space"
         )
     return value
+
+
+DRAIN_REASON_RULE = "1 to 500 printable characters (no line breaks, tabs or control characters), not a secret"
+
+
+def drain_reason(value: str) -> str:
+    """``fleet drain --reason``: why a host is out of service, for the next person who looks.
+
+    Raises ``ValueError`` (with ``DRAIN_REASON_RULE``) for an empty, multi-line, unprintable or
+    secret-shaped text (it is shown by ``fleet status`` and kept on the host)."""
+    text = value.strip()
+    if not text or len(text) > 500 or not _printable(text) or looks_like_secret(text):
+        raise ValueError(DRAIN_REASON_RULE)
+    return text
 
 
 def _path(value: str) -> str:

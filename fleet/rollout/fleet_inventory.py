@@ -5,6 +5,11 @@ The instances are planned as ``fleet deploy`` planned them (``fleet.operations.h
 a host without a ``gpu`` entry in the inventory is probed first (the NVML probe over SSH, one
 round trip per host, all hosts at once; read-only).
 
+A host drained for maintenance (``fleet drain``: its marker, ``fleet.facts.drain``, read from
+every selected host at once) is left out of the fleet a rollout sees and listed in
+``RolloutFleet.drained``, so restarts, rollouts and rollbacks skip it and say so; ``fleet drain``
+and ``fleet undrain`` keep it (``markers="keep"``).
+
 Everything else is checked here, before any host is touched: a bad inventory, a bad ``rollout``
 setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
 the file, host and field.
@@ -13,11 +18,12 @@ the file, host and field.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fleet.errors import FleetError
+from fleet.facts.drain import DrainMarker, read_markers
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
@@ -41,6 +47,17 @@ class RolloutFleet:
     host_data: Mapping[str, Mapping[str, Any]]
     api_keys: Mapping[str, str | None]
     loaded: LoadedInventory | None = None  #: for the load balancers in front of the instances
+    #: selected hosts that are drained (``fleet drain``), by name: left out of ``hosts`` and
+    #: ``instances`` unless the fleet was loaded with ``markers="keep"``
+    drained: Mapping[str, DrainMarker] = field(default_factory=dict)
+
+    def skipped_lines(self) -> list[str]:
+        """One line per drained host this fleet leaves out, for people."""
+        return [
+            f"host {name} skipped: {m.describe()}; `fleet undrain {self.inventory} {name}` puts it back"
+            for name, m in self.drained.items()
+            if name not in self.hosts
+        ]
 
     def traffic(self) -> Traffic:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
@@ -83,19 +100,28 @@ def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) ->
     return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
 
 
+#: What to do with drained hosts: leave them out (rollouts), keep them (drain, undrain), or do not
+#: read the markers at all (the caller already did).
+Markers = Literal["skip", "keep", "unread"]
+
+
 def load_fleet(
-    inventory: str, limit: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
+    inventory: str,
+    limit: Sequence[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    markers: Markers = "skip",
 ) -> RolloutFleet:
     """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
-    data given on the command line)."""
+    data given on the command line; ``markers``: what to do with drained hosts)."""
     loaded = load_inventory(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
-    return fleet_of(loaded)
+    return fleet_of(loaded, markers=markers)
 
 
-def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
-    """The rollout's view of a loaded inventory (its selected hosts)."""
+def fleet_of(loaded: LoadedInventory, *, markers: Markers = "skip") -> RolloutFleet:
+    """The rollout's view of a loaded inventory (its selected hosts; drained ones per ``markers``)."""
     inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
@@ -112,8 +138,10 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
             problems.append(str(exc))
     if problems:
         raise FleetError("\n".join(problems))
-    probes = _probe_unplanned(loaded.hosts, ssh)
-    for spec in loaded.hosts:
+    drained = read_markers(ssh.values()) if markers != "unread" else {}
+    specs = [s for s in loaded.hosts if markers != "skip" or s.name not in drained]
+    probes = _probe_unplanned(specs, ssh)
+    for spec in specs:
         try:
             plan = host_deploy.host_plan(spec.name, datas[spec.name], probes.get(spec.name))
         except FleetError as exc:
@@ -130,6 +158,6 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(
-        str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
-        loaded,
+        str(Path(inventory).resolve()), inventory, tuple(s.name for s in specs), ssh, instances, datas, keys,
+        loaded, drained,
     )  # fmt: skip

@@ -262,6 +262,19 @@ class Journal:
         assert seq is not None
         return seq
 
+    def record(
+        self, state: RolloutState, what: str, detail: str, ok: bool, outcome: str, now: float, host: str | None = None
+    ) -> None:
+        """A step taken around the engine (``fleet drain`` writing a host's marker, enabling units),
+        written with its outcome at once: ``what`` is its name in ``fleet history ID``."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO steps (rollout_id, at, instance, action, detail, before, state, outcome, outcome_detail, "
+                "outcome_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (state.id, now, host, what, detail, "{}", json.dumps(state_to_dict(state)),
+                 "ok" if ok else "failed", outcome, now),
+            )  # fmt: skip
+
     def outcome(self, seq: int, state: RolloutState, ok: bool, detail: str, now: float) -> None:
         with self._tx() as db:
             db.execute(

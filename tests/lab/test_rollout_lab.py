@@ -630,6 +630,112 @@ def test_a_restart_under_load_behind_the_balancer_fails_no_request(
         balancer.stop(lab.dir)
 
 
+def test_drain_takes_a_host_out_under_load_a_restart_from_another_journal_skips_it_undrain_brings_it_back(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Behind the lab's HAProxy, under load: ``fleet drain`` of one host marks it on the host
+    (root-only, who/when/why), takes its instances out of traffic, stops and disables their units
+    and leaves their servers in MAINT, failing no request. A ``fleet restart`` with another journal
+    (another control machine's) skips that host by its marker, says so, and restarts only the
+    other; ``fleet deploy --limit`` of it reports it skipped and exits 0; ``fleet status`` shows it
+    drained with the balancer's view. ``fleet undrain`` starts, gates and puts it back, failing no
+    request, and removes the marker."""
+    from fleet.lab import balancer
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    Path(inventory).write_text(f"lab = {[(n, {**d, 'balancer': entry}) for n, d in runpy_hosts(inventory)]!r}\n")
+    url = balancer.ensure(lab.dir, Path(inventory))
+    mine = [r for r in map(str, fleet.instances) if r.startswith(f"{h1}/")]
+    others = [r for r in map(str, fleet.instances) if r.startswith(f"{h0}/")]
+    units = [s.unit for r, s in fleet.instances.items() if r.host == h1]
+    drained = False
+    try:
+        rc, out = fleet_json("lb", "ready", inventory, *mine, *others, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(inventory).values()} == {"UP"}, 30), lb_views(inventory)
+        before = instance_state(lab, fleet)
+        j1, j2 = tmp_path / "control-1.sqlite", tmp_path / "control-2.sqlite"
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, result = fleet_cli("drain", inventory, h1, "--reason", "swap the NVMe, ticket 4411", "--json",
+                                   journal=j1)  # fmt: skip
+            drained = True
+            time.sleep(1)
+        assert rc == 0, result
+        assert result["status"] == "done", result
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        marker = must(
+            lab, 1, "sudo stat -c '%a %U' /var/lib/fleet/drained.json && sudo cat /var/lib/fleet/drained.json"
+        )
+        mode, _, text = marker.partition("\n")
+        assert mode == "600 root", mode
+        body = json.loads(text)
+        assert body["reason"] == "swap the NVMe, ticket 4411" and body["rollout"] == result["id"]
+        assert body["by"].endswith("@" + os.uname().nodename) and abs(body["at"] - time.time()) < 300
+        rc, _o, _e = on_host(lab, 1, "test -r /var/lib/fleet/drained.json")
+        assert rc != 0  # root-only: the login user cannot read it
+        for unit in units:
+            assert must(lab, 1, f"systemctl is-active {unit} || true").strip() == "inactive"
+            assert must(lab, 1, f"systemctl is-enabled {unit} || true").strip() == "disabled"
+        views = lb_views(inventory)
+        assert {views[r]["view"] for r in mine} == {"MAINT"} and {views[r]["view"] for r in others} == {"UP"}, views
+        steps = [(s["instance"], s["action"], s["outcome"]) for s in history(result["id"], j1)["steps"]]
+        assert (h1, "marker:drained", "ok") == steps[0], steps
+        for r in mine:
+            assert [a for i, a, _o in steps if i == r] == ["lb:drain", "stop", "lb:maint"], steps
+        assert (h1, "units:disabled", "ok") in steps, steps
+
+        # another control machine (its own journal) restarts the fleet: the drained host is skipped
+        rc, restart = fleet_cli("restart", inventory, "--health-timeout", "60", "--json", journal=j2)
+        assert rc == 0, restart
+        assert [s["host"] for s in restart["skipped"]] == [h1], restart
+        assert restart["skipped"][0]["drained"]["reason"] == "swap the NVMe, ticket 4411"
+        assert sorted(i["instance"] for i in restart["instances"]) == sorted(others), restart
+        after = instance_state(lab, fleet)
+        assert all(after[r]["pid"] != before[r]["pid"] for r in others)  # restarted
+        assert all(after[r]["unit"] == "inactive/dead" for r in mine), after  # left alone
+
+        # a deploy of it: skipped, and no failure
+        rc, deployed = fleet_json("deploy", inventory, "--limit", h1, "--json")
+        assert rc == 0, deployed
+        assert [(h["host"], h["status"]) for h in deployed["hosts"]] == [(h1, "skipped")], deployed
+        assert "drained by" in deployed["hosts"][0]["note"]
+
+        rc, status = fleet_json("status", inventory, "--json", "--interval", "0.5")
+        assert rc == 0, status  # drained is not a failure
+        rows = {r["instance"]: r for r in status["instances"]}
+        for r in mine:
+            assert rows[r]["state"] == "drained" and rows[r]["drained"]["reason"] == "swap the NVMe, ticket 4411"
+            assert rows[r]["balancer"]["view"] == "MAINT", rows[r]
+        for r in others:
+            assert rows[r]["state"] == "ready" and rows[r]["balancer"]["view"] == "UP", rows[r]
+            assert rows[r]["drained"] is None
+
+        with Load(url, workers=4) as load:
+            time.sleep(1)
+            rc, back = fleet_cli("undrain", inventory, h1, "--health-timeout", "60", "--json", journal=j1)
+            time.sleep(1)
+        assert rc == 0, back
+        drained = False
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        assert on_host(lab, 1, "sudo test -e /var/lib/fleet/drained.json")[0] == 1  # the marker is gone
+        final = instance_state(lab, fleet)
+        assert all(final[r]["unit"] == "active/running" and final[r]["serves"] == (MODEL,) for r in mine), final
+        assert {v["view"] for v in lb_views(inventory).values()} == {"UP"}
+        steps = [(s["instance"], s["action"]) for s in history(back["id"], j1)["steps"]]
+        for r in mine:
+            assert [a for i, a in steps if i == r] == ["start", "lb:ready"], steps
+        assert steps[-1] == (h1, "marker:removed"), steps
+    finally:
+        if drained:  # leave the lab serving for the tests after this one
+            must(lab, 1, f"sudo rm -f /var/lib/fleet/drained.json; sudo systemctl enable --now {' '.join(units)}")
+        balancer.stop(lab.dir)
+
+
 def fleet_json(*args: str) -> tuple[int, Any]:
     proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
     try:
