@@ -280,8 +280,11 @@ def deploy(
     results: dict[str, HostResult] = {}
     staged = host_deploy.staged_of(state)  #: filled in while the operations are prepared
 
+    balancer_results: list[HostResult] = []
+
     def finish(error: str | None = None) -> DeployResult:
-        return DeployResult(dry, [results[h.name] for h in selected], time.monotonic() - t0, error)
+        hosts = [results[h.name] for h in selected] + balancer_results
+        return DeployResult(dry, hosts, time.monotonic() - t0, error)
 
     try:
         progress(f"connecting to {len(selected)} host(s)")
@@ -387,10 +390,56 @@ def deploy(
     for name in [*quiet, *serving]:
         if not _to_roll(name, states, staged):
             _check_serving(loaded, plans, results, name, health_timeout, step)
+    balancer_results.extend(_balancers(loaded, plans, progress, step))
     _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     return finish(error)
+
+
+def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
+    """fleet's HAProxy configuration on every balancer in front of the planned hosts
+    (``fleet.deploy.balancers``); one result per balancer, beside the hosts'."""
+    from fleet.deploy import balancers
+    from fleet.rollout.policy import policy_from_hosts
+
+    datas = {s.name: loaded.pyinfra.get_host(s.name).data.dict() for s in loaded.hosts}  # type: ignore[no-untyped-call]
+    try:
+        drain_timeout = policy_from_hosts(loaded.path, datas).drain_timeout_s
+    except FleetError:
+        drain_timeout = 120.0  # a bad rollout policy is reported where it is used
+    for spec in {s.balancer.on for s in loaded.hosts if s.balancer is not None}:
+        step(spec, "configuring the balancer")
+    done = balancers.configure(loaded, plans, lambda *a: _balancer_host(loaded, *a), drain_timeout, progress)
+    for b in done:
+        step(b.name, b.status)
+    return [HostResult(b.name, b.status, b.operations, error=b.error, note=b.note) for b in done]
+
+
+def _balancer_host(loaded: LoadedInventory, name: str, path: str, text: str, dropin: str) -> tuple[bool, list[str]]:
+    """``fleet.operations.balancer`` on one balancer host (its own pyinfra run); raises
+    ``FleetError`` naming the failed operation."""
+    from fleet.inventory.load import read_inventory
+    from fleet.operations import balancer as balancer_ops
+
+    inventory = read_inventory(loaded.path, loaded.overrides).pyinfra
+    h = inventory.get_host(name)
+    state = State(inventory, _config(), initial_limit=[h])
+    try:
+        connect_all(state)
+        if h not in state.activated_hosts:
+            raise FleetError(f"balancer host {name}: could not connect over SSH")
+        _add_deploy(state, lambda: balancer_ops.balancer_host(path=path, text=text, dropin=dropin), [h])
+        try:
+            run_ops(state)
+        except PyinfraError as exc:
+            raise FleetError(f"balancer host {name}: {_failure(state, h)} ({exc})") from exc
+        if h in state.failed_hosts:
+            raise FleetError(f"balancer host {name}: {_failure(state, h)}")
+        ops = _op_names(state, h, will=False)
+        return bool(ops), ops
+    finally:
+        _close(state)
 
 
 def _join_balancers(

@@ -700,7 +700,7 @@ def test_drain_takes_a_host_out_under_load_a_restart_from_another_journal_skips_
         assert all(after[r]["unit"] == "inactive/dead" for r in mine), after  # left alone
 
         # a deploy of it: skipped, and no failure
-        rc, deployed = fleet_json("deploy", inventory, "--limit", h1, "--json")
+        rc, deployed = fleet_json("deploy", inventory, "--limit", h1, "--json", timeout=600)
         assert rc == 0, deployed
         assert [(h["host"], h["status"]) for h in deployed["hosts"]] == [(h1, "skipped")], deployed
         assert "drained by" in deployed["hosts"][0]["note"]
@@ -736,8 +736,71 @@ def test_drain_takes_a_host_out_under_load_a_restart_from_another_journal_skips_
         balancer.stop(lab.dir)
 
 
-def fleet_json(*args: str) -> tuple[int, Any]:
-    proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+def test_deploy_reconfigures_the_balancer_a_removed_host_leaves_traffic_first_an_added_one_joins_after_its_checks(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """``fleet deploy`` installs fleet's configuration on the lab's HAProxy (``on: local``) and
+    reloads it keeping runtime state. Under load: an inventory without the second host takes that
+    host's servers out of traffic before the reloaded configuration drops them (no request fails,
+    the first host's servers stay UP); the whole inventory again brings them back, written disabled
+    and set ready only once their instances pass the deploy's checks."""
+    from fleet.lab import balancer
+    from fleet.lb.traffic import Balancer
+    from fleet.lb.transport import LocalSocket
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    hosts = [(n, {**d, "balancer": entry}) for n, d in runpy_hosts(fleet.inventory)]
+    full, one = tmp_path / "full.py", tmp_path / "one.py"
+    full.write_text(f"lab = {hosts!r}\n")
+    one.write_text(f"lab = {[h for h in hosts if h[0] == h0]!r}\n")
+    url = balancer.ensure(lab.dir, full)
+    refs = [str(r) for r in fleet.instances]
+    spec = load_fleet(str(full), markers="unread").traffic().balancers[0].spec
+    haproxy = Balancer(spec, LocalSocket(entry["admin_socket"], 5.0))
+
+    def servers() -> dict[str, str]:
+        return {st.server: st.admin.value for st in haproxy.servers_state()}
+
+    try:
+        rc, out = fleet_json("lb", "ready", str(full), *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(full)).values()} == {"UP"}, 30)
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, gone = fleet_json("deploy", str(one), "--json", timeout=600)
+            time.sleep(1)
+        assert rc == 0, gone
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        row = next(h for h in gone["hosts"] if h["host"] == "local")
+        assert row["status"] == "changed", row
+        assert any(op.startswith("out of traffic, then dropped:") and f"{h1}:vllm-0" in op and f"{h1}:vllm-1" in op
+                   for op in row["operations"]), row  # fmt: skip
+        assert servers() == {f"{h0}:vllm-0": "ready", f"{h0}:vllm-1": "ready"}  # kept across the reload
+
+        rc, back = fleet_json("deploy", str(full), "--json", timeout=600)
+        assert rc == 0, back
+        row = next(h for h in back["hosts"] if h["host"] == "local")
+        assert any(
+            op.startswith("new servers, out of traffic until their instance serves:") for op in row["operations"]
+        )
+        joined = next(h for h in back["hosts"] if h["host"] == h1)["operations"]
+        assert [op.split(":")[0] for op in joined if "into traffic" in op] == ["vllm-0", "vllm-1"], joined
+        assert set(servers().values()) == {"ready"} and len(servers()) == 4
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(full)).values()} == {"UP"}, 30), lb_views(str(full))
+        rc, again = fleet_json("deploy", str(full), "--json", timeout=600)
+        assert rc == 0, again
+        assert next(h for h in again["hosts"] if h["host"] == "local")["status"] == "unchanged", again
+    finally:
+        haproxy.close()
+        balancer.stop(lab.dir)
+
+
+def fleet_json(*args: str, timeout: float = 120) -> tuple[int, Any]:
+    proc = subprocess.run(
+        [str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
     try:
         return proc.returncode, json.loads(proc.stdout)
     except ValueError:
