@@ -797,6 +797,47 @@ def test_deploy_reconfigures_the_balancer_a_removed_host_leaves_traffic_first_an
         balancer.stop(lab.dir)
 
 
+def test_a_reboot_for_a_driver_change_takes_the_host_out_of_traffic_first_and_back_after_its_checks(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Behind the lab's HAProxy, under load: another driver for the second host (the lab's apt
+    repository has two) needs a reboot; ``fleet deploy --reboot`` takes that host's instances out
+    of traffic and waits for their sessions before the reboot, and puts them back ``ready`` only
+    once they serve again. No request fails. (The host keeps that driver afterwards.)"""
+    from fleet.lab import balancer
+
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    hosts = [(n, {**d, "balancer": entry, **({"nvidia_driver_version": "580.82.07"} if n == h1 else {})})
+             for n, d in runpy_hosts(fleet.inventory)]  # fmt: skip
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"lab = {hosts!r}\n")
+    url = balancer.ensure(lab.dir, inventory)
+    refs = [str(r) for r in fleet.instances]
+    try:
+        rc, out = fleet_json("lb", "ready", str(inventory), *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(inventory)).values()} == {"UP"}, 30)
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, result = fleet_json("deploy", str(inventory), "--limit", h1, "--reboot", "--json", timeout=900)
+            time.sleep(1)
+        assert rc == 0, result
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        row = next(h for h in result["hosts"] if h["host"] == h1)
+        ops = row["operations"]
+        out_at = next(i for i, op in enumerate(ops) if op.startswith("out of traffic on haproxy on this machine"))
+        reboot_at = next(i for i, op in enumerate(ops) if op.startswith("reboot ("))
+        back_at = ops.index("back into traffic")
+        assert out_at < reboot_at < back_at, ops
+        assert row["reboot_required"] is None and all(e["healthy"] for e in row["endpoints"]), row
+        assert must(lab, 1, "dpkg-query -W -f '${Version}' nvidia-kernel-open-dkms").startswith("580.82.07")
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(inventory)).values()} == {"UP"}, 30)
+    finally:
+        balancer.stop(lab.dir)
+
+
 def fleet_json(*args: str, timeout: float = 120) -> tuple[int, Any]:
     proc = subprocess.run(
         [str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
