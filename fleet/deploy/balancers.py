@@ -141,7 +141,7 @@ def _one(
         if changed:
             ops.append(f"configuration {spec.config} written" + (", HAProxy reloaded" if answering else ""))
     else:
-        dropin = systemd_dropin(spec.admin_socket, plan.config.state_file)
+        dropin = systemd_dropin(spec.admin_socket, plan.config.state_file, spec.config)
         changed, done = install_remote(spec.on, spec.config, text, dropin)
         ops += done
     if plan.added:

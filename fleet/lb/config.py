@@ -147,13 +147,17 @@ def state_dump_command(admin_socket: str, state_file: str) -> str:
     )
 
 
-def systemd_dropin(admin_socket: str, state_file: str) -> str:
-    """A drop-in for Debian's ``haproxy.service``: every ``systemctl reload`` dumps the servers'
-    runtime state first, then checks the configuration and reloads (its own two ``ExecReload=``)."""
+def systemd_dropin(admin_socket: str, state_file: str, config: str = "/etc/haproxy/haproxy.cfg") -> str:
+    """A drop-in for Debian's ``haproxy.service``: the unit reads ``config`` (Debian's unit takes its
+    path from ``CONFIG``), and every ``systemctl reload`` checks the configuration, dumps the
+    servers' runtime state, then reloads (Debian's own two ``ExecReload=`` replaced)."""
+    from fleet.render.escape import systemd_assignment
+
     dump = state_dump_command(admin_socket, state_file).replace("%", "%%").replace("$", "$$")
     return (
         "# Written by fleet: keep HAProxy's runtime server states across `systemctl reload haproxy`\n"
         "[Service]\n"
+        f"Environment={systemd_assignment('CONFIG', config)}\n"
         "ExecReload=\n"
         "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS\n"
         f"ExecReload=/bin/sh -c {_systemd_quote(dump)}\n"
@@ -173,7 +177,7 @@ def export_files(configs: Sequence[BalancerConfig], inventory: str) -> list[Rend
         where = export_dir(c)
         files.append(RenderedFile(f"{where}/{c.spec.config.rsplit('/', 1)[-1]}", render_config(c, inventory), 0o644))
         if c.system:
-            dropin = systemd_dropin(c.spec.admin_socket, c.state_file)
+            dropin = systemd_dropin(c.spec.admin_socket, c.state_file, c.spec.config)
             files.append(RenderedFile(f"{where}/fleet-server-state.conf", dropin, 0o644))
     return files
 

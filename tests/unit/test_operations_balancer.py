@@ -23,7 +23,7 @@ from .opharness import Value, key, run_op
 SPEC = BalancerSpec("haproxy", "lb-01", "0.0.0.0:8080", "/run/haproxy/admin.sock", "/etc/haproxy/haproxy.cfg", "chat")
 CONFIG = BalancerConfig(SPEC, (Backend("chat", "0.0.0.0:8080", (Server("gpu-1", "vllm-0", "10.0.0.1", 8000),)),))
 TEXT = render_config(CONFIG, "inventory/prod.py", written_by="fleet deploy")
-DROPIN = systemd_dropin(SPEC.admin_socket, CONFIG.state_file)
+DROPIN = systemd_dropin(SPEC.admin_socket, CONFIG.state_file, SPEC.config)
 SVC = "haproxy.service"
 
 
