@@ -7,7 +7,8 @@ recorders at their Debian paths. What is real is the part fleet wrote: the drop-
 systemd 252, whose ``ExecReload=`` lines run on ``systemctl reload``: the configuration check
 first, then ``show servers state`` written to the server-state file through ``socat``, then
 ``SIGUSR2`` to the main process, in that order; and a check that fails stops the reload before
-the state is touched or the process signalled.
+the state is touched or the process signalled. And the admin socket reached over SSH the way
+rollouts reach a balancer host (``sudo -n timeout ... socat``), with its failures sorted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from fleet.inventory.spec import BalancerSpec
 from fleet.lab import ssh
 from fleet.lb.config import SYSTEM_STATE_FILE, SYSTEMD_DROPIN, systemd_dropin
 
@@ -119,3 +121,37 @@ def test_a_configuration_haproxy_refuses_stops_the_reload_before_anything(balanc
     assert host.run("systemctl is-active haproxy.service")[1].strip() == "active"  # the old one still serves
     _, journal = host.run("sudo -n journalctl -u haproxy.service --no-pager -n 50")
     assert "[ALERT] config : parsing error" in journal, journal  # HAProxy's own words, where people look
+
+
+def test_fleet_reaches_a_balancer_hosts_admin_socket_over_ssh(lab_fleet: LabFleet, balancer_host: Host) -> None:
+    """``fleet.lb.transport.SshSocket`` as rollouts use it on a ``role: balancer`` host: SSH with
+    strict host keys, ``sudo -n timeout ... socat`` with the command line on stdin; its failures
+    sorted into "down" (exit 1) and "cannot be used" (exit 2)."""
+    from fleet.facts.runner import SshTarget
+    from fleet.inventory.spec import load_inventory
+    from fleet.lb.runtime import AdminState
+    from fleet.lb.traffic import Balancer
+    from fleet.lb.transport import BalancerDown, BalancerMisconfigured, SshSocket
+
+    host = balancer_host
+    loaded = load_inventory(str(lab_fleet.opts.inventory))
+    name = host.record.name
+    target = SshTarget.from_data(name, loaded.pyinfra.get_host(name).data.dict())
+    spec = BalancerSpec("haproxy", name, "0.0.0.0:8080", SOCKET, CONFIG, "b", 5.0)
+    # the recorder answers what HAProxy 2.6 answered to both reads of a snapshot
+    host.put(f"{REC}/answer", FIXTURE.read_text().lstrip("\n"), "0644")
+    balancer = Balancer(spec, SshSocket(target, SOCKET, 5.0))
+    try:
+        views = balancer.snapshot(fresh=True)
+        assert views[("meta-llama_Llama", "lab-h1:vllm-0")].admin is AdminState.MAINT
+        assert host.run(f"cat {REC}/socat-stdin")[1].splitlines()[-1] == "show servers state;show stat"
+        assert host.run(f"tail -n 1 {REC}/socat")[1].strip() == f"-t 5 STDIO UNIX-CONNECT:{SOCKET}"
+        host.put("/usr/bin/socat", "#!/bin/sh\necho '2026/01/01 E connect(5, AF=1 \"/run/haproxy/admin.sock\", 25): "
+                                   "No such file or directory' >&2\nexit 1\n", "0755")  # fmt: skip
+        with pytest.raises(BalancerDown, match=f"is haproxy running on host {name}"):
+            balancer.snapshot(fresh=True)
+        host.run("sudo -n rm -f /usr/bin/socat")
+        with pytest.raises(BalancerMisconfigured, match="socat is not installed"):
+            balancer.snapshot(fresh=True)
+    finally:
+        balancer.close()
