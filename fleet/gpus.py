@@ -139,7 +139,9 @@ CATALOGUE: dict[str, GpuSku] = {
             typical_fabric=Fabric.SWITCH,
             memory_reserved=480 * MiB,
             reserve_measured=True,
-            board_part_numbers=("692-2G520-0200-000",),
+            # -000: tests/fixtures/gpu-truth; -5R0: another board of the same SKU (VBIOS 96.00.CF.00.01),
+            # recorded by fleet's probe (tests/fixtures/probe/h100-80gb-hbm3-vm-carried.json)
+            board_part_numbers=("692-2G520-0200-000", "692-2G520-0200-5R0"),
         ),
         GpuSku(
             key="h100-pcie-80gb",
@@ -440,6 +442,8 @@ class Gpu:
     uuid: str = ""
     #: the driver's reserve a probe read (NVML v2 ``reserved``); None: use the catalogue's
     memory_reserved: int | None = None
+    #: ``nvmlDeviceGetCudaComputeCapability`` (major, minor); None: not known
+    compute_capability: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -463,7 +467,10 @@ class HostGpus:
         fab: Fabric = fabric if fabric is not None else sku.typical_fabric
         if sku.nvlink_links == 0:
             fab = Fabric.NONE
-        gpus = tuple(Gpu(index=i, name=sku.nvml_name, memory_total=sku.memory_total) for i in range(n))
+        gpus = tuple(
+            Gpu(index=i, name=sku.nvml_name, memory_total=sku.memory_total, compute_capability=sku.compute_capability)
+            for i in range(n)
+        )
         return cls(gpus=gpus, islands=nvlink_islands(n, fab), source=f"catalogue:{sku.key}", sku=sku)
 
     @classmethod
@@ -475,6 +482,15 @@ class HostGpus:
     @property
     def count(self) -> int:
         return len(self.gpus)
+
+    @property
+    def compute_capability(self) -> tuple[int, int] | None:
+        """The lowest compute capability of the host's GPUs (what a kernel choice must fit), else
+        its catalogue model's; None: not known (GPUs declared only by memory size)."""
+        known = [g.compute_capability for g in self.gpus if g.compute_capability is not None]
+        if self.gpus and len(known) == len(self.gpus):
+            return min(known)
+        return self.sku.compute_capability if self.sku is not None else None
 
     def island_of(self, index: int) -> frozenset[int]:
         for island in self.islands:

@@ -19,21 +19,22 @@ class SecretError(FleetError):
     """A secret reference cannot be read (the message names the reference, never a value)."""
 
 
-def read_secret(ref: SecretRef) -> str:
-    """The secret a reference points at, on the control machine."""
+def read_secret(ref: SecretRef, field: str = "api_key_ref") -> str:
+    """The secret a reference points at, on the control machine (``field``: the setting that names
+    the reference, for the message)."""
     if ref.scheme == "env":
         value = os.environ.get(ref.target)
         if not value:
-            raise SecretError(f"api_key_ref {ref}: the environment variable {ref.target} is not set on this machine")
+            raise SecretError(f"{field} {ref}: the environment variable {ref.target} is not set on this machine")
         return value
     path = Path(ref.target)
     try:
         mode = path.stat().st_mode
         value = path.read_text().strip()
     except OSError as exc:
-        raise SecretError(f"api_key_ref {ref}: cannot read {path}: {exc.strerror}") from None
+        raise SecretError(f"{field} {ref}: cannot read {path}: {exc.strerror}") from None
     if mode & 0o077:
-        raise SecretError(f"api_key_ref {ref}: {path} is readable by others (mode {mode & 0o777:o}); chmod 600 it")
+        raise SecretError(f"{field} {ref}: {path} is readable by others (mode {mode & 0o777:o}); chmod 600 it")
     if not value:
-        raise SecretError(f"api_key_ref {ref}: {path} is empty")
+        raise SecretError(f"{field} {ref}: {path} is empty")
     return value

@@ -145,6 +145,11 @@ def host_gpus(facts: HostFacts) -> HostGpus:
                 memory_used=used,
                 uuid=g.uuid or "",
                 memory_reserved=g.memory.reserved if g.memory else None,
+                compute_capability=(
+                    (g.compute_capability[0], g.compute_capability[1])
+                    if g.compute_capability is not None and len(g.compute_capability) == 2
+                    else None
+                ),
             )
         )
     sku = None

@@ -14,8 +14,10 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 # dpkg-dev and gnupg (the lab's signed apt repository: dpkg-scanpackages, gpg), chromium (the
 # audit tests render the HTML report in a real headless browser), nftables (the lab's air gap),
 # haproxy and socat (the lab's load balancer, `fleet lb export` checked with `haproxy -c`, its
-# admin socket).
-APT_PACKAGES="systemd systemd-container debootstrap gcc libc6-dev iproute2 openssh-client python3-venv ca-certificates prometheus dpkg-dev gnupg chromium nftables haproxy socat"
+# admin socket), tmux (`fleet status` is tested in a real terminal, its screen read back), libpq5
+# (psycopg's libpq, for a shared PostgreSQL journal) and postgresql (the server the journal tests
+# start a private cluster of).
+APT_PACKAGES="systemd systemd-container debootstrap gcc libc6-dev iproute2 openssh-client python3-venv ca-certificates prometheus dpkg-dev gnupg chromium nftables haproxy socat tmux libpq5 postgresql"
 missing=""
 for pkg in $APT_PACKAGES; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing="$missing $pkg"

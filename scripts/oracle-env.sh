@@ -16,7 +16,7 @@ $PIP install -q --upgrade pip
 $PIP install -q --no-deps vllm==0.33.0 torchvision==0.29.0
 $PIP install -q torch==2.14.0 'setuptools>=77.0.3,<81' \
     'transformers>=5.16.1,<5.21.0' 'huggingface_hub>=1.31.0' 'tokenizers>=0.23.2' 'safetensors>=0.6.2' \
-    'pydantic>=2.12.0' fastapi llguidance xgrammar==0.2.8 \
+    'pydantic>=2.12.0' fastapi llguidance xgrammar==0.2.8 compressed-tensors==0.17.0 \
     'openai>=2.25.0' openai-harmony 'aiohttp>=3.14.4' 'requests>=2.33.0' 'prometheus_client>=0.18.0' \
     numpy pyyaml psutil cachetools regex msgspec cloudpickle blake3 py-cpuinfo sentencepiece \
     typing_extensions filelock pyzmq einops cbor2 pybase64 xxhash urllib3 pillow uvloop partial-json-parser

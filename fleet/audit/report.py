@@ -70,6 +70,8 @@ class AuditReport:
                     kernel_module_version=f.kernel_module_version,
                     cuda_driver_version=f.cuda_driver_version,
                     vllm=f.packages.get("vllm"),
+                    python=f.python,
+                    pynvml=f.pynvml,
                     gpus=[
                         {
                             "index": g.index,

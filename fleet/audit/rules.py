@@ -83,12 +83,24 @@ def host_sku(facts: HostFacts) -> GpuSku | None:
 # ---- the host's state: probe, driver -------------------------------------------------------------
 
 STATUS_FINDINGS: dict[str, tuple[str, Severity, str, str]] = {
-    "no-python": ("probe-no-python", Severity.ERROR, "no python3 on the host to run the probe", "install python3"),
+    "no-python": (
+        "probe-no-python",
+        Severity.ERROR,
+        "no Python on the host to run the probe",
+        "install python3 (3.6 or newer; the probe carries the rest), or name one with --python",
+    ),
+    "python-too-old": (
+        "probe-python-too-old",
+        Severity.ERROR,
+        "the host's Python is older than the probe needs (3.6)",
+        "install python3 3.6 or newer (Debian/Ubuntu's python3 package), or name one with --python",
+    ),
     "no-pynvml": (
         "probe-no-pynvml",
         Severity.ERROR,
-        "nvidia-ml-py (pynvml) is not installed for the probe's Python",
-        "run fleet deploy (its venv has nvidia-ml-py) or pip install nvidia-ml-py",
+        "the probe ran without pynvml (fleet sends its own with the probe; this answer came from a probe run "
+        "without it)",
+        "probe through fleet (fleet audit), or install nvidia-ml-py for the Python that ran the probe",
     ),
     "no-nvml-library": (
         "nvml-library-missing",

@@ -30,7 +30,11 @@ from fleet.inventory.spec import load_inventory
     type=click.Choice([s.label for s in Severity]),
     help="Exit non-zero when a finding is at or above this severity.",
 )
-@click.option("--python", help="Interpreter with nvidia-ml-py on the hosts (default: fleet's venv, else python3).")
+@click.option(
+    "--python",
+    help="Python 3.6+ on the hosts that runs the probe (default: fleet's venv, else python3); it needs no "
+    "packages: the probe carries its pynvml.",
+)
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds per host.")
 def audit(
     inventory: str,

@@ -48,17 +48,17 @@ def _overrides(opts: dict[str, Any]) -> dict[str, Any]:
 def _fleet(inventory: str, hosts: tuple[str, ...], as_json: bool) -> RolloutFleet:
     """The fleet of exactly these hosts (names, not groups or patterns: a drain is deliberate),
     drained or not."""
-    from fleet.inventory.spec import load_inventory
+    from fleet.plan.outcomes import load_for_planning
     from fleet.rollout.fleet_inventory import fleet_of
 
     try:
-        loaded = load_inventory(inventory, list(hosts))
+        loaded = load_for_planning(inventory, list(hosts))
         selected = {s.name for s in loaded.hosts}
         unknown = [h for h in hosts if h not in selected]
         if unknown or len(selected) != len(set(hosts)):
             fail(f"{', '.join(unknown) or ' '.join(hosts)}: give the names of vLLM hosts of {inventory} (not groups, "
                  f"patterns or balancer hosts); nothing was touched", as_json)  # fmt: skip
-        return fleet_of(loaded, markers="keep")
+        return fleet_of(loaded)
     except FleetError as exc:
         fail(str(exc), as_json)
 

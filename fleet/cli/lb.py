@@ -37,13 +37,12 @@ def export(inventory: str, directory: Path, limit: tuple[str, ...], as_json: boo
     their inventory `gpu` entries (a host without one has no server yet: `fleet deploy` writes it
     once it probed the host). Check a result with `haproxy -c -f DIR/<balancer>/haproxy.cfg`.
     """
-    from fleet.inventory.spec import load_inventory
     from fleet.lb.config import export_files, fleet_configs
-    from fleet.plan.outcomes import plan_inventory
+    from fleet.plan.outcomes import load_for_planning, plan_inventory
     from fleet.render.units import write_tree
 
     try:
-        loaded = load_inventory(inventory, list(limit) or None)
+        loaded = load_for_planning(inventory, list(limit) or None)
         outcomes = plan_inventory(loaded)
         configs = fleet_configs(loaded, {o.spec.name: o.plan for o in outcomes})
     except FleetError as exc:
@@ -159,13 +158,13 @@ def ready(inventory: str, instances: tuple[str, ...], as_json: bool) -> None:
 
 def _traffic(inventory: str, limit: tuple[str, ...], as_json: bool):  # type: ignore[no-untyped-def]
     """The balancer seats of every planned instance (planned from the inventory's gpu entries, or probed)."""
-    from fleet.inventory.spec import load_inventory
     from fleet.lb.traffic import traffic_of
+    from fleet.plan.outcomes import load_for_planning
     from fleet.rollout.fleet_inventory import fleet_of
 
     try:
-        loaded = load_inventory(inventory, list(limit) or None)
-        fleet = fleet_of(loaded, markers="unread")
+        loaded = load_for_planning(inventory, list(limit) or None)
+        fleet = fleet_of(loaded)
         order = [(r.host, r.instance) for r in fleet.instances]
         return traffic_of(loaded, order), order
     except FleetError as exc:

@@ -52,19 +52,18 @@ def export(
 
     Validate the result with `promtool check config DIR/prometheus.yml`.
     """
-    from fleet.inventory.spec import load_inventory
     from fleet.monitor.export import ExportOptions, export_files
     from fleet.monitor.findings import load_findings
     from fleet.monitor.targets import scrape_warnings, targets_from_outcomes
     from fleet.monitor.thresholds import load_thresholds
-    from fleet.plan.outcomes import plan_inventory
+    from fleet.plan.outcomes import load_for_planning, plan_inventory
     from fleet.render.units import write_tree
 
     options = ExportOptions(scrape_interval, evaluation_interval, node_exporter_port or None, audit_exporter)
     if options.problems():
         fail("\n".join(options.problems()), as_json)
     try:
-        loaded = load_inventory(inventory, list(limit) or None)
+        loaded = load_for_planning(inventory, list(limit) or None)
         thresholds = load_thresholds(loaded)
         outcomes = plan_inventory(loaded)
         targets = targets_from_outcomes(outcomes, loaded)
@@ -108,18 +107,17 @@ def print_observed(inventory: str, limit: tuple[str, ...], prometheus: str | Non
     """Observe the serving instances, show the workload next to the declared one, re-plan, print the diff."""
     from rich.table import Table
 
-    from fleet.inventory.spec import load_inventory
     from fleet.monitor.observed import observe_http, observe_prometheus, replan, report_data
     from fleet.monitor.targets import targets_from_outcomes
     from fleet.monitor.thresholds import is_duration
-    from fleet.plan.outcomes import plan_inventory
+    from fleet.plan.outcomes import load_for_planning, plan_inventory
 
     if prometheus is not None and not prometheus.startswith(("http://", "https://")):
         fail(f"--prometheus={prometheus!r}: a URL like http://prometheus.internal:9090", as_json)
     if not is_duration(window):
         fail(f"--window={window!r}: a Prometheus duration like 1h or 7d", as_json)
     try:
-        loaded = load_inventory(inventory, list(limit) or None)
+        loaded = load_for_planning(inventory, list(limit) or None)
         if prometheus:
             versions = {s.vllm_version for s in loaded.hosts}
             observed = {}

@@ -25,17 +25,18 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
+from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
 from fleet.facts.drain import DrainMarker
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import next_steps
-from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target, resume
+from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
-from fleet.rollout.journal import Journal
+from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import Observations
 from fleet.rollout.runner import Runner
-from fleet.rollout.session import open_journal, run_rollout
+from fleet.rollout.session import NothingToResume, open_journal, resume_rollout, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 
 EXIT_STOPPED = 1
@@ -54,8 +55,7 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--take-over", is_flag=True, help="Take over a stale lock (its owner is gone)."),
         click.option("--no-lb", is_flag=True,
                      help="Roll without the load balancers (clients will see failed requests; said once)."),
-        click.option("--journal", "journal_path", type=click.Path(dir_okay=False, path_type=Path),
-                     help="The journal database (default: $FLEET_JOURNAL or ~/.local/state/fleet/journal.sqlite)."),
+        click.option("--journal", "journal_path", metavar="PATH|URL", help=JOURNAL_HELP),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
     ]  # fmt: skip
     for opt in reversed(opts):
@@ -144,7 +144,7 @@ class LiveRunner(Runner):
 def _run(
     state: RolloutState,
     executor: SshExecutor,
-    journal: Journal,
+    journal: RolloutJournal,
     as_json: bool,
     resumed: bool,
 ) -> RolloutState:
@@ -194,7 +194,8 @@ def _summary(state: RolloutState, skipped: Mapping[str, DrainMarker] | None = No
         "id": state.id,
         "fleet": state.fleet,
         "kind": state.kind,
-        "status": state.status.value,
+        # a rollout whose process ends before it did is interrupted (the journal keeps it running)
+        "status": "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value,
         "reason": state.reason,
         "instances": [
             {
@@ -218,7 +219,8 @@ def report_state(state: RolloutState, as_json: bool, skipped: Mapping[str, Drain
     if as_json:
         click.echo(json.dumps(_summary(state, skipped), indent=2))
     else:
-        table = Table(title=f"fleet {state.kind} {state.id}: {state.status.value}", title_justify="left")
+        shown = "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value
+        table = Table(title=f"fleet {state.kind} {state.id}: {shown}", title_justify="left")
         for col in ("instance", "result", "release before", "release now", "why"):
             table.add_column(col)
         for ref, i in state.instances.items():
@@ -240,8 +242,8 @@ def _start(
     opts: Mapping[str, Any],
 ) -> None:
     """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
-    skipped = {n: m for n, m in fleet.drained.items() if n not in fleet.hosts}
-    report_state(roll(fleet, kind, targets_of, opts), bool(opts["as_json"]), skipped)
+    skipped: dict[str, DrainMarker] = {}
+    report_state(roll(fleet, kind, targets_of, opts, on_skipped=skipped.update), bool(opts["as_json"]), skipped)
 
 
 def roll(
@@ -249,22 +251,22 @@ def roll(
     kind: str,
     targets_of: Callable[[SshExecutor], list[Target]],
     opts: Mapping[str, Any],
+    on_skipped: Callable[[Mapping[str, DrainMarker]], None] = lambda _d: None,
 ) -> RolloutState:
-    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here."""
+    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here.
+    Hosts drained for maintenance are skipped (said on stderr, given to ``on_skipped``)."""
     as_json = bool(opts.get("as_json"))
-    for line in fleet.skipped_lines():
-        warn_to_stderr(as_json)(line)
     return guarded(
         lambda: run_rollout(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
-            run=live_loop(as_json), lb=not opts.get("no_lb"), warn=warn_to_stderr(as_json),
+            run=live_loop(as_json), lb=not opts.get("no_lb"), warn=warn_to_stderr(as_json), on_skipped=on_skipped,
         ),
         as_json,
     )  # fmt: skip
 
 
-def live_loop(as_json: bool) -> Callable[[RolloutState, SshExecutor, Journal], RolloutState]:
+def live_loop(as_json: bool) -> Callable[[RolloutState, SshExecutor, RolloutJournal], RolloutState]:
     """The runner with the command line's live view (and Ctrl-C between steps)."""
     return lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False)
 
@@ -295,7 +297,8 @@ def warn_to_stderr(as_json: bool) -> Callable[[str], None]:
 
 
 def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
-    return {h: executor.links(h)[0] for h in hosts}
+    """Each host's ``current`` release (not asked of hosts the rollout skips: drained, maybe down)."""
+    return {h: executor.links(h)[0] for h in hosts if h not in executor.skipped}
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -320,7 +323,8 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
-    _start(fleet, "restart", lambda ex: fleet.targets(_current_releases(ex, fleet.hosts), restart=True), opts)
+    _start(fleet, "restart", lambda ex: fleet.targets(_current_releases(ex, fleet.hosts), restart=True,
+                                                      skip=ex.skipped), opts)  # fmt: skip
 
 
 @click.command()
@@ -394,7 +398,7 @@ def _apply(
     err = Console(stderr=True, highlight=False)
     try:
         # the policy is checked before any host is touched
-        load_fleet(inventory, limit, overrides, markers="unread").policy(overrides_of(opts))
+        load_fleet(inventory, limit, overrides).policy(overrides_of(opts))
         with HostSteps(err) as steps:
             result = run_deploy(
                 inventory, limit, health_timeout=timeout, progress=steps.note, step=steps.step,
@@ -408,35 +412,22 @@ def _apply(
 
 def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     as_json = bool(opts["as_json"])
-    with open_journal(opts["journal_path"]) as journal:
-        rid = resume_id or next((r.id for r in journal.history(None, 200) if r.status == "running"), None)
-        if not rid:
-            fail("no unfinished rollout in the journal (`fleet history` lists them)", as_json, code=EXIT_SOME_HOSTS)
-        try:
-            saved = journal.latest_state(rid)
-            if saved.status is not RolloutStatus.RUNNING:
-                fail(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume", as_json)
-            hosts = sorted({r.host for r in saved.instances})
-            # the rollout's own instances, drained since or not: it finishes what it started
-            fleet = load_fleet(saved.fleet, hosts, markers="keep")
-            for name, m in fleet.drained.items():
-                warn_to_stderr(as_json)(f"host {name} is {m.describe()}; this rollout began before, and goes on")
-            executor = fleet.executor(opts["gates_over_ssh"], lb=not opts.get("no_lb"))
-            try:
-                executor.traffic.preflight()
-            except BalancerDown as exc:
-                executor.close()
-                fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
-                     as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
-            journal.acquire(saved.fleet, rid, takeover=bool(opts["take_over"]))
-        except FleetError as exc:
-            fail(str(exc) + ("\nor resume without the balancer: --no-lb" if isinstance(exc, BalancerMisconfigured)
-                             else ""), as_json, code=EXIT_INVALID)  # fmt: skip
-        try:
-            final = _run(resume(saved, time.time()), executor, journal, as_json, resumed=True)
-        finally:
-            journal.release(saved.fleet, rid)
-            executor.close()
+    try:
+        final = resume_rollout(
+            resume_id or None, journal_path=opts["journal_path"], take_over=bool(opts["take_over"]),
+            gates_over_ssh=opts["gates_over_ssh"] or (), lb=not opts.get("no_lb"),
+            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=True),
+            warn=warn_to_stderr(as_json),
+        )  # fmt: skip
+    except NothingToResume as exc:
+        fail(str(exc), as_json, code=EXIT_SOME_HOSTS)
+    except BalancerDown as exc:
+        fail(f"{exc}\nnothing was touched; bring the balancer back, or resume without it: --no-lb",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except BalancerMisconfigured as exc:
+        fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
+    except FleetError as exc:
+        fail(str(exc), as_json, code=EXIT_INVALID)
     report_state(final, as_json)
 
 
@@ -459,23 +450,23 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
             fail(str(exc), as_json)
 
         def previous(ex: SshExecutor) -> list[Target]:
-            links = {h: ex.links(h) for h in fleet.hosts}
+            links = {h: ex.links(h) for h in fleet.hosts if h not in ex.skipped}
             none = [h for h, (_c, p) in links.items() if not p]
             if none:
                 raise FleetError(f"no previous release on {', '.join(none)} (no previous link): nothing to go back to")
-            return fleet.targets({h: p for h, (_c, p) in links.items()}, restart=False)
+            return fleet.targets({h: p for h, (_c, p) in links.items()}, restart=False, skip=ex.skipped)
 
         _start(fleet, "rollback", previous, opts)
         return
-    with open_journal(opts["journal_path"]) as journal:
-        rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
-        if not rid:
-            fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
-                 as_json)  # fmt: skip
-        try:
+    try:
+        with open_journal(opts["journal_path"]) as journal:
+            rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
+            if not rid:
+                fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
+                     as_json)  # fmt: skip
             saved = journal.latest_state(rid)
-        except FleetError as exc:
-            fail(str(exc), as_json)
+    except FleetError as exc:
+        fail(str(exc), as_json)
     back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)

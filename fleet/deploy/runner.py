@@ -54,11 +54,12 @@ from fleet.facts.drain import read_markers
 from fleet.facts.packages import RebootRequired
 from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
-from fleet.inventory.spec import LoadedInventory, load_inventory
+from fleet.inventory.spec import LoadedInventory
 from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.plan.outcomes import load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
@@ -274,7 +275,7 @@ def deploy(
 ) -> DeployResult:
     """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
     t0 = time.monotonic()
-    loaded = load_inventory(inventory, limit, overrides)
+    loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
@@ -831,7 +832,7 @@ def _roll(
 ) -> str | None:
     """Serving hosts whose release or configuration changed go through the rolling engine: batches,
     drain, stop, GPUs free, switch (release link and configuration revision), start, gates."""
-    fleet = fleet_of(loaded.reload(hosts), markers="unread")  # drained hosts were skipped before
+    fleet = fleet_of(loaded.reload(hosts))
     stale = {(n, u.unit) for n in hosts for u in states.get(n) or () if u.stale}
     targets = [
         Target(ref, staged[ref.host].release, s.model, s.port, restart=(ref.host, s.unit) in stale,

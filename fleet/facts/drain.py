@@ -24,18 +24,19 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
-from fleet.facts.runner import SshTarget, run_fact_on_hosts
+from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 
 #: The marker's path on a host (fleet's state directory on the host).
 MARKER_PATH = "/var/lib/fleet/drained.json"
-_PRESENT = "FLEET-DRAINED"
+#: the fact's first line when the host has a marker
+MARKER_PRESENT = "FLEET-DRAINED"
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class DrainMarker:
 
 def parse_marker(lines: Sequence[str]) -> DrainMarker | None:
     """The fact's output → the marker (pure); None when the host has none."""
-    if not lines or lines[0].strip() != _PRESENT:
+    if not lines or lines[0].strip() != MARKER_PRESENT:
         return None
     text = "\n".join(lines[1:])
     try:
@@ -100,7 +101,7 @@ def parse_marker(lines: Sequence[str]) -> DrainMarker | None:
 
 def marker_command(path: str = MARKER_PATH) -> str:
     """As root: nothing when there is no marker, else a line saying so and the marker's text."""
-    script = f"[ -e {shlex.quote(path)} ] || exit 0; echo {_PRESENT}; cat -- {shlex.quote(path)}"
+    script = f"[ -e {shlex.quote(path)} ] || exit 0; echo {MARKER_PRESENT}; cat -- {shlex.quote(path)}"
     return shlex.join(["sudo", "-n", "sh", "-c", script])
 
 
@@ -118,9 +119,31 @@ class Drained(FactBase[DrainMarker | None]):
         return parse_marker(output)
 
 
+MarkerAnswer = DrainMarker | None | HostUnreachable
+
+
+def read_marker_answers(targets: Iterable[SshTarget]) -> dict[str, MarkerAnswer]:
+    """Each host's drain marker, None, or why the host could not be asked (all hosts at once)."""
+    return run_fact_on_hosts(list(targets), Drained)
+
+
 def read_markers(targets: Iterable[SshTarget]) -> dict[str, DrainMarker]:
     """The drain marker of every host that has one (one SSH round trip per host, all at once).
 
     A host that cannot be asked is not taken for drained here: the step that needs it reports it."""
-    answers = run_fact_on_hosts(list(targets), Drained)
-    return {name: a for name, a in answers.items() if isinstance(a, DrainMarker)}
+    return {name: a for name, a in read_marker_answers(targets).items() if isinstance(a, DrainMarker)}
+
+
+def drained_view(answers: Mapping[str, MarkerAnswer], journaled: Mapping[str, DrainMarker]) -> dict[str, DrainMarker]:
+    """The hosts to take for drained (pure): those whose marker says so, and, for a host that
+    cannot be asked (powered off for its maintenance, say), the journal's word: the last marker a
+    drain of this journal wrote on it and no undrain removed."""
+    out: dict[str, DrainMarker] = {}
+    for name, answer in answers.items():
+        if isinstance(answer, DrainMarker):
+            out[name] = answer
+        elif isinstance(answer, HostUnreachable) and name in journaled:
+            seen = journaled[name]
+            out[name] = replace(seen, reason=f"{seen.reason} (the host does not answer: {answer.reason}; "
+                                             "the journal says it is drained)")  # fmt: skip
+    return out

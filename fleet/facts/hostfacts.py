@@ -20,6 +20,7 @@ STATUSES = (
     "ok",
     "no-python",
     "no-pynvml",
+    "python-too-old",
     "no-nvml-library",
     "driver-not-loaded",
     "lib-rm-version-mismatch",
@@ -268,6 +269,9 @@ class HostFacts:
     p2p_nvlink: tuple[tuple[int | None, ...], ...]
     p2p_read: tuple[tuple[int | None, ...], ...]
     errors: dict[str, str]  #: system-level and pair queries that failed
+    #: which pynvml answered: ``fleet:nvidia-ml-py==<version>/pynvml.py`` (the copy the probe carries,
+    #: ``fleet.facts.nvml``) or a file of the host's Python; None before it was imported
+    pynvml: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -341,6 +345,7 @@ def parse_probe(raw: object) -> HostFacts:
         p2p_nvlink=topo.matrix("p2p_nvlink", n),
         p2p_read=topo.matrix("p2p_read", n),
         errors=top.errors("errors"),
+        pynvml=top.str_("pynvml", 300),
     )
     return attach_gpu_errors(facts)
 

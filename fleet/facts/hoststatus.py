@@ -41,7 +41,7 @@ class HostStatusProbe(FactBase[HostStatus]):
     ``VllmUnits`` and ``NvmlProbe`` of a host through one command.
 
     + root: where fleet's vLLM releases live
-    + python: the interpreter with nvidia-ml-py (default: the current release's, else ``python3``)
+    + python: the interpreter that runs the probe, Python 3.6+ (default: the current release's, else ``python3``)
     """
 
     @override

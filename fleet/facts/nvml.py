@@ -1,11 +1,46 @@
-"""The NVML probe as a pyinfra fact.
+"""The NVML probe as a pyinfra fact, carrying the pynvml it needs.
 
 ``NvmlProbe`` follows pyinfra's own facts (``pyinfra.facts.*``): ``command()`` gives the shell
-command, ``process()`` turns its output into a value. The command ships the self-contained probe
-script (``fleet/facts/nvml_probe.py``, package data) in a quoted here-document and runs it with
-the host's own Python, so one SSH round trip answers everything; the script needs only
-nvidia-ml-py on the host. It always exits 0 and prints one JSON line, which ``process()``
-validates into :class:`fleet.facts.hostfacts.HostFacts`.
+command, ``process()`` turns its output into a value. The command runs the self-contained probe
+script (``fleet/facts/nvml_probe.py``, package data) with the host's own Python, so one SSH round
+trip answers everything. It always exits 0 and prints one JSON line, which ``process()`` validates
+into :class:`fleet.facts.hostfacts.HostFacts`.
+
+**What travels.** The host needs an NVIDIA driver and a Python 3.6 or newer, nothing else: the
+command carries ``pynvml.py``, the one pure-Python module of the nvidia-ml-py distribution
+installed in fleet's own environment, byte for byte (checked against the distribution's
+``RECORD`` hash; its BSD licence is the file's own header, so it travels with it). The Python
+program fed to the interpreter on stdin (:func:`probe_program`) is a small loader plus the probe
+script and pynvml, each zlib-compressed and base64-encoded (about 78 kB; pynvml.py alone is
+330 kB); nothing is written on the host (no temporary file, no pip): the loader registers an
+importer for ``pynvml`` first on ``sys.meta_path`` (PEP 451, ``importlib.util.spec_from_loader``)
+that compiles the carried text in memory.
+
+**Which pynvml answers.** Always the carried one, also on a deployed host whose release venv has
+its own nvidia-ml-py, and in the rollout executor's GPU check: ``import pynvml`` consults the
+finders on ``sys.meta_path`` in order and the carried one is first, so no pynvml on the host's
+``sys.path`` (nvidia-ml-py of another version, or the unrelated ``pynvml`` package of older
+releases) is ever imported. One definition: every probe of every host reads NVML through the
+same code, the version fleet was tested with, whatever each host has installed. The probe
+reports it (``pynvml``: the import spec's origin); the host's own nvidia-ml-py and vLLM versions
+are still reported under ``packages``.
+
+**Which Python.** The first of :data:`DEFAULT_PYTHONS` that exists: the deployed release's venv
+(its ``site-packages`` tells the probe the vLLM version), else ``python3``. It runs with ``-E``
+(no ``PYTHONPATH`` or ``PYTHONHOME`` from the login environment) and the loader drops the working
+directory from ``sys.path`` before importing anything, so a file in the SSH user's home cannot
+stand in for a module of the standard library. A Python older than 3.6 (or a Python 2 given as
+``python``) answers status ``python-too-old``; none at all answers ``no-python``; both name the
+interpreter and the way out.
+
+**Size.** The command travels as one argument (``sh -c CMD`` on the host, ``sudo ... sh -c CMD``
+where it runs as root); Linux refuses a single argument over ``MAX_ARG_STRLEN`` (32 pages,
+131072 bytes, ``include/uapi/linux/binfmts.h``), so :func:`probe_command` refuses to build one
+over :data:`COMMAND_LIMIT`.
+
+**Run it without fleet on the host.** ``python -m fleet.facts.nvml [--python PATH] > probe.sh``
+writes the exact command fleet sends; ``sh probe.sh`` on any machine with a driver and python3
+prints the probe's JSON (docs/audit.md).
 
 **Example:**
 
@@ -17,47 +52,190 @@ validates into :class:`fleet.facts.hostfacts.HostFacts`.
 
 from __future__ import annotations
 
+import argparse
+import base64
+import hashlib
+import json
 import shlex
+import sys
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+from importlib import metadata, resources
+from pathlib import Path
 
 from pyinfra.api.facts import FactBase
 
-from fleet.facts.hostfacts import HostFacts, parse_probe_output
+from fleet.errors import FleetError
+from fleet.facts.hostfacts import SCHEMA, HostFacts, parse_probe_output
 
-#: Interpreters tried in order when none is given: the release of vLLM fleet deployed (its venv
-#: has nvidia-ml-py, pinned next to vLLM), the venv of older layouts, then the system's python3.
+#: Interpreters tried in order when none is given: the release of vLLM fleet deployed (its
+#: site-packages gives the vLLM version), the venv of older layouts, then the system's python3.
 DEFAULT_PYTHONS = ("/opt/fleet/vllm/current/bin/python", "/opt/fleet/vllm/bin/python", "python3")
+#: The oldest Python the probe runs on (Ubuntu 18.04's python3); older ones answer ``python-too-old``.
+MIN_PYTHON = (3, 6)
+#: The distribution whose ``pynvml.py`` the probe carries.
+PYNVML_DISTRIBUTION = "nvidia-ml-py"
+#: Linux's ``MAX_ARG_STRLEN`` (131072) less room for the wrapping (``sudo``, quoting, other facts
+#: sharing the command): the most one probe command may be.
+COMMAND_LIMIT = 120_000
 _END = "FLEET_NVML_PROBE_EOF"
+
+#: Runs first on the host. Parses (and answers) on any Python, 2.7 included, up to the version
+#: check; everything newer than that is inside the carried texts, compiled after it.
+_LOADER = """\
+import sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]  # the program comes from stdin: never import from the working directory
+if sys.version_info < MIN_PYTHON:
+    import json
+    found = "%d.%d.%d" % tuple(sys.version_info[:3])
+    message = "%s is Python %s; the probe needs %d.%d or newer" % ((sys.executable, found) + MIN_PYTHON)
+    answer = {"schema": SCHEMA, "status": "python-too-old", "python": sys.executable, "python_version": found,
+              "error": {"class": "PythonTooOld", "message": message}}
+    sys.stdout.write("\\n" + json.dumps(answer) + "\\n")
+    sys.exit(0)
+import base64
+import zlib
+from importlib.util import spec_from_loader
+
+
+def _text(blob):
+    return zlib.decompress(base64.b64decode(blob)).decode("utf-8")
+
+
+class CarriedModules(object):
+    \"\"\"Finder and loader (PEP 451) of the modules sent with the probe, compiled in memory.\"\"\"
+
+    def __init__(self, modules):
+        self.modules = modules  # name -> (origin, blob)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.modules:
+            return None
+        return spec_from_loader(name, self, origin=self.modules[name][0])
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        origin, blob = self.modules[module.__name__]
+        exec(compile(_text(blob), origin, "exec"), module.__dict__)
+
+    def get_source(self, name):
+        return _text(self.modules[name][1])
+
+
+sys.meta_path.insert(0, CarriedModules({"pynvml": (PYNVML_ORIGIN, PYNVML)}))
+exec(compile(_text(PROBE), "fleet-nvml-probe", "exec"), {"__name__": "__main__"})
+"""
+
+
+@dataclass(frozen=True)
+class CarriedModule:
+    """A pure-Python module of fleet's own environment, sent with the probe."""
+
+    name: str  #: the import name: ``pynvml``
+    distribution: str
+    version: str
+    path: Path  #: where it is installed here
+    text: bytes  #: the file, byte for byte
+
+    @property
+    def origin(self) -> str:
+        """The import spec's origin on the host (what the probe reports as its ``pynvml``)."""
+        return f"fleet:{self.distribution}=={self.version}/{self.name}.py"
+
+
+def _record_hash(data: bytes) -> str:
+    """A file's hash as wheel ``RECORD`` files write it (PEP 376/427: urlsafe base64, no padding)."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def carried_module(dist: metadata.Distribution, name: str = "pynvml") -> CarriedModule:
+    """The module ``name`` of an installed distribution, read byte for byte and checked against the
+    distribution's ``RECORD`` hash (a file changed after installation is refused)."""
+    label = f"{dist.metadata['Name']} {dist.version}"
+    how = f"reinstall it in fleet's environment ({sys.prefix}): pip install --force-reinstall {PYNVML_DISTRIBUTION}"
+    entry = next((f for f in dist.files or () if str(f) == f"{name}.py"), None)
+    if entry is None:
+        raise FleetError(f"{label} lists no {name}.py: {how}")
+    path = Path(str(dist.locate_file(entry)))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FleetError(f"cannot read {path} of {label} ({exc.strerror}): {how}") from None
+    recorded = f"{entry.hash.mode}={entry.hash.value}" if entry.hash is not None else None
+    if recorded is not None and recorded != _record_hash(data):
+        raise FleetError(f"{path} is not the file {label} installed (its RECORD hash differs): {how}")
+    return CarriedModule(name, str(dist.metadata["Name"]), dist.version, path, data)
+
+
+@cache
+def carried_pynvml() -> CarriedModule:
+    """``pynvml.py`` of the nvidia-ml-py installed with fleet: what every probe carries."""
+    try:
+        dist = metadata.distribution(PYNVML_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        raise FleetError(
+            f"{PYNVML_DISTRIBUTION} is not installed in fleet's environment ({sys.prefix}): install fleet with "
+            "its dependencies (pip install -e .)"
+        ) from None
+    return carried_module(dist)
 
 
 @cache
 def probe_script() -> str:
     """The probe script's text (shipped with fleet as package data)."""
-    text = resources.files("fleet.facts").joinpath("nvml_probe.py").read_text()
-    if _END in text:  # pragma: no cover - guards the here-document
-        raise RuntimeError(f"probe script contains the here-document terminator {_END}")
-    return text
+    return resources.files("fleet.facts").joinpath("nvml_probe.py").read_text()
+
+
+def _blob(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 6)).decode()  # level 9: 2% smaller, 5x the time
+
+
+@cache
+def probe_program() -> str:
+    """The Python program the host's interpreter reads on stdin: the loader, the probe script and
+    the carried pynvml (each compressed and base64-encoded, so no quoting or here-document issue)."""
+    pynvml = carried_pynvml()
+    constants = (
+        f"SCHEMA = {SCHEMA!r}\nMIN_PYTHON = {MIN_PYTHON!r}\nPYNVML_ORIGIN = {pynvml.origin!r}\n"
+        f"PYNVML = {_blob(pynvml.text)!r}\nPROBE = {_blob(probe_script().encode())!r}\n"
+    )
+    program = constants + _LOADER
+    if _END in program:  # pragma: no cover - guards the here-document
+        raise RuntimeError(f"the probe program contains the here-document terminator {_END}")
+    return program
 
 
 def probe_command(python: str | None = None) -> str:
-    """The shell command that runs the probe: the first interpreter found, the script on stdin."""
+    """The shell command that runs the probe: the first interpreter found, the program on stdin."""
     candidates = (python,) if python else DEFAULT_PYTHONS
     pick = " ".join(shlex.quote(c) for c in candidates)
-    tried = " ".join(candidates).replace('"', "")
-    no_python = '{"schema":1,"status":"no-python","error":{"class":"NoPython","message":"none of: ' + tried + '"}}'
-    return (
+    no_python = json.dumps(
+        {"schema": SCHEMA, "status": "no-python",
+         "error": {"class": "NoPython", "message": f"none of: {' '.join(candidates)} found"}}
+    )  # fmt: skip
+    command = (
         f'PY=; for c in {pick}; do if command -v "$c" >/dev/null 2>&1; then PY=$c; break; fi; done; '
-        f'if [ -z "$PY" ]; then echo {shlex.quote(no_python)}; exit 0; fi; '
-        f"\"$PY\" - <<'{_END}'\n{probe_script()}\n{_END}\n"
+        f"if [ -z \"$PY\" ]; then printf '%s\\n' {shlex.quote(no_python)}; exit 0; fi; "
+        f"\"$PY\" -E - <<'{_END}'\n{probe_program()}{_END}\n"
     )
+    if len(command.encode()) > COMMAND_LIMIT:  # pragma: no cover - a bigger pynvml than any so far
+        raise RuntimeError(
+            f"the NVML probe command is {len(command.encode())} bytes, over {COMMAND_LIMIT}: one shell argument "
+            "on the host can hold 131072"
+        )
+    return command
 
 
 class NvmlProbe(FactBase[HostFacts]):
     """
-    GPUs, NVLink, PCIe, driver and health of a host through NVML (nvidia-ml-py).
+    GPUs, NVLink, PCIe, driver and health of a host through NVML (pynvml carried with the probe).
 
-    + python: the interpreter with nvidia-ml-py (default: fleet's vLLM venv, else ``python3``)
+    + python: the interpreter, Python 3.6+ (default: fleet's vLLM venv, else ``python3``)
     """
 
     def command(self, python: str | None = None) -> str:
@@ -65,3 +243,22 @@ class NvmlProbe(FactBase[HostFacts]):
 
     def process(self, output: list[str]) -> HostFacts:
         return parse_probe_output(output)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m fleet.facts.nvml [--python PATH] [--program]``: print the probe command."""
+    parser = argparse.ArgumentParser(
+        prog="python -m fleet.facts.nvml",
+        description="Print the exact shell command fleet runs on a host to probe its GPUs (run it there "
+        "with sh: it needs an NVIDIA driver and Python 3.6+, nothing else).",
+    )
+    parser.add_argument("--python", help="the interpreter on that host (default: fleet's venv, else python3)")
+    parser.add_argument(
+        "--program", action="store_true", help="print the Python program instead (feed it to python3 -E - on stdin)"
+    )
+    args = parser.parse_args(argv)
+    sys.stdout.write(probe_program() if args.program else probe_command(args.python))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,15 @@
-"""fleet's NVML probe: run on a GPU host with the host's own python3 and nvidia-ml-py.
+"""fleet's NVML probe: run on a GPU host with the host's own Python (3.6 or newer) and pynvml.
 
 Self-contained on purpose (standard library + ``pynvml`` from nvidia-ml-py, nothing from fleet):
-``fleet.facts.nvml.NvmlProbe`` ships this file's text to the host and runs it in one SSH round
-trip. It prints one JSON object on the last line of stdout and always exits 0: a host without
-NVML, without a driver, with a library/kernel-module mismatch or without GPUs gives a ``status``,
-never a traceback.
+``fleet.facts.nvml.NvmlProbe`` sends this file's text to the host together with the pynvml
+module of fleet's own environment (unmodified, carried in the same command, so nothing needs to
+be installed on the host) and runs it in one SSH round trip. It prints one JSON object on the
+last line of stdout and always exits 0: a host without NVML, without a driver, with a
+library/kernel-module mismatch or without GPUs gives a ``status``, never a traceback.
+
+Written for Python 3.6 (Ubuntu 18.04's python3) and newer: no ``from __future__ import
+annotations`` (3.7), annotations from ``typing``, %-formatting. Run on its own
+(``python3 -m fleet.facts.nvml_probe``) it imports the pynvml of that Python's environment.
 
 Every NVML call that fails is recorded under ``errors`` by its pynvml error class without the
 ``NVMLError_`` prefix (``NotSupported``, ``FunctionNotFound``, ...), so an older driver that
@@ -23,12 +28,10 @@ followed here are those of ``nvml.h`` and ``pynvml.py`` (nvidia-ml-py 13.x):
   ``used`` (v1 ``used`` includes it).
 """
 
-from __future__ import annotations
-
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple
 
 SCHEMA = 1
 #: nvml.h: NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_NVLINK = 2
@@ -45,6 +48,14 @@ INIT_STATUS = {
 }
 
 
+def pynvml_origin(module: Any) -> Optional[str]:
+    """Where the pynvml that answers comes from: the copy fleet carries with the probe (its import
+    spec's origin, ``fleet:nvidia-ml-py==<version>/pynvml.py``) or a file of this Python's environment."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None) or getattr(module, "__file__", None)
+    return str(origin)[:300] if origin else None
+
+
 def error_class(exc: BaseException) -> str:
     name = type(exc).__name__
     if name.startswith("NVMLError_"):
@@ -54,7 +65,7 @@ def error_class(exc: BaseException) -> str:
     return "exception:" + name
 
 
-def kernel_module() -> dict[str, Any] | None:
+def kernel_module() -> Optional[Dict[str, Any]]:
     """The loaded kernel module's version, from /proc/driver/nvidia/version (None: not loaded)."""
     try:
         with open("/proc/driver/nvidia/version") as f:
@@ -70,7 +81,7 @@ def kernel_module() -> dict[str, Any] | None:
     return {"version": version, "line": first[:300]}
 
 
-def pci_gpu_count() -> int | None:
+def pci_gpu_count() -> Optional[int]:
     """NVIDIA display/3D controllers on the PCI bus (sysfs), whether or not NVML enumerates them."""
     root = "/sys/bus/pci/devices"
     try:
@@ -91,11 +102,11 @@ def pci_gpu_count() -> int | None:
     return count
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions() -> Dict[str, Optional[str]]:
     """Installed versions of nvidia-ml-py and vLLM for this interpreter, read from the
     ``*.dist-info`` folder names on sys.path (importlib.metadata costs 100+ ms to import)."""
     wanted = {"nvidia_ml_py": "nvidia-ml-py", "vllm": "vllm"}
-    out: dict[str, str | None] = {v: None for v in wanted.values()}
+    out: Dict[str, Optional[str]] = {v: None for v in wanted.values()}
     for folder in sys.path:
         try:
             names = os.listdir(folder or ".")
@@ -111,9 +122,9 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def process_info(pid: int) -> dict[str, Any]:
+def process_info(pid: int) -> Dict[str, Any]:
     """Name and systemd unit of a process on this host (what the audit calls ours or not)."""
-    info: dict[str, Any] = {"comm": None, "unit": None}
+    info: Dict[str, Any] = {"comm": None, "unit": None}
     try:
         with open("/proc/%d/comm" % pid) as f:
             info["comm"] = f.read().strip()[:64]
@@ -133,7 +144,7 @@ def process_info(pid: int) -> dict[str, Any]:
 class Probe:
     def __init__(self, nvml: Any) -> None:
         self.N = nvml
-        self.errors: dict[str, str] = {}
+        self.errors: Dict[str, str] = {}
 
     def call(self, key: str, fn_name: str, *args: Any) -> Any:
         """Call pynvml.<fn_name>(*args); on failure record the error class under ``key``."""
@@ -147,7 +158,7 @@ class Probe:
             self.errors[key] = error_class(exc)
             return None
 
-    def first(self, key: str, names: tuple[str, ...], *args: Any) -> Any:
+    def first(self, key: str, names: Tuple[str, ...], *args: Any) -> Any:
         """The first of several spellings of one query that answers (newer name first)."""
         for name in names:
             value = self.call(key, name, *args)
@@ -158,10 +169,10 @@ class Probe:
                 return None
         return None
 
-    def gpu(self, i: int, h: Any) -> dict[str, Any]:
+    def gpu(self, i: int, h: Any) -> Dict[str, Any]:
         N = self.N
         p = "gpu%d." % i
-        g: dict[str, Any] = {"index": i}
+        g: Dict[str, Any] = {"index": i}
         g["name"] = self.call(p + "name", "nvmlDeviceGetName", h)
         g["board_part_number"] = self.call(p + "board_part_number", "nvmlDeviceGetBoardPartNumber", h)
         g["uuid"] = self.call(p + "uuid", "nvmlDeviceGetUUID", h)
@@ -186,7 +197,7 @@ class Probe:
         ecc = self.call(p + "ecc_mode", "nvmlDeviceGetEccMode", h)
         g["ecc_mode"] = list(ecc) if ecc is not None else None
         if ecc is not None and ecc[0] == 1:
-            counts: dict[str, Any] = {}
+            counts: Dict[str, Any] = {}
             for name, etype, ctype in (
                 ("corrected_volatile", 0, 0),
                 ("uncorrected_volatile", 1, 0),
@@ -200,7 +211,7 @@ class Probe:
         rows = self.call(p + "remapped_rows", "nvmlDeviceGetRemappedRows", h)
         g["remapped_rows"] = list(rows) if rows is not None else None
         if rows is None:
-            retired: dict[str, Any] = {}
+            retired: Dict[str, Any] = {}
             for name, cause in (("sbe", 0), ("dbe", 1)):
                 pages = self.call(p + "retired_pages." + name, "nvmlDeviceGetRetiredPages", h, cause)
                 retired[name] = len(pages) if pages is not None else None
@@ -217,7 +228,7 @@ class Probe:
         g["temperature_c"] = self.first(
             p + "temperature", ("nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature"), h, temp_gpu
         )
-        clocks: dict[str, Any] = {}
+        clocks: Dict[str, Any] = {}
         for name, ctype in (("graphics", 0), ("sm", 1), ("mem", 2)):
             clocks[name] = self.call(p + "clock." + name, "nvmlDeviceGetClockInfo", h, ctype)
             clocks["max_" + name] = self.call(p + "max_clock." + name, "nvmlDeviceGetMaxClockInfo", h, ctype)
@@ -252,9 +263,9 @@ class Probe:
             g["processes"] = None
         return g
 
-    def links(self, p: str, h: Any) -> list[dict[str, Any]]:
+    def links(self, p: str, h: Any) -> List[Dict[str, Any]]:
         N = self.N
-        out: list[dict[str, Any]] = []
+        out: List[Dict[str, Any]] = []
         bound = max(LINK_BOUND, int(getattr(N, "NVML_NVLINK_MAX_LINKS", 18)))
         for link in range(bound):
             try:
@@ -263,7 +274,7 @@ class Probe:
                 # Past the last link (or no NVLink visible at all): the first error ends the walk.
                 self.errors[p + "nvlink.%d.state" % link] = error_class(exc)
                 break
-            entry: dict[str, Any] = {"link": link, "active": int(state) == 1}
+            entry: Dict[str, Any] = {"link": link, "active": int(state) == 1}
             k = p + "nvlink.%d." % link
             entry["version"] = self.call(k + "version", "nvmlDeviceGetNvLinkVersion", h, link)
             entry["remote_type"] = self.call(k + "remote_type", "nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
@@ -277,7 +288,7 @@ class Probe:
             out.append(entry)
         return out
 
-    def fabric(self, p: str, h: Any) -> dict[str, Any] | None:
+    def fabric(self, p: str, h: Any) -> Optional[Dict[str, Any]]:
         N = self.N
         ctor = getattr(N, "c_nvmlGpuFabricInfo_v2_t", None)
         fn = getattr(N, "nvmlDeviceGetGpuFabricInfoV", None)
@@ -300,11 +311,11 @@ class Probe:
             "cluster_uuid": raw.hex(),
         }
 
-    def matrices(self, handles: list[Any]) -> dict[str, Any]:
+    def matrices(self, handles: List[Any]) -> Dict[str, Any]:
         n = len(handles)
-        ancestor: list[list[Any]] = [[None] * n for _ in range(n)]
-        p2p_nvlink: list[list[Any]] = [[None] * n for _ in range(n)]
-        p2p_read: list[list[Any]] = [[None] * n for _ in range(n)]
+        ancestor: List[List[Any]] = [[None] * n for _ in range(n)]
+        p2p_nvlink: List[List[Any]] = [[None] * n for _ in range(n)]
+        p2p_read: List[List[Any]] = [[None] * n for _ in range(n)]
         for i in range(n):
             for j in range(n):
                 if i == j:
@@ -322,7 +333,7 @@ class Probe:
         return {"common_ancestor": ancestor, "p2p_nvlink": p2p_nvlink, "p2p_read": p2p_read}
 
 
-def _int_or_none(value: Any) -> int | None:
+def _int_or_none(value: Any) -> Optional[int]:
     try:
         v = int(value)
     except (TypeError, ValueError):
@@ -331,14 +342,15 @@ def _int_or_none(value: Any) -> int | None:
     return None if v >= 2**64 - 1 else v
 
 
-def probe() -> dict[str, Any]:
-    out: dict[str, Any] = {
+def probe() -> Dict[str, Any]:
+    out: Dict[str, Any] = {
         "schema": SCHEMA,
         "status": "ok",
         "error": None,
         "python": sys.executable,
         "python_version": "%d.%d.%d" % sys.version_info[:3],
         "packages": package_versions(),
+        "pynvml": None,
         "kernel_module": kernel_module(),
         "pci_gpus": pci_gpu_count(),
         "driver_version": None,
@@ -355,6 +367,7 @@ def probe() -> dict[str, Any]:
         out["status"] = "no-pynvml"
         out["error"] = {"class": "ImportError", "message": str(exc)[:300]}
         return out
+    out["pynvml"] = pynvml_origin(N)
     try:
         N.nvmlInit()
     except Exception as exc:

@@ -41,6 +41,15 @@ The load balancer in front of a group (``fleet.lb``), group or host data ``balan
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
+Which top-level keys an inventory may hold (``spec.py`` enforces it, with "did you mean"):
+
+* fleet's keys: ``HostData``'s fields and ``NESTED_KEYS`` (whose contents their own module parses);
+  ``KNOWN_KEYS`` is the one list. A new key (``journal``) is a field here (as ``balancer`` is), or a
+  nested key with its parser called from ``spec._nested``; nothing else needs to know it;
+* pyinfra's own keys (``fleet.inventory.pyinfra_keys``: read from the installed pyinfra);
+* the operator's own data: any key starting with ``x_`` (``USER_PREFIX``), and the keys listed
+  in ``user_keys`` (so an inventory whose keys other pyinfra deploys read keeps their names).
+
 Not inventory data, but text that lands on hosts all the same: ``fleet drain --reason`` (written
 into the host's drain marker, shown by ``fleet status``): ``drain_reason``.
 
@@ -62,7 +71,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
-from fleet.secrets import looks_like_secret
+from fleet.secrets import SECRET_REF_HELP, looks_like_secret, parse_secret_ref
 
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
@@ -74,6 +83,10 @@ _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
+
+#: Keys starting with this are the operator's own data: fleet never reads them.
+USER_PREFIX = "x_"
 
 
 def _printable(text: str) -> bool:
@@ -179,6 +192,19 @@ def _apt_url(value: str) -> str:
     return value
 
 
+def _lab_name(value: str) -> str:
+    if not _HOST.fullmatch(value):
+        raise ValueError(f"a lab name: {HOST_NAME_RULE}")
+    return value
+
+
+def _absolute_path(value: str) -> str:
+    _path(value)
+    if not value.startswith("/"):
+        raise ValueError("an absolute path")
+    return value
+
+
 def _keyring(value: str) -> str:
     _path(value)
     if not os.path.isabs(value):
@@ -203,6 +229,12 @@ def _driver_version(value: str) -> str:
 def _extra(value: str) -> str:
     if not _EXTRA.fullmatch(value):
         raise ValueError("an extra's name: letters, digits, '.', '_', '-', starting and ending with a letter or digit")
+    return value
+
+
+def _user_key(value: str) -> str:
+    if not _KEY.fullmatch(value):
+        raise ValueError("a key name: a letter, then letters, digits or '_', at most 100 characters")
     return value
 
 
@@ -301,6 +333,7 @@ AptUrl = Annotated[str, AfterValidator(_apt_url)]
 Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
+UserKey = Annotated[str, AfterValidator(_user_key)]
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -381,6 +414,16 @@ class GpuData(BaseModel):
         return self.nvlink
 
 
+class LabData(BaseModel):
+    """``fleet_lab``: the lab a host belongs to (written by ``fleet lab up``; ``fleet.deploy.reboot``
+    power-cycles such a host the lab's way)."""
+
+    model_config = _STRICT
+
+    name: Annotated[str, AfterValidator(_lab_name)]
+    state_root: Annotated[str, AfterValidator(_absolute_path)]
+
+
 class HostData(BaseModel):
     """The host-data keys fleet reads. Other keys are left to pyinfra and to you (``spec.py``)."""
 
@@ -413,6 +456,10 @@ class HostData(BaseModel):
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
+    fleet_lab: LabData | None = None
+    user_keys: (
+        Annotated[list[UserKey], Field(max_length=1000)] | Annotated[tuple[UserKey, ...], Field(max_length=1000)]
+    ) = ()
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
 
@@ -431,10 +478,17 @@ class BalancerHostData(BaseModel):
 #: ``role``: what a host is; ``vllm`` (the default) serves, ``balancer`` runs a load balancer.
 ROLES = ("vllm", "balancer")
 
-#: The keys fleet reads (``model_config`` is spelt with its alias).
+#: The keys fleet reads (``model_config`` is spelt with its alias); ``ssh_*`` are pyinfra's.
 FLEET_KEYS: tuple[str, ...] = tuple(
     (f.alias or name) for name, f in HostData.model_fields.items() if not name.startswith("ssh_")
 )
+#: pyinfra's keys that fleet reads too (its schema checks their values).
+PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
+#: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
+#: ``fleet.rollout.policy``, ``alerts`` by ``fleet.monitor.thresholds``.
+NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
+#: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
+KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
@@ -462,6 +516,8 @@ FIELD_HELP: dict[str, str] = {
     "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
+    "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
+    "user_keys": "a list of your own keys fleet should leave alone, e.g. ['rack', 'datacenter']",
 }
 
 
@@ -502,3 +558,58 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
     except LayoutError as exc:
         return ("nvidia_driver_version", version, str(exc).split(": ", 1)[-1] + "; pin a newer driver or leave it out")
     return None
+
+
+# ---- the rollout journal's location (a control-machine setting, not host data) -----------------
+
+JOURNAL_URL_RULE = (
+    "a PostgreSQL URL without a password: postgresql://[user@]host[:port]/database[?param=value...] "
+    "(libpq's URI form; a service from a libpq service file: postgresql:///?service=NAME). The password "
+    "comes from ~/.pgpass or PGPASSFILE, the service file, or password_ref in the journal config file"
+)
+
+
+def journal_url_problem(value: object) -> str | None:
+    """Why ``value`` cannot be the journal's PostgreSQL URL, or None.
+
+    libpq's URI grammar ("Connection URIs", PostgreSQL 15 docs, 34.1.1.2); a password, in the
+    user part or as a ``password=`` parameter, is refused: a URL is shown in errors and can land
+    in argv (``--journal``), so credentials are always by reference.
+    """
+    if not isinstance(value, str) or not value or len(value) > 2048:
+        return JOURNAL_URL_RULE
+    if not _printable(value) or any(c.isspace() for c in value):
+        return JOURNAL_URL_RULE
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return JOURNAL_URL_RULE
+    if parts.scheme not in ("postgresql", "postgres"):
+        return JOURNAL_URL_RULE
+    query_keys = {kv.split("=", 1)[0].lower() for kv in parts.query.split("&") if kv}
+    if ":" in parts.netloc.rpartition("@")[0] or "password" in query_keys:
+        return "a password in the journal URL is refused: " + JOURNAL_URL_RULE.split(". ", 1)[1]
+    return None
+
+
+def _secret_ref(value: str) -> str:
+    if parse_secret_ref(value) is None:
+        raise ValueError(SECRET_REF_HELP)
+    return value
+
+
+def _journal_url(value: str) -> str:
+    problem = journal_url_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+class JournalSettings(BaseModel):
+    """The journal config file (``~/.config/fleet/journal.toml``): where the shared journal is."""
+
+    model_config = _STRICT
+
+    url: Annotated[str, AfterValidator(_journal_url)]
+    #: where the database password lives on this machine: ``env:NAME`` or ``file:/path``
+    password_ref: Annotated[str, AfterValidator(_secret_ref)] | None = None

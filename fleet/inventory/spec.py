@@ -5,10 +5,14 @@ rules across hosts (ports) in ``ports.py``. Here, per host and before anything e
 
 1. secrets: a value that looks like a key, under any field and in any type, is refused and
    never echoed; ``api_key`` (the key itself) is refused loudly instead of being ignored;
-2. near-misses of fleet's keys (``Port``, ``api_key_rf``) are flagged with "did you mean";
+2. unknown keys: a key that is not fleet's (``schema.KNOWN_KEYS``), not pyinfra's own
+   (``pyinfra_keys``) and not the operator's (``x_...`` or listed in ``user_keys``) is an error,
+   with "did you mean" (difflib) and the way to keep it as the operator's own data;
 3. every fleet key is parsed by ``schema.HostData``;
 4. ``rollout`` and ``alerts`` are parsed by their own modules (``fleet.rollout.policy``,
-   ``fleet.monitor.thresholds``) and reported here the same way, with "did you mean" for their keys.
+   ``fleet.monitor.thresholds``) and reported here the same way, with "did you mean" for their keys;
+5. with a ``model_check`` (the commands that plan), each serving host's model config is read on
+   this machine, once per distinct model, for hosts with other problems too.
 
 Every problem on every host is reported at once, naming the file where the value is written,
 the host, the field, the value (redacted when secret) and what is allowed.
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -26,20 +30,25 @@ from typing import Any, Literal
 from pydantic import ValidationError
 from pyinfra.api.inventory import Inventory
 
-from fleet.errors import FieldProblem, InventoryError
+from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
-from fleet.inventory.load import read_inventory
+from fleet.inventory.load import HostEntry, read_inventory
 from fleet.inventory.ports import spec_port_problems
+from fleet.inventory.pyinfra_keys import pyinfra_keys
 from fleet.inventory.schema import (
     BALANCER_KEYS,
     FIELD_HELP,
     FLEET_KEYS,
     GPU_KEYS,
+    KNOWN_KEYS,
+    PYINFRA_KEYS_READ,
+    USER_PREFIX,
     WORKLOAD_KEYS,
     BalancerData,
     BalancerHostData,
     GpuData,
     HostData,
+    LabData,
     driver_problem,
     haproxy_name,
     port_range_problem,
@@ -55,14 +64,19 @@ __all__ = [
     "GpuSpec",
     "HostSpec",
     "LoadedInventory",
+    "ModelCheck",
     "SecretRef",
     "Workload",
     "host_spec",
     "load_inventory",
 ]
 
+#: Reads a model's config on this machine (``fleet.model.arch.load_model``); a ``FleetError`` says why not.
+ModelCheck = Callable[[str, str | None], object]
+
 WeightPrecision = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"]
 KvCacheDtype = Literal["auto", "fp8"]
+LAB_KEYS: tuple[str, ...] = tuple(LabData.model_fields)
 WEIGHT_PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp16", "fp8", "int8", "int4")
 KV_CACHE_DTYPES: tuple[str, ...] = ("auto", "fp8")
 FABRICS: tuple[str, ...] = tuple(f.value for f in Fabric)
@@ -197,10 +211,11 @@ class LoadedInventory:
     overrides: Mapping[str, Any] = field(default_factory=dict)  #: given on the command line
     #: every host with ``role: balancer`` (selected or not: the serving hosts' balancers are reached)
     balancer_hosts: tuple[BalancerHost, ...] = ()
+    model_check: ModelCheck | None = field(default=None, compare=False, repr=False)
 
     def reload(self, limit: list[str] | None = None) -> LoadedInventory:
         """The same inventory read again (pyinfra's ``Inventory`` and ``State`` are single-use)."""
-        return load_inventory(self.path, limit, self.overrides)
+        return load_inventory(self.path, limit, self.overrides, self.model_check)
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -211,8 +226,6 @@ class LoadedInventory:
 
 # -- validation ---------------------------------------------------------------------------------
 
-#: pyinfra's own host-data keys that fleet reads or leaves alone (beyond ``ssh_*`` and ``_*``).
-_NOT_OURS_PREFIXES = ("ssh_", "_", "docker_", "winrm_", "chroot_", "local_")
 _SECRET_HELP = (
     "looks like a secret; fleet never takes one in an inventory (it would be echoed, logged and "
     "committed): put it in an environment variable or a file on the control machine and set "
@@ -279,7 +292,7 @@ def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
             h.problem(key, value, _API_KEY_HELP, secret=True)
             refused.add(key)
         elif secret_field(key) and not (value is None or (isinstance(value, str | bytes) and not value)):
-            near = _close(key, FLEET_KEYS)
+            near = _close(key, KNOWN_KEYS)
             hint = f" (did you mean {near!r}?)" if near else ""
             h.problem(key, value, "a secret under a field of its own" + hint + "; " + _SECRET_HELP, secret=True)
             refused.add(key)
@@ -295,15 +308,11 @@ def _secrets(h: _Host, data: dict[str, Any]) -> set[str]:
     return refused
 
 
-#: Keys whose contents other modules validate (``_nested``); known here for "did you mean".
-NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
-
-
-def _close(key: str, known: tuple[str, ...]) -> str | None:
+def _close(key: str, known: tuple[str, ...], cutoff: float = 0.8) -> str | None:
     lowered = {k.lower(): k for k in known}
     if key.lower() in lowered:
         return lowered[key.lower()]
-    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(key.lower(), list(lowered), n=1, cutoff=cutoff)
     return lowered[close[0]] if close else None
 
 
@@ -312,19 +321,42 @@ REMOVED_KEYS = {
     "lab_profile": "no longer read: a lab host's GPUs are probed like any host's (fleet plan, fleet audit); "
     "declare gpu: {sku, count, nvlink} for --offline plans",
 }
+#: How close an unknown key must be to a known one to be offered as "did you mean" (difflib's
+#: ratio: ``served_name`` is 0.79 of ``served_model_name``). The key is an error either way.
+SUGGEST_CUTOFF = 0.6
 
 
-def _typos(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
+def _user_keys(h: _Host, data: dict[str, Any]) -> set[str]:
+    """The keys ``user_keys`` declares the operator's own (its grammar is the schema's)."""
+    raw = data.get("user_keys")
+    if not isinstance(raw, list | tuple):
+        return set()
+    keys = {k for k in raw if isinstance(k, str)}
+    for key in sorted(keys & set(KNOWN_KEYS)):
+        h.problem("user_keys", raw, f"{key!r} is a key fleet reads, not your own data: remove it from user_keys")
+    return keys - set(KNOWN_KEYS)
+
+
+def _unknown_keys(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
+    """Every key is fleet's, pyinfra's, or declared the operator's own (``x_...``, ``user_keys``)."""
+    theirs = pyinfra_keys()
+    mine = _user_keys(h, data)
     for key, value in data.items():
         if key in REMOVED_KEYS:
             h.problem(key, value, REMOVED_KEYS[key])
             continue
-        if key in FLEET_KEYS or key in NESTED_KEYS or key in refused or key.startswith(_NOT_OURS_PREFIXES):
+        if key in KNOWN_KEYS or key in theirs or key in refused or key in mine or key.startswith(USER_PREFIX):
             continue
-        near = _close(key, FLEET_KEYS + NESTED_KEYS)
-        if near is not None:
-            secret = near == "api_key_ref" or secret_field(key)
-            h.problem(key, value, f"unknown field; did you mean {near!r}?", secret=secret)
+        near = _close(key, KNOWN_KEYS, SUGGEST_CUTOFF) or _close(key, tuple(sorted(theirs)), SUGGEST_CUTOFF)
+        hint = f"; did you mean {near!r}?" if near else "."
+        own = USER_PREFIX + key.lstrip("_")
+        h.problem(
+            key,
+            value,
+            f"unknown field (not fleet's, not pyinfra's own){hint} If it is your own data: name it {own}, "
+            f"or list it in user_keys (e.g. user_keys = [{key!r}] in group_data/all.py)",
+            secret=near == "api_key_ref" or secret_field(key),
+        )
 
 
 def _allowed(err: Any, fld: str) -> str:
@@ -333,7 +365,9 @@ def _allowed(err: Any, fld: str) -> str:
         return "required: " + FIELD_HELP.get(fld, "a value")
     if kind == "extra_forbidden":
         parent, _, key = fld.rpartition(".")
-        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS}.get(parent, ())
+        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS}.get(
+            parent, ()
+        )
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
@@ -364,16 +398,13 @@ def _value_loc(loc: tuple[Any, ...], fld: str) -> tuple[Any, ...]:
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
     # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
-    names = [
-        p
-        for p in parts
-        if p in FLEET_KEYS or p in WORKLOAD_KEYS or p in GPU_KEYS or p in BALANCER_KEYS or p.startswith("ssh_")
-    ]
+    known = (FLEET_KEYS, WORKLOAD_KEYS, GPU_KEYS, BALANCER_KEYS, LAB_KEYS, PYINFRA_KEYS_READ)
+    names = [p for p in parts if any(p in keys for keys in known)]
     return ".".join(names) or ".".join(parts)
 
 
 def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | None:
-    fields = {k: v for k, v in data.items() if (k in FLEET_KEYS or k in ("ssh_port", "ssh_hostname"))}
+    fields = {k: v for k, v in data.items() if (k in FLEET_KEYS or k in PYINFRA_KEYS_READ)}
     for key in refused:
         fields.pop(key, None)
     fields.pop("api_key_ref", None)
@@ -477,7 +508,7 @@ def host_spec(
         else:
             h.problem("host data key", key, "field names are strings")
     refused = _secrets(h, strings)
-    _typos(h, strings, refused)
+    _unknown_keys(h, strings, refused)
     valid = _validate(h, strings, refused)
     ref = _api_key_ref(h, strings, refused)
     _nested(h, strings, refused)
@@ -529,7 +560,8 @@ def balancer_host_spec(
     """Validate a host with ``role: balancer``: SSH settings only; fleet's serving keys do not belong."""
     h = _Host(inventory, name, sources)
     refused = _secrets(h, data)
-    serving = [k for k in data if k in FLEET_KEYS and k not in ("role",) and k not in refused]
+    _unknown_keys(h, data, refused)
+    serving = [k for k in data if k in FLEET_KEYS and k not in ("role", "user_keys", "fleet_lab") and k not in refused]
     for key in serving:
         h.problem(key, data[key], "a host with role: balancer runs a load balancer, not vLLM: remove the key, "
                   "or put the host in a group without serving data")  # fmt: skip
@@ -577,11 +609,51 @@ def balancer_problems(specs: Sequence[HostSpec], balancers: Sequence[BalancerHos
     return problems
 
 
+def _model_of(entry: HostEntry, spec: HostSpec | None, problems: list[FieldProblem]) -> tuple[str, str | None] | None:
+    """(model, model_config) of a host, also of one with other problems when these two are valid."""
+    if spec is not None:
+        return spec.model, spec.model_config
+    if any(p.host == entry.name and p.field.split(".")[0] in ("model", "model_config") for p in problems):
+        return None
+    model, config = entry.data.get("model"), entry.data.get("model_config")
+    if isinstance(model, str) and (config is None or isinstance(config, str)):
+        return model, config
+    return None
+
+
+def _model_problems(
+    entries: list[tuple[HostEntry, HostSpec | None]], problems: list[FieldProblem], check: ModelCheck, path: str
+) -> list[FieldProblem]:
+    """A problem for every host whose model config cannot be read here; each model is read once."""
+    found: list[FieldProblem] = []
+    why: dict[tuple[str, str | None], str | None] = {}
+    for entry, spec in entries:
+        pair = _model_of(entry, spec, problems)
+        if pair is None:
+            continue
+        if pair not in why:
+            try:
+                check(*pair)
+                why[pair] = None
+            except FleetError as exc:
+                why[pair] = str(exc)
+        if (reason := why[pair]) is not None:
+            fld = "model_config" if pair[1] is not None else "model"
+            value = pair[1] if pair[1] is not None else pair[0]
+            found.append(FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason))
+    return found
+
+
 def load_inventory(
-    path: str | Path, limit: list[str] | None = None, overrides: Mapping[str, Any] | None = None
+    path: str | Path,
+    limit: list[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    model_check: ModelCheck | None = None,
 ) -> LoadedInventory:
     """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's;
-    ``overrides``: host data given on the command line (``fleet rollout --model``), over every host's.
+    ``overrides``: host data given on the command line (``fleet rollout --model``), over every host's;
+    ``model_check``: read each selected serving host's model config on this machine (the commands
+    that plan pass ``fleet.model.arch.load_model``), so a missing model is reported with the rest.
 
     Every host is validated, problems are reported for the selected ones; the cross-host rules
     (``ports.py``) see every valid host, since a host left out by ``--limit`` still holds its ports.
@@ -594,23 +666,32 @@ def load_inventory(
     selected = _limit(files.pyinfra, limit, str(path))
     specs: list[HostSpec] = []
     balancers: list[BalancerHost] = []
+    checked: list[tuple[HostEntry, HostSpec | None]] = []  # serving hosts, for the model check
     for entry in files.hosts:
+        serving = entry.data.get("role") != "balancer"
+        spec: HostSpec | None = None
         try:
-            if entry.data.get("role") == "balancer":
+            if not serving:
                 balancers.append(balancer_host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources))
             else:
-                specs.append(host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources))
+                spec = host_spec(str(path), entry.name, entry.groups, entry.data, entry.sources)
+                specs.append(spec)
         except InventoryError as exc:
             if selected is None or entry.name in selected:
                 problems.extend(exc.problems)
+        if serving and (selected is None or entry.name in selected):
+            checked.append((entry, spec))
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
+    if model_check is not None:
+        problems += _model_problems(checked, problems, model_check, str(path))
     if problems:
-        raise InventoryError(problems)
+        order = {entry.name: n for n, entry in enumerate(files.hosts)}
+        raise InventoryError(sorted(problems, key=lambda p: order.get(p.host, -1)))  # host by host
     chosen = tuple(s for s in specs if selected is None or s.name in selected)
     if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
-    return LoadedInventory(str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers))
+    return LoadedInventory(str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check)
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

@@ -51,6 +51,9 @@ class Quantization:
 
     method: str
     bits: float
+    #: ``weight_block_size`` [block_n, block_k] of a block-quantized FP8 checkpoint (``quant_method:
+    #: fp8``, read as vLLM's ``Fp8Config.from_config`` reads it); None: per-tensor or not FP8
+    weight_block_size: tuple[int, int] | None = None
 
     @property
     def bytes_per_param(self) -> float:
@@ -274,7 +277,17 @@ def _quantization(top: ConfigReader) -> Quantization | None:
         weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)]
         first = weights[0] if weights and isinstance(weights[0], dict) else {}
         bits = float(ConfigReader(first, q.source, f"{q.prefix}config_groups.weights.").integer("num_bits", 8, (1, 32)))
-    return Quantization(method=method, bits=bits)
+    return Quantization(method=method, bits=bits, weight_block_size=_weight_block_size(q, method))
+
+
+def _weight_block_size(q: ConfigReader, method: str) -> tuple[int, int] | None:
+    """``Fp8Config``'s ``weight_block_size`` (vLLM refuses one that is not two dimensions)."""
+    raw = q.items("weight_block_size")
+    if method != "fp8" or raw is None:
+        return None
+    if len(raw) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 16 for v in raw):
+        raise q.fail("weight_block_size", raw, "must be two positive integers [block_n, block_k], e.g. [128, 128]")
+    return raw[0], raw[1]
 
 
 def _text_config(top: ConfigReader) -> ConfigReader:

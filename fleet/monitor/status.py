@@ -42,6 +42,29 @@ class Health(StrEnum):
     ERROR = "error"  #: answered, but not like vLLM
 
 
+class State(StrEnum):
+    """What an instance is doing, in a word: the status table's state column and ``--json``'s ``state``.
+
+    Decided in one place, :func:`state_of`, from everything observed about the instance (its
+    ``/health`` answer and, with SSH facts, its systemd unit). ``Health`` is what HTTP alone says;
+    a state may say more (a stopped unit, an engine still loading, a host that answers neither HTTP
+    nor SSH), and later observers (a balancer's view, a drain marker) add their words here.
+    """
+
+    READY = "ready"  #: /health 200
+    LOADING = "loading"  #: the unit runs but vLLM does not listen yet: it listens only once loaded
+    RESTARTING = "restarting"  #: the unit waits to be started again after its process exited
+    STOPPING = "stopping"  #: the unit is stopping: vLLM drains (its /health stays 200 meanwhile)
+    STOPPED = "stopped"  #: the unit is inactive (stopped, or never started)
+    FAILED = "failed"  #: the unit failed (systemd gave up on it)
+    NO_UNIT = "no unit"  #: the host has no such unit (not deployed there)
+    ENGINE_DEAD = "engine dead"  #: /health 503
+    NOT_LISTENING = "not listening"  #: connection refused, and no unit facts to say why
+    UNREACHABLE = "unreachable"  #: neither HTTP nor (when asked) SSH reaches the host
+    ERROR = "error"  #: answered, but not like vLLM
+    DRAINED = "drained"  #: its host is out of service for maintenance (``fleet drain``'s marker)
+
+
 @dataclass(frozen=True)
 class UnitFacts:
     """What the host's systemd and NVML say about one instance (from the SSH fact runner)."""
@@ -83,9 +106,8 @@ class InstanceStatus:
         return (self.health is Health.READY or self.drained is not None) and not self.problems
 
     @property
-    def state(self) -> str:
-        """One word for people: ``drained`` or the health."""
-        return "drained" if self.drained is not None else self.health.value
+    def state(self) -> State:
+        return state_of(self.health, self.unit, drained=self.drained is not None)
 
 
 # -- pure pieces ------------------------------------------------------------------------------------
@@ -101,6 +123,46 @@ def classify_error(exc: BaseException) -> tuple[Health, str]:
     if isinstance(reason, socket.gaierror):
         return Health.UNREACHABLE, f"name does not resolve: {reason}"
     return Health.UNREACHABLE, str(reason)
+
+
+def state_of(health: Health, unit: UnitFacts | None, drained: bool = False) -> State:
+    """The state column's word (pure, table-tested): ``/health`` first, systemd to say why not.
+
+    vLLM binds its port before it loads the model but calls ``listen()`` only once the engine is
+    up (vLLM 0.33 ``vllm/entrypoints/launchers/api_server/entry.py`` ``run_server`` →
+    ``launcher.py`` ``setup_server``, then ``serve_http``), so a refused connection from an instance
+    whose unit is running means it is still loading; from a stopped, failed or restarting unit it
+    means just that (systemd's ActiveState/SubState, org.freedesktop.systemd1(5)). A unit that is
+    stopping is "stopping" even while ``/health`` still answers 200: vLLM keeps it 200 during its
+    ``--shutdown-timeout`` drain (``AsyncLLM.shutdown`` in ``vllm/v1/engine/async_llm.py``) while new
+    requests fail. An instance of a host drained for maintenance (``fleet drain``) is "drained",
+    whatever it does: it is out of service on purpose.
+    """
+    if drained:
+        return State.DRAINED
+    if unit is not None and unit.state.startswith("deactivating/"):
+        return State.STOPPING
+    if health is Health.READY:
+        return State.READY
+    if health is Health.ENGINE_DEAD:
+        return State.ENGINE_DEAD
+    if health is Health.ERROR:
+        return State.ERROR
+    unreachable = State.UNREACHABLE if health is Health.UNREACHABLE else State.NOT_LISTENING
+    if unit is None or unit.state == "unreachable":
+        return unreachable  # nothing from systemd to say why
+    if unit.state == "not installed":
+        return State.NO_UNIT
+    active, _, sub = unit.state.partition("/")
+    if sub == "auto-restart":
+        return State.RESTARTING
+    if active == "failed":
+        return State.FAILED
+    if active == "inactive":
+        return State.STOPPED
+    if active in ("active", "activating", "reloading"):
+        return State.LOADING if health is Health.NOT_LISTENING else State.UNREACHABLE
+    return unreachable
 
 
 def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
@@ -321,6 +383,7 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
         "model": t.model,
         "pinned_vllm_version": t.vllm_version,
         "vllm_version": row.version,
+        "state": row.state.value,
         "health": row.health.value,
         "detail": row.detail,
         "kv_cache_usage": row.kv_usage,
@@ -354,7 +417,6 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
             "gpu_memory_used_bytes": row.unit.gpu_memory_used,
             "detail": row.unit.detail,
         },
-        "state": row.state,
         "drained": None if row.drained is None else row.drained.data(),
         "balancer": None
         if row.lb is None and not row.lb_error

@@ -197,6 +197,7 @@ def releases_to_prune(releases: Sequence[str], current: str | None, previous: st
     return victims
 
 
-#: nvidia-ml-py next to vLLM in every release (fleet's probe and vLLM's own NVML use): the
-#: 13.x line covers the 580 driver branch (its release notes: "Version 13.580").
+#: nvidia-ml-py next to vLLM in every release (for the release's own NVML use; fleet's probe does
+#: not need it: it carries the pynvml of fleet's environment, ``fleet.facts.nvml``): the 13.x line
+#: covers the 580 driver branch (its release notes: "Version 13.580").
 NVML_PY_REQUIREMENT = "nvidia-ml-py==13.615.71"

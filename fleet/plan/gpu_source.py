@@ -7,8 +7,8 @@ goes out.
   ``gpu`` entry is then a check: a different GPU count, GPU model or memory size, or NVLink
   islands is a :class:`GpuMismatch` that names the host, both sides and the way out, and the
   host is refused before anything is written.
-* NVML does not answer yet (no driver, the driver installed but not loaded until the reboot, no
-  nvidia-ml-py for the probe's Python before the release venv exists): the inventory's ``gpu``
+* NVML does not answer yet (no driver, the driver installed but not loaded until the reboot; no
+  Python, or a probe answer from a fleet that did not carry pynvml): the inventory's ``gpu``
   entry if there is one; otherwise the host waits: its units are not rendered in this run.
 * NVML answers with an error (no permission, a driver error, the probe crashed, no answer at all):
   the inventory's ``gpu`` entry if there is one, otherwise a refusal.
@@ -39,8 +39,8 @@ from fleet.inventory.spec import GpuSpec, HostSpec
 from fleet.plan.outcomes import gpus_for
 
 #: probe statuses that mean "NVML does not answer yet, and a deploy is what brings it":
-#: no driver, a driver installed and not loaded until the reboot, no nvidia-ml-py before the
-#: release venv exists (``fleet.facts.nvml_probe`` sets these)
+#: no driver, a driver installed and not loaded until the reboot (``fleet.facts.nvml_probe`` sets
+#: these); ``no-pynvml`` only from a probe that did not carry pynvml (``fleet.facts.nvml`` does)
 NOT_YET = ("no-python", "no-pynvml", "no-nvml-library", "driver-not-loaded", "lib-rm-version-mismatch")
 #: relative difference of memory totals still taken as the same GPU (the audit's tolerance)
 MEMORY_TOLERANCE = 0.01

@@ -14,7 +14,8 @@ What is vLLM 0.33's own arithmetic, transcribed:
 * vLLM refuses to start when free memory, read after its own CUDA context exists, is below
   that budget: utilization is lowered for memory already in use, counting that context;
 * KV pages, hybrid groups, blocks, tokens and the one-request check (``fleet.model.kv``), the
-  derived maximum length (``fleet.model.max_len``), the TP rules (``ModelArch.tp_problem``).
+  derived maximum length (``fleet.model.max_len``), the TP rules (``ModelArch.tp_problem``, and
+  for block-quantized FP8 checkpoints ``fleet.model.fp8_blocks``, which depends on the GPUs too).
 
 What is estimated, and said so in every plan: the non-torch memory, the activation peak of
 vLLM's profiling run and the CUDA-graph memory (vLLM measures these on the GPU at start).
@@ -40,6 +41,7 @@ from fleet.errors import PlanError, PlanProblem
 from fleet.gpus import ESTIMATED_RESERVE, Fabric, GiB, HostGpus, MiB
 from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
+from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
 from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
 
@@ -412,12 +414,18 @@ def gpu_groups(gpus: HostGpus, tp: int, pcie_tp: bool) -> list[tuple[int, ...]]:
     return sorted(groups)
 
 
+def tp_problem(arch: ModelArch, gpus: HostGpus, tp: int) -> str | None:
+    """Why vLLM 0.33 refuses this TP size for this model on these GPUs, or None: the model's own
+    rules (``ModelArch.tp_problem``), then a block-quantized FP8 checkpoint's (``fp8_blocks``)."""
+    return arch.tp_problem(tp) or fp8_blocks(arch, tp, gpus.compute_capability).problem
+
+
 def candidate_tps(arch: ModelArch, gpus: HostGpus, spec: HostSpec, pcie_tp: bool) -> list[int]:
-    """TP sizes vLLM accepts for this model that fit inside an NVLink island, smallest first."""
+    """TP sizes vLLM accepts for this model on these GPUs that fit inside an NVLink island, smallest first."""
     if spec.tensor_parallel_size is not None:
         return [spec.tensor_parallel_size]
     largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
-    return [tp for tp in range(1, largest + 1) if is_power_of_two(tp) and arch.tp_problem(tp) is None]
+    return [tp for tp in range(1, largest + 1) if is_power_of_two(tp) and tp_problem(arch, gpus, tp) is None]
 
 
 @dataclass(frozen=True)
@@ -541,6 +549,14 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
         )
     if pcie_tp:
         warnings.append("tensor parallel over PCIe (allow_pcie_tensor_parallel): all-reduce over PCIe is slow")
+    if (refined := fp8_blocks(arch, chosen.tp, gpus.compute_capability).note(arch, chosen.tp)) is not None:
+        notes.append(refined)
+        if gpus.compute_capability is None:
+            warnings.append(
+                f"the GPUs' compute capability is not known: at TP {chosen.tp} vLLM serves this FP8 checkpoint only "
+                "on GPUs with native FP8 (compute capability ≥ 8.9: H100, H200, L40S, RTX 4090), and refuses it on "
+                "others (A100, A10); give gpu.sku, or let fleet probe the host"
+            )
     notes += _defaults_notes(spec, arch)
     notes += _kv_notes(arch, chosen.memory[0])
     used = {i for g in chosen.groups for i in g}
@@ -574,33 +590,79 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
 def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool) -> None:
     tp = spec.tensor_parallel_size
     assert tp is not None
-    problem = arch.tp_problem(tp)
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
+    problem = tp_problem(arch, gpus, tp)
     largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
+    over_pcie = False
     if problem is None and tp > largest:
+        over_pcie = pcie_only and tp <= gpus.count
         problem = (
-            f"TP {tp} is larger than the largest NVLink island ({largest} GPUs)"
+            f"TP {tp} spans {tp} GPUs with no NVLink between them: tensor parallelism over PCIe is only "
+            "planned with allow_pcie_tensor_parallel: true"
+            if over_pcie
+            else f"TP {tp} is larger than the largest NVLink island ({largest} GPU{'s' if largest > 1 else ''})"
             if tp <= gpus.count
             else f"TP {tp} is larger than the host's {gpus.count} GPUs"
         )
-    if problem:
-        valid = [t for t in range(1, largest + 1) if arch.tp_problem(t) is None]
-        ways = [f"use one of: {', '.join(map(str, valid))}"] if valid else []
-        if ways_out:
-            ways = [
-                w for t in valid if (w := _try(f"tensor_parallel_size: {t}", spec, gpus, arch, tensor_parallel_size=t))
-            ]
-            ways = ways or [f"none of the valid sizes ({', '.join(map(str, valid))}) fits this host"]
-        raise PlanError(
-            PlanProblem(
-                spec.name,
-                f"tensor_parallel_size={tp} cannot work for {spec.model}",
-                details=[
-                    problem,
-                    f"attention heads {arch.num_attention_heads}, KV heads {arch.num_kv_heads}",
-                ],
-                ways_out=[*ways, "or remove tensor_parallel_size to let fleet choose"],
-            )
+    if not problem:
+        return
+    valid = [t for t in range(1, largest + 1) if tp_problem(arch, gpus, t) is None]
+    ways = [f"use one of: {', '.join(map(str, valid))}", "or remove tensor_parallel_size to let fleet choose"]
+    if ways_out:
+        ways = _pinned_tp_ways(spec, gpus, arch, tp, valid, over_pcie)
+        if fp8_blocks(arch, tp, gpus.compute_capability).problem is not None and arch.tp_problem(tp) is None:
+            ways += [w for w in _fp8_block_ways(arch, gpus) if w not in ways]
+    raise PlanError(
+        PlanProblem(
+            spec.name,
+            f"tensor_parallel_size={tp} cannot work for {spec.model}",
+            details=[problem, f"attention heads {arch.num_attention_heads}, KV heads {arch.num_kv_heads}"],
+            ways_out=ways,
         )
+    )
+
+
+def _pinned_tp_ways(
+    spec: HostSpec, gpus: HostGpus, arch: ModelArch, tp: int, valid: list[int], over_pcie: bool
+) -> list[str]:
+    """Ways out of a refused ``tensor_parallel_size``, each planned first and offered with its numbers:
+    TP over PCIe where that is all that is missing, the valid sizes, and fleet's own choice (or, when
+    that fails too, the ways out of fleet's own choice)."""
+    tries: list[tuple[str, dict[str, object]]] = []
+    if over_pcie:
+        label = f"allow_pcie_tensor_parallel: true (keeps TP {tp}; these GPUs have no NVLink, TP over PCIe is slow)"
+        tries.append((label, {"allow_pcie_tensor_parallel": True}))
+    tries += [(f"tensor_parallel_size: {t}", {"tensor_parallel_size": t}) for t in valid if t != tp]
+    tries.append(("remove tensor_parallel_size (fleet chooses)", {"tensor_parallel_size": None}))
+    ways = [w for label, changes in tries if (w := _try(label, spec, gpus, arch, **changes))]
+    free = dataclasses.replace(spec, tensor_parallel_size=None)
+    try:
+        plan_host(free, gpus, arch)
+    except PlanError as exc:  # fleet's own choice fails too: its ways out, without the pinned TP
+        offered = {w.rsplit(": ", 1)[-1] for w in ways}
+        found = [w for w in exc.problem.ways_out if w.rsplit(": ", 1)[-1] not in offered]
+        if not ways:
+            sizes = ", ".join(map(str, valid)) or "none"
+            ways.append(f"no tensor_parallel_size fits as the host is (sizes inside its NVLink islands: {sizes}): "
+                        f"{exc.problem.summary}")  # fmt: skip
+        ways += [f"remove tensor_parallel_size, and {w}" for w in found]
+    return ways
+
+
+def _fp8_block_ways(arch: ModelArch, gpus: HostGpus) -> list[str]:
+    """Ways out of a block-quantized FP8 checkpoint vLLM refuses at the sizes this host allows."""
+    ways = []
+    cc = gpus.compute_capability
+    if cc is not None and cc < NATIVE_FP8:
+        ways.append(
+            "GPUs with native FP8 (compute capability ≥ 8.9: h100-sxm-80gb, h200-sxm-141gb, l40s-48gb): there vLLM "
+            "refines the block scales for Triton's fused-MoE kernel"
+        )
+    ways.append(
+        f"the 16-bit checkpoint of {arch.name} with weights: fp8 (vLLM quantizes it per tensor when loading: "
+        "no blocks to split)"
+    )
+    return ways
 
 
 def _kv_notes(arch: ModelArch, m: MemoryMath) -> list[str]:
@@ -804,7 +866,14 @@ def _no_fit(
         else:
             summary = "the weights do not fit in GPU memory"
     else:
-        details.append("no tensor-parallel size fits the NVLink islands")
+        largest = gpus.count if pcie_only and spec.allow_pcie_tensor_parallel else max(len(i) for i in gpus.islands)
+        refused = [
+            f"TP {t}: {why}" for t in range(1, largest + 1) if is_power_of_two(t) and (why := tp_problem(arch, gpus, t))
+        ]
+        details.append("no tensor-parallel size that vLLM accepts fits the NVLink islands" + (":" if refused else ""))
+        details += refused
+        if any("FP8" in why for why in refused):
+            ways.extend(_fp8_block_ways(arch, gpus))
     if not ways_out:
         return PlanProblem(spec.name, summary, details, ways)
     wanted = spec.gpu_memory_utilization or DEFAULT_UTILIZATION

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.rollout.engine import RolloutState, RolloutStatus
+from fleet.rollout.engine import RolloutState, RolloutStatus, left_midway, midway_words
 
 
 def out_of_traffic(state: RolloutState) -> list[str]:
@@ -23,7 +23,10 @@ def out_of_traffic(state: RolloutState) -> list[str]:
 def next_steps(state: RolloutState) -> list[str]:
     """What the on-call does next, in words and commands."""
     if state.status is RolloutStatus.RUNNING:
-        return [f"stopped between steps; resume with: fleet rollout --resume {state.id}"]
+        out = [f"interrupted: {state.reason}"] if state.reason else []
+        out += [f"{i.ref} was left mid-way: {midway_words(i)}" for i in left_midway(state)]
+        out.append(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
+        return out
     hosts = " ".join(sorted({r.host for r in state.instances}))
     if state.kind == "drain":
         if state.status is RolloutStatus.DONE:

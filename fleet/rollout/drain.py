@@ -7,7 +7,9 @@ bounded by ``drain_timeout_s``), its unit is stopped, its GPUs are checked free,
 left in ``maint``. Around the engine, and journaled as steps of the same rollout:
 
 * before anything is stopped, the host's marker (``fleet.facts.drain``: who, when, why) is written
-  on every host, so from then on a rollout, restart or deploy from any control machine skips it.
+  on every host, so from then on a rollout, restart or deploy from any control machine skips it
+  (``fleet.rollout.session.run_rollout``); the marker's text is the journaled step's outcome too,
+  which is what a rollout from this journal goes by for a host that does not answer.
   A marker that cannot be written stops the drain before any instance is touched (markers this
   drain wrote are removed again);
 * once every instance is stopped, its units are disabled (``systemctl disable``), so a reboot
@@ -30,11 +32,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fleet.facts.drain import MARKER_PATH, DrainMarker
+from fleet.facts.drain import MARKER_PATH, DrainMarker, read_markers
 from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.fleet_inventory import RolloutFleet
-from fleet.rollout.journal import Journal, _user
+from fleet.rollout.journal import RolloutJournal, _user
 from fleet.rollout.session import RunLoop, headless, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 
@@ -76,14 +78,14 @@ def drain(
 ) -> RolloutState:
     """Take every instance of ``fleet``'s hosts out of service (see the module docstring).
 
-    ``fleet`` is loaded with ``markers="keep"``; ``reason`` was checked by
-    ``fleet.inventory.schema.drain_reason``. Raises what ``run_rollout`` raises (nothing touched)."""
+    ``reason`` was checked by ``fleet.inventory.schema.drain_reason``. Raises what ``run_rollout``
+    raises (nothing touched)."""
     who_ = by or who()
 
     def targets_of(executor: SshExecutor) -> list[Target]:
         return [replace(t, stop_only=True) for t in fleet.targets(_releases(fleet, executor), restart=False)]
 
-    def around(state: RolloutState, executor: SshExecutor, journal: Journal) -> RolloutState:
+    def around(state: RolloutState, executor: SshExecutor, journal: RolloutJournal) -> RolloutState:
         written: list[str] = []
         for host in fleet.hosts:
             instances = tuple(r.instance for r in fleet.instances if r.host == host)
@@ -95,8 +97,9 @@ def drain(
                                host)  # fmt: skip
                 return _marker_failed(state, executor, journal, host, str(exc), written, clock)
             written.append(host)
-            journal.record(state, "marker:drained", f"host {host}: {marker.describe()}", True, MARKER_PATH, clock(),
-                           host)  # fmt: skip
+            # the marker's text is the step's outcome: the journal answers for a host that is down
+            journal.record(state, "marker:drained", f"host {host}: {marker.describe()} ({MARKER_PATH})", True,
+                           marker.to_json().strip(), clock(), host)  # fmt: skip
         final = run(state, executor, journal)
         if final.status is not RolloutStatus.DONE:
             return final
@@ -113,14 +116,14 @@ def drain(
 
     return run_rollout(
         fleet, "drain", targets_of, {**POLICY, **(overrides or {})}, journal_path=journal_path,
-        take_over=take_over, run=lambda s, e, j: around(s, e, j), lb=lb, warn=warn,
+        take_over=take_over, run=lambda s, e, j: around(s, e, j), lb=lb, warn=warn, skip_drained=False,
     )  # fmt: skip
 
 
 def _marker_failed(
     state: RolloutState,
     executor: SshExecutor,
-    journal: Journal,
+    journal: RolloutJournal,
     host: str,
     why: str,
     written: Sequence[str],
@@ -151,15 +154,17 @@ def undrain(
     clock: Callable[[], float] = time.time,
 ) -> RolloutState:
     """Put every instance of ``fleet``'s hosts back into service (see the module docstring)."""
-    for host in fleet.hosts:
-        if host not in fleet.drained:
-            warn(f"host {host} is not drained (no {MARKER_PATH}); its instances are started and put back if they "
-                 "are not serving")  # fmt: skip
+    drained: dict[str, DrainMarker] = {}
 
     def targets_of(executor: SshExecutor) -> list[Target]:
         return fleet.targets(_releases(fleet, executor), restart=False)
 
-    def around(state: RolloutState, executor: SshExecutor, journal: Journal) -> RolloutState:
+    def around(state: RolloutState, executor: SshExecutor, journal: RolloutJournal) -> RolloutState:
+        drained.update(read_markers(fleet.ssh[h] for h in fleet.hosts))
+        for host in fleet.hosts:
+            if host not in drained:
+                warn(f"host {host} is not drained (no {MARKER_PATH}); its instances are started and put back if "
+                     "they are not serving")  # fmt: skip
         for host in fleet.hosts:
             units = _units(fleet, host)
             try:
@@ -180,7 +185,7 @@ def undrain(
             mine = [i for r, i in final.instances.items() if r.host == host]
             if not all(i.phase is Phase.DONE for i in mine):
                 continue
-            if host not in fleet.drained:
+            if host not in drained:
                 continue
             try:
                 executor.remove_file(host, MARKER_PATH)
@@ -193,13 +198,8 @@ def undrain(
 
     return run_rollout(
         fleet, "undrain", targets_of, {**POLICY, **(overrides or {})}, journal_path=journal_path,
-        take_over=take_over, run=lambda s, e, j: around(s, e, j), lb=lb, warn=warn,
+        take_over=take_over, run=lambda s, e, j: around(s, e, j), lb=lb, warn=warn, skip_drained=False,
     )  # fmt: skip
 
 
-def still_drained(final: RolloutState, fleet: RolloutFleet) -> list[str]:
-    """Hosts an undrain did not bring back (an instance of theirs is not serving): their marker stays."""
-    return sorted({r.host for r, i in final.instances.items() if i.phase is not Phase.DONE and r.host in fleet.drained})
-
-
-__all__ = ["POLICY", "drain", "still_drained", "undrain", "who"]
+__all__ = ["POLICY", "drain", "undrain", "who"]

@@ -218,8 +218,40 @@ def new_rollout(
     )
 
 
+def interrupted(state: RolloutState, why: str) -> RolloutState:
+    """The rollout stops before its end for a reason outside the engine (the journal cannot be
+    written, a hard abort): it stays ``running`` (resumable; shown as *interrupted*) with why."""
+    return replace(state, reason=why)
+
+
+#: What an instance left in each phase of the protocol is doing, for people.
+_MIDWAY = {
+    Phase.LB_OUT: "being taken out of its balancer's traffic; still running",
+    Phase.DRAIN: "drain hook not yet run; still serving",
+    Phase.DRAINING: "being drained; still running",
+    Phase.STOP: "being stopped",
+    Phase.GPUS: "stopped by this rollout (waiting for its GPUs)",
+    Phase.SWITCH: "stopped by this rollout (not yet switched)",
+    Phase.START: "stopped by this rollout (not yet started)",
+    Phase.GATES: "started, not yet through its gates",
+    Phase.UNDRAIN: "healthy, not yet put back into traffic (undrain hook)",
+    Phase.LB_IN: "healthy, not yet back in its balancer's traffic",
+}
+
+
+def left_midway(state: RolloutState) -> list[InstanceState]:
+    """Instances a rollout that stops now leaves between its first step and its end."""
+    return [i for i in state.instances.values() if i.touched and i.phase not in (*TERMINAL, Phase.PENDING)]
+
+
+def midway_words(inst: InstanceState) -> str:
+    back = " (rolling back)" if inst.rolling_back else ""
+    return f"{_MIDWAY.get(inst.phase, inst.phase.value)}{back}, release {inst.release}"
+
+
 def resume(state: RolloutState, now: float) -> RolloutState:
     """After a crash or Ctrl-C: clocks restart from now (deadlines do not count the downtime)."""
+    state = replace(state, reason="") if state.status is RolloutStatus.RUNNING else state
     instances = {
         ref: replace(
             i,
@@ -402,6 +434,10 @@ def _instance_step(
             return _fail(
                 inst, f"not healthy {now - inst.first_step_at:.0f}s after its first step (host_deadline_s)", now
             ), None
+        if f.claimed_by:
+            # Another rollout holds the host (its claim replaced this one's): never touch it again.
+            changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
+            return _fail(inst, f"host {inst.ref.host} is claimed {changed} by {f.claimed_by}", now), None
         if f.unreachable and inst.phase is not Phase.GATES:
             # The executor retries SSH itself before it reports a host unreachable; here it is final.
             changed = "before any change" if not inst.changed else f"during {inst.phase.value}"

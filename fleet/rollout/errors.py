@@ -39,3 +39,19 @@ class LockHeld(FleetError):
 
 class JournalError(FleetError):
     """The journal cannot be read or written, or names a rollout that does not exist."""
+
+
+class JournalDamaged(JournalError):
+    """The journal file is not SQLite, or is damaged: named, never changed; read what can be read."""
+
+    def __init__(self, message: str, *, salvageable: bool) -> None:
+        self.salvageable = salvageable  #: an SQLite file whose readable rows can still be read
+        super().__init__(message)
+
+
+class JournalUnavailable(JournalError):
+    """The shared journal's database cannot be reached, refuses the credentials, or went away."""
+
+
+class NoJournal(JournalError):
+    """There is no journal where one was looked for (nothing has run against it yet)."""

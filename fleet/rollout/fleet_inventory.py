@@ -5,11 +5,6 @@ The instances are planned as ``fleet deploy`` planned them (``fleet.operations.h
 a host without a ``gpu`` entry in the inventory is probed first (the NVML probe over SSH, one
 round trip per host, all hosts at once; read-only).
 
-A host drained for maintenance (``fleet drain``: its marker, ``fleet.facts.drain``, read from
-every selected host at once) is left out of the fleet a rollout sees and listed in
-``RolloutFleet.drained``, so restarts, rollouts and rollbacks skip it and say so; ``fleet drain``
-and ``fleet undrain`` keep it (``markers="keep"``).
-
 Everything else is checked here, before any host is touched: a bad inventory, a bad ``rollout``
 setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
 the file, host and field.
@@ -17,20 +12,20 @@ the file, host and field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fleet.errors import FleetError
-from fleet.facts.drain import DrainMarker, read_markers
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
-from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
+from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.plan.outcomes import load_for_planning
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
@@ -47,17 +42,6 @@ class RolloutFleet:
     host_data: Mapping[str, Mapping[str, Any]]
     api_keys: Mapping[str, str | None]
     loaded: LoadedInventory | None = None  #: for the load balancers in front of the instances
-    #: selected hosts that are drained (``fleet drain``), by name: left out of ``hosts`` and
-    #: ``instances`` unless the fleet was loaded with ``markers="keep"``
-    drained: Mapping[str, DrainMarker] = field(default_factory=dict)
-
-    def skipped_lines(self) -> list[str]:
-        """One line per drained host this fleet leaves out, for people."""
-        return [
-            f"host {name} skipped: {m.describe()}; `fleet undrain {self.inventory} {name}` puts it back"
-            for name, m in self.drained.items()
-            if name not in self.hosts
-        ]
 
     def traffic(self) -> Traffic:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
@@ -80,16 +64,19 @@ class RolloutFleet:
             http_timeout_s=http_timeout_s, traffic=self.traffic() if lb else None,
         )  # fmt: skip
 
-    def targets(self, releases: Mapping[str, str | None], *, restart: bool) -> list[Target]:
-        """Every instance heading for its host's entry in ``releases`` (a host without one is refused)."""
-        missing = [h for h in self.hosts if not releases.get(h)]
+    def targets(self, releases: Mapping[str, str | None], *, restart: bool, skip: Collection[str] = ()) -> list[Target]:
+        """Every instance heading for its host's entry in ``releases`` (a host without one is
+        refused), except those of the hosts in ``skip`` (drained: ``SshExecutor.skipped``)."""
+        missing = [h for h in self.hosts if not releases.get(h) and h not in skip]
         if missing:
             raise FleetError(
                 f"no vLLM release is active on {', '.join(missing)} (no {DEFAULT_ROOT}/current "
                 "link): run `fleet deploy` on it first"
             )
         return [
-            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart) for ref, s in self.instances.items()
+            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart)
+            for ref, s in self.instances.items()
+            if ref.host not in skip
         ]
 
 
@@ -100,28 +87,19 @@ def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) ->
     return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
 
 
-#: What to do with drained hosts: leave them out (rollouts), keep them (drain, undrain), or do not
-#: read the markers at all (the caller already did).
-Markers = Literal["skip", "keep", "unread"]
-
-
 def load_fleet(
-    inventory: str,
-    limit: Sequence[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    *,
-    markers: Markers = "skip",
+    inventory: str, limit: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> RolloutFleet:
     """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
-    data given on the command line; ``markers``: what to do with drained hosts)."""
-    loaded = load_inventory(inventory, list(limit) if limit else None, overrides)
+    data given on the command line)."""
+    loaded = load_for_planning(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
-    return fleet_of(loaded, markers=markers)
+    return fleet_of(loaded)
 
 
-def fleet_of(loaded: LoadedInventory, *, markers: Markers = "skip") -> RolloutFleet:
-    """The rollout's view of a loaded inventory (its selected hosts; drained ones per ``markers``)."""
+def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
+    """The rollout's view of a loaded inventory (its selected hosts)."""
     inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
@@ -138,10 +116,8 @@ def fleet_of(loaded: LoadedInventory, *, markers: Markers = "skip") -> RolloutFl
             problems.append(str(exc))
     if problems:
         raise FleetError("\n".join(problems))
-    drained = read_markers(ssh.values()) if markers != "unread" else {}
-    specs = [s for s in loaded.hosts if markers != "skip" or s.name not in drained]
-    probes = _probe_unplanned(specs, ssh)
-    for spec in specs:
+    probes = _probe_unplanned(loaded.hosts, ssh)
+    for spec in loaded.hosts:
         try:
             plan = host_deploy.host_plan(spec.name, datas[spec.name], probes.get(spec.name))
         except FleetError as exc:
@@ -158,6 +134,6 @@ def fleet_of(loaded: LoadedInventory, *, markers: Markers = "skip") -> RolloutFl
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(
-        str(Path(inventory).resolve()), inventory, tuple(s.name for s in specs), ssh, instances, datas, keys,
-        loaded, drained,
+        str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
+        loaded,
     )  # fmt: skip

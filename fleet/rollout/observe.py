@@ -46,6 +46,8 @@ class InstanceFacts:
     serving: bool = False  #: unit active and /health 200 (for the availability budget)
     unreachable: str = ""  #: why the host could not be asked; empty when it answered
     probe: Probe | None = None  #: gate probes, made only for instances waiting on their gates
+    #: another rollout holds the host's claim (``fleet.rollout.claims``): who; fleet must not touch it
+    claimed_by: str = ""
     #: what the instance's load balancer says about its server (None: no balancer in front of it)
     lb: ServerView | None = None
     lb_error: str = ""  #: why its balancer could not be asked; empty when it answered (or there is none)

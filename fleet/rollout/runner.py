@@ -2,7 +2,10 @@
 
 Each action is journaled (with what was there before) before the executor takes it. Ctrl-C (or
 ``should_stop``) is honoured between steps: the state stays ``running`` in the journal and
-``fleet rollout --resume ID`` picks it up.
+``fleet rollout --resume ID`` picks it up. A journal that cannot be written (a full disk, a
+shared database gone) ends the loop the same way, at once: no step is taken that was not
+journaled first, and the returned state (still ``running``: interrupted) names every instance
+the rollout left mid-way (``engine.left_midway``).
 """
 
 from __future__ import annotations
@@ -14,11 +17,23 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.errors import FleetError
-from fleet.rollout.engine import Act, Action, Phase, RolloutState, RolloutStatus, after, decide, resume
+from fleet.rollout.engine import (
+    Act,
+    Action,
+    Phase,
+    RolloutState,
+    RolloutStatus,
+    after,
+    decide,
+    interrupted,
+    left_midway,
+    midway_words,
+    resume,
+)
 from fleet.rollout.errors import JournalError
 from fleet.rollout.executor import Executor
 from fleet.rollout.gates import Probe
-from fleet.rollout.journal import Journal
+from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import InstanceFacts, Observations
 
 
@@ -48,7 +63,7 @@ def _shape(state: RolloutState) -> tuple[Any, ...]:
 @dataclass
 class Runner:
     executor: Executor
-    journal: Journal
+    journal: RolloutJournal
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     should_stop: Callable[[], bool] = lambda: False
@@ -109,7 +124,10 @@ class Runner:
         shape = _shape(state)
         while state.status is RolloutStatus.RUNNING:
             if self.should_stop():
-                self.journal.save(state, self.clock())
+                try:
+                    self.journal.save(state, self.clock())
+                except JournalError as exc:
+                    return self._unjournaled(state, exc)
                 self.on_event(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
                 return state
             self.ticks += 1
@@ -119,25 +137,46 @@ class Runner:
             # Every action of this tick is journaled first, then they run side by side (one per
             # instance of the batch: a batch restarts together), then their outcomes are recorded.
             seqs = []
-            for action in decision.actions:
-                before = before_of(obs.instances.get(action.ref) if action.ref else None)
-                seqs.append(self.journal.intent(state, action, before, self.clock()))
-                self.on_event(str(action))
-            for seq, action, (ok, detail) in zip(
-                seqs, decision.actions, self._execute_all(decision.actions, state), strict=True
-            ):
+            try:
+                for action in decision.actions:
+                    before = before_of(obs.instances.get(action.ref) if action.ref else None)
+                    seqs.append(self.journal.intent(state, action, before, self.clock()))
+                    self.on_event(str(action))
+            except JournalError as exc:
+                return self._unjournaled(state, exc)  # not one action of this tick is taken
+            results = self._execute_all(decision.actions, state)
+            outcomes = []
+            for action, (ok, detail) in zip(decision.actions, results, strict=True):
                 state = after(state, action, ok, detail, self.clock())
-                self.journal.outcome(seq, state, ok, detail, self.clock())
-            if not decision.actions:
-                if _shape(state) != shape:
+                outcomes.append((ok, detail, state))
+            try:
+                for seq, (ok, detail, then) in zip(seqs, outcomes, strict=True):
+                    self.journal.outcome(seq, then, ok, detail, self.clock())
+                if not decision.actions and _shape(state) != shape:
                     self.journal.save(state, self.clock())
+            except JournalError as exc:
+                return self._unjournaled(state, exc)
+            if not decision.actions:
                 for line in decision.waits:
                     self.on_event(f"waiting: {line}")
                 if state.status is RolloutStatus.RUNNING:
                     self.sleep(state.policy.probe_interval_s)
             shape = _shape(state)
-        self.journal.save(state, self.clock())
+        try:
+            self.journal.save(state, self.clock())
+        except JournalError as exc:
+            return self._unjournaled(state, exc)
         self.on_event(f"{state.status.value}: {state.reason}")
+        return state
+
+    def _unjournaled(self, state: RolloutState, exc: JournalError) -> RolloutState:
+        """The journal cannot be written: stop here (a step is never taken unjournaled), naming
+        what the rollout left mid-way; the journal keeps its last write, so ``--resume`` works once
+        it is back."""
+        state = interrupted(state, f"the journal could not be written ({exc}); no further step was taken")
+        self.on_event(f"interrupted: {state.reason}")
+        for inst in left_midway(state):
+            self.on_event(f"left mid-way: {inst.ref}: {midway_words(inst)}")
         return state
 
 
@@ -145,14 +184,14 @@ def _with_probe(f: InstanceFacts, probe: Probe) -> InstanceFacts:
     return replace(f, probe=probe)
 
 
-def open_rollout(journal: Journal, state: RolloutState, *, takeover: bool = False) -> RolloutState:
+def open_rollout(journal: RolloutJournal, state: RolloutState, *, takeover: bool = False) -> RolloutState:
     """Take the fleet's lock and journal a new rollout, before anything is touched."""
     journal.acquire(state.fleet, state.id, takeover=takeover)
     journal.begin(state)
     return state
 
 
-def reopen_rollout(journal: Journal, rollout_id: str, now: float, *, takeover: bool = False) -> RolloutState:
+def reopen_rollout(journal: RolloutJournal, rollout_id: str, now: float, *, takeover: bool = False) -> RolloutState:
     """``--resume``: the journaled state of a rollout that did not finish, under the fleet's lock,
     with its clocks restarted; the runner then re-observes every instance."""
     state = journal.latest_state(rollout_id)

@@ -56,6 +56,15 @@ from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.batches import InstanceRef
+from fleet.rollout.claims import (
+    STATE_DIR,
+    ClaimAnswer,
+    ClaimRequest,
+    HostClaims,
+    claim_script,
+    parse_answer,
+    safe_word,
+)
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.gates import Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
@@ -255,6 +264,11 @@ class SshProber(InstanceProber):
 class SshExecutor:
     """``fleet.rollout.executor.Executor`` for hosts reached over SSH (see the module docstring)."""
 
+    #: this rollout's claims on its hosts (``fleet.rollout.claims``), when the session took them
+    claims: HostClaims | None = None
+    #: hosts this rollout leaves out (drained for maintenance: ``fleet.rollout.session.run_rollout``)
+    skipped: frozenset[str] = frozenset()
+
     def __init__(
         self,
         targets: Mapping[str, SshTarget],
@@ -389,6 +403,9 @@ class SshExecutor:
 
     def facts(self, ref: InstanceRef) -> InstanceFacts:
         s = self.spec(ref)
+        taken = self.claims.lost_on(ref.host) if self.claims is not None else ""
+        if taken:
+            return InstanceFacts(ref, claimed_by=taken)  # another rollout has the host: not asked, not touched
         try:
             live = self.live(ref)
             unit, release = live.unit, live.release
@@ -517,6 +534,21 @@ class SshExecutor:
         if done.returncode:
             raise ExecutorError(f"hook {argv[0]} exited {done.returncode}: {done.stderr.strip()[-300:]}")
         return done.stdout
+
+    # ---- who is rolling a host (``fleet.rollout.claims``) ----------------------------------------
+
+    def claim_host(self, host: str, request: ClaimRequest, mode: str, stale: str = "") -> ClaimAnswer:
+        """Claim, renew or release ``host`` for ``request``'s rollout (root-only file under fleet's
+        state directory, atomic rename under ``flock``); ``stale``: a rollout whose claim may be
+        replaced (its owner is known gone). The host's answer; ``ExecutorError`` when it cannot be asked."""
+        who = [request.rollout_id, request.machine, request.user, str(request.pid), str(request.lease_s)]
+        argv = ["sh", "-c", claim_script(), "fleet-claim", STATE_DIR, mode, *who, request.pid_start,
+                safe_word(stale or "-")]  # fmt: skip
+        out = self.run(host, argv, sudo=True, timeout=60)
+        try:
+            return parse_answer(out)
+        except ValueError as exc:
+            raise ExecutorError(f"host {host}: claiming it for the rollout: {exc}") from None
 
     # ---- maintenance (``fleet drain``/``fleet undrain``) --------------------------------------------
 

@@ -1,8 +1,9 @@
 """``fleet audit`` against lab hosts of every profile, healthy and faulty, through the real CLI.
 
 One lab with one host per shipped profile (plus one whose NVML refuses to initialise with
-LIB_RM_VERSION_MISMATCH). nvidia-ml-py is installed on every host from the lab's package index,
-the way a deploy's venv has it. The audit runs as a subprocess (``python -m fleet.cli audit``):
+LIB_RM_VERSION_MISMATCH). Nothing of fleet's is installed on the hosts (no release venv, no
+nvidia-ml-py): the probe runs on each host's python3 with the pynvml it carries, as on machines
+fleet has not deployed yet. The audit runs as a subprocess (``python -m fleet.cli audit``):
 every fault is found with the right severity on the right host, GPU and link; healthy profiles
 give no findings; a VM profile gives the VM finding only. The HTML report is rendered in a real
 headless Chromium and the screenshot is checked for the drawn links by their colours.
@@ -13,14 +14,12 @@ from __future__ import annotations
 import json
 import os
 import pprint
-import shlex
 import shutil
 import struct
 import subprocess
 import sys
 import zlib
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from fleet.audit.report import LINK_DOWN, LINK_OK
+from fleet.facts.nvml import carried_pynvml
 from fleet.facts.runner import SshTarget, run_command, targets_from_inventory
 from fleet.inventory.load import load_pyinfra_inventory
 from fleet.lab import lab as lab_ops
@@ -35,10 +35,6 @@ from fleet.lab.nvml import SOURCE as NVML_SOURCE
 from fleet.lab.profiles import PROFILE_DIR, list_profiles, load_profile
 from tests.lab.conftest import TEST_OCTET, bring_up, free_octet, require_lab, test_lab_options
 
-#: fleet's venv on a deployed host (``/opt/fleet/vllm``, which has nvidia-ml-py as a vLLM
-#: dependency): the probe's default interpreter, so the CLI runs here without --python
-PROBE_VENV = "/opt/fleet/vllm"
-PYTHON = f"{PROBE_VENV}/bin/python"
 RM_MISMATCH = "h100-sxm-8-rm-mismatch"
 #: Whether the lab's NVML library answers every query the probe makes (as a 580 driver does);
 #: until it does, each host also gets the (correct) ``nvml-function-missing`` warning.
@@ -120,16 +116,6 @@ def audit_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditLab]:
         profiles = {h.name: names[i] for i, h in enumerate(result.state.hosts)}
         inv = load_pyinfra_inventory(opts.inventory)
         targets = {t.name: t for t in targets_from_inventory(inv)}
-        index = next(iter(inv)).data.get("pip_index_url")
-        assert index, "the lab inventory names its package index"
-        install = (
-            f"sudo -n install -d -o fleet /opt/fleet && (test -x {PYTHON} || python3 -m venv {PROBE_VENV}) && "
-            f"{PROBE_VENV}/bin/pip install -q --disable-pip-version-check --index-url {shlex.quote(index)} nvidia-ml-py"
-        )
-        with ThreadPoolExecutor(len(targets)) as pool:
-            done = list(pool.map(lambda t: (t.name, run_command(t, install, timeout=300)), targets.values()))
-        for name, (rc, _out, err) in done:
-            assert rc == 0, f"{name}: {err}"
         audit_inventory = root / "audit_inventory.py"
         _write_audit_inventory(opts.inventory, audit_inventory, profiles)
         yield AuditLab(root, audit_inventory, profiles, targets)
@@ -182,6 +168,8 @@ def test_every_profile_audited(audit_lab: AuditLab) -> None:
     for host, profile in audit_lab.profiles.items():
         h = by_host[host]
         assert h["reachable"], (host, h["error"])
+        # the host's python3 (no nvidia-ml-py there), through the pynvml the probe carries
+        assert h["python"] == "/usr/bin/python3" and h["pynvml"] == carried_pynvml().origin, (host, h["status"])
         got = keys(h["findings"])
         missing_functions = {k for k in got if k[0] == "nvml-function-missing"}
         if not LIBRARY_COMPLETE and h["status"] == "ok":

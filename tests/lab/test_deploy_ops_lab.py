@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from fleet.facts.nvml import NvmlProbe, probe_command
+
 from .conftest import LabFleet
 from .deploying import host_run, pyinfra
 
@@ -32,7 +34,11 @@ def _index_url(lab: LabFleet) -> str:
     return text[start : text.index("'", start)]
 
 
-NVML_ANSWERS = f"{ROOT}/current/bin/python -c 'import pynvml; pynvml.nvmlInit()'"
+def _nvml_answers(lab: LabFleet) -> bool:
+    """Whether the host's NVML answers fleet's probe (which carries its pynvml: no release needed)."""
+    rc, out, err = host_run(lab, probe_command())
+    assert rc == 0, err
+    return NvmlProbe().process(out.splitlines()).ok
 
 
 def _idle(lab: LabFleet) -> None:
@@ -44,7 +50,7 @@ def _idle(lab: LabFleet) -> None:
 
 def test_release_from_the_lab_index_and_a_second_run_changes_nothing(bare_lab: LabFleet) -> None:
     _idle(bare_lab)
-    nvml_before = host_run(bare_lab, NVML_ANSWERS)[0] == 0
+    nvml_before = _nvml_answers(bare_lab)
     first = pyinfra(bare_lab, "vllm_host.py")
     assert first.returncode == 0, first.output
     current, _prev, releases = _links(bare_lab)
@@ -62,11 +68,12 @@ def test_release_from_the_lab_index_and_a_second_run_changes_nothing(bare_lab: L
     assert vllm_version.split("+")[0] == "0.33.0" and nvml_version == "13.615.71"  # the stand-in: 0.33.0+fleetlab.N
     rc, env_mode, _err = host_run(bare_lab, "stat -c '%U %a' /etc/fleet/vllm-0.env")
     assert env_mode.strip() == "root 600"
-    # Where NVML answers only now (the driver is loaded, and this run's release brought nvidia-ml-py
-    # for the probe), the next run plans the units from the probe instead of the gpu entry (GPUs
-    # by UUID): the plain CLI converges in one more run (`fleet deploy` does it in the same run).
+    # Where NVML answers only now (a driver loaded between the runs: it takes a restart), the next
+    # run plans the units from the probe instead of the gpu entry (GPUs by UUID): the plain CLI
+    # converges in one more run (`fleet deploy` does it in the same run). The probe carries its
+    # pynvml, so a loaded driver answers before the first release: one run is enough then.
     second = pyinfra(bare_lab, "vllm_host.py")
-    if not nvml_before and host_run(bare_lab, NVML_ANSWERS)[0] == 0:
+    if not nvml_before and _nvml_answers(bare_lab):
         assert second.returncode == 0 and second.changed, second.output
         second = pyinfra(bare_lab, "vllm_host.py")
     assert second.unchanged, second.output

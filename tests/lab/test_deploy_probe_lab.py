@@ -1,9 +1,9 @@
 """``fleet deploy`` plans from each host's NVML probe (issue 12), on a lab host with its driver.
 
-An inventory without ``gpu`` entries deploys in one run (the first probe finds no nvidia-ml-py for
-the host's python3; once the release venv is installed the host is probed again and its units
-planned from what it has) and each instance serves with the flags planned from the probe; a
-second run changes nothing. An inventory whose ``gpu`` entry disagrees with the host's
+An inventory without ``gpu`` entries deploys in one run (the first probe, before any release, runs
+on the host's python3, which has no nvidia-ml-py, through the pynvml the probe carries, and the
+units are planned from what the host has) and each instance serves with the flags planned from
+the probe; a second run changes nothing. An inventory whose ``gpu`` entry disagrees with the host's
 (simulated) GPUs is refused, naming both sides and the way out, and nothing on the host changes.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleet.facts.hostfacts import HostFacts
-from fleet.facts.nvml import NvmlProbe
+from fleet.facts.nvml import NvmlProbe, carried_pynvml
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import load_inventory
 from fleet.lab import lab as lab_ops
@@ -97,10 +97,12 @@ def probe(path: Path) -> tuple[str, dict[str, object], HostFacts]:
 def test_an_inventory_without_gpu_entries_deploys_from_the_probe(probed_lab: LabFleet) -> None:
     path = inventory(probed_lab, "probed", None)
     assert "'gpu'" in probed_lab.opts.inventory.read_text() and load_inventory(str(path)).hosts[0].gpu is None  # type: ignore[union-attr]
-    # before the first release, the host's python3 has no nvidia-ml-py: the first probe cannot answer
+    # before the first release, the host's python3 has no nvidia-ml-py: the probe answers with its own
+    assert host_run(probed_lab, "python3 -c 'import pynvml'")[0] != 0
     (target,) = [SshTarget.from_data(n, d) for n, d in hosts_data(path)]
-    first = run_fact_on_hosts([target], NvmlProbe, python="python3")[target.name]
-    assert isinstance(first, HostFacts) and first.status == "no-pynvml", first
+    first = run_fact_on_hosts([target], NvmlProbe)[target.name]
+    assert isinstance(first, HostFacts) and first.ok and first.python == "/usr/bin/python3", first
+    assert first.pynvml == carried_pynvml().origin and [g.name for g in first.gpus] == ["NVIDIA GeForce RTX 4090"] * 2
     rc, result = deploy(path)
     assert rc == 0 and isinstance(result, dict), result
     (host,) = result["hosts"]  # type: ignore[misc]
@@ -109,6 +111,9 @@ def test_an_inventory_without_gpu_entries_deploys_from_the_probe(probed_lab: Lab
     assert [e["healthy"] for e in host["endpoints"]] == [True, True], host
     name, data, facts = probe(path)
     assert [g.name for g in facts.gpus] == ["NVIDIA GeForce RTX 4090"] * 2
+    # deployed: the probe runs on the release's python, whose nvidia-ml-py is reported; the carried one answers
+    assert str(facts.python).startswith("/opt/fleet/vllm/") and facts.packages["nvidia-ml-py"], facts
+    assert facts.pynvml == carried_pynvml().origin
     # serving: NVML shows the memory our units hold (the stand-in registers it), which the plan ignores
     held = {p.unit for g in facts.gpus for p in g.processes or () if p.used_memory}
     assert held == {"fleet-vllm-0.service", "fleet-vllm-1.service"}, held

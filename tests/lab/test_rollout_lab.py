@@ -16,6 +16,7 @@ lab's inventory with a ``rollout`` entry on every host (``inventory_with``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -268,6 +269,130 @@ def test_sigkill_of_the_control_process_then_resume_finishes(
     assert result["status"] == "done" and result["id"] == rid
     assert_all_serving(before, instance_state(lab, fleet), "next")
     assert all(i["current"] == "next" for i in instance_state(lab, fleet).values())
+
+
+CLAIM = "/var/lib/fleet/rollout-claim"
+
+
+def claim_on(lab: LabFleet, index: int) -> str:
+    """The host's claim file (root only), or "" when there is none."""
+    return must(lab, index, f"sudo cat {CLAIM} 2>/dev/null || true")
+
+
+def test_two_journals_the_second_is_refused_by_the_hosts_claims(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 27: two control machines (two SQLite journals) restart one fleet 2 s apart. The hosts'
+    claims refuse the second before it touches anything, naming the first; the first finishes
+    undisturbed (each instance restarted once) and clears its claims."""
+    lab, fleet = serving
+    before = instance_state(lab, fleet)
+    first_journal, second_journal = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
+    argv = [str(FLEET), "restart", fleet.inventory, *FAST, "--journal", str(first_journal)]
+    first = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        rid = _wait_for_step(first_journal, "stop", 1)
+        assert claim_on(lab, 0).startswith(f"rollout={rid}\n"), claim_on(lab, 0)
+        rc, refused = fleet_cli("restart", fleet.inventory, *FAST, journal=second_journal)
+        assert rc == 2, refused
+        assert f"is being rolled by rollout {rid} by " in refused["error"], refused
+        assert "nothing was touched" in refused["error"]
+        with Journal(second_journal) as j:
+            assert j.history() == []  # nothing journaled, nothing done
+        out, err = first.communicate(timeout=600)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(30)
+    assert first.returncode == 0, out + err
+    assert json.loads(out)["status"] == "done"
+    with Journal(first_journal) as j:
+        stops = [s.instance for s in j.steps(rid) if s.action == "stop"]
+    assert sorted(stops) == sorted(before)  # each instance stopped once, by the first only
+    after = instance_state(lab, fleet)
+    assert_all_serving(before, after, before[next(iter(before))]["runs"])
+    assert all(after[n]["pid"] != before[n]["pid"] for n in before)
+    assert claim_on(lab, 0) == "" and claim_on(lab, 1) == ""  # cleared when it ended
+
+
+def test_a_claim_left_by_a_rollout_elsewhere_holds_until_its_lease_runs_out(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    before = instance_state(lab, fleet)
+    write = (
+        "sudo mkdir -p -m 700 /var/lib/fleet && printf 'rollout=20260101T000000Z-0ther0\\nmachine=jump-b\\n"
+        "user=bob\\npid=4242\\nsince=1\\nlease_until=%s\\n' $(( $(date +%s) {} )) | sudo tee {} >/dev/null"
+    )
+    must(lab, 0, write.format("+ 600", CLAIM))
+    try:
+        rc, refused = fleet_cli("restart", fleet.inventory, "--limit", h0, *FAST, journal=tmp_path / "j.sqlite")
+        assert rc == 2, refused
+        assert refused["error"].startswith(
+            f"host {h0} is being rolled by rollout 20260101T000000Z-0ther0 by bob@jump-b (pid 4242), its lease runs "
+        ), refused
+        assert {n: i["pid"] for n, i in instance_state(lab, fleet).items()} == {n: i["pid"] for n, i in before.items()}
+        must(lab, 0, write.format("- 5", CLAIM))  # its owner died and never renewed it
+        rc, result = fleet_cli("restart", fleet.inventory, "--limit", h0, *FAST, journal=tmp_path / "j.sqlite")
+        assert rc == 0 and result["status"] == "done", result
+        assert claim_on(lab, 0) == ""
+    finally:
+        must(lab, 0, f"sudo rm -f {CLAIM}")
+
+
+def test_two_operators_share_a_postgresql_journal_the_second_resumes_when_the_first_dies(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 27: two control processes with their own HOMEs (one with FLEET_JOURNAL and ~/.pgpass,
+    one with the journal config file and its password by reference) share a real PostgreSQL. The
+    second is refused naming the first; the first is killed mid-rollout; the second resumes it."""
+    from tests.postgres import private_cluster
+
+    lab, fleet = serving
+    before = instance_state(lab, fleet)
+    alice, bob = tmp_path / "alice", tmp_path / "bob"
+    with private_cluster() as pg:
+        alice.mkdir()
+        pg.pgpass(alice)
+        (bob / ".config" / "fleet").mkdir(parents=True)
+        (bob / ".config" / "fleet" / "journal.toml").write_text(f'url = "{pg.url}"\npassword_ref = "env:FLEET_DB_PW"\n')
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("PG", "FLEET_JOURNAL", "XDG_"))}
+        env_a = {**base, "HOME": str(alice), "FLEET_JOURNAL": pg.url}
+        env_b = {**base, "HOME": str(bob), "FLEET_DB_PW": pg.password}
+
+        def as_bob(*args: str) -> tuple[int, Any]:
+            proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                                  env=env_b, check=False)  # fmt: skip
+            try:
+                return proc.returncode, json.loads(proc.stdout)
+            except ValueError:
+                return proc.returncode, proc.stdout + proc.stderr
+
+        first = subprocess.Popen([str(FLEET), "restart", fleet.inventory, *FAST], cwd=REPO_ROOT, env=env_a,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            rid = ""
+            while time.monotonic() < deadline and not rid:
+                with contextlib.suppress(subprocess.CalledProcessError):  # no tables before its first write
+                    rid = pg.superuser("SELECT rollout_id FROM steps WHERE action = 'stop' AND outcome = 'ok' LIMIT 1")
+                time.sleep(0.2)
+            assert rid, "the first never stopped an instance"
+            rc, refused = as_bob("restart", fleet.inventory, *FAST)
+            assert rc == 2, refused
+            assert f"is locked by rollout {rid} by " in refused["error"] and f"(pid {first.pid})" in refused["error"]
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+        rc, listed = as_bob("history", "--json")
+        assert rc == 0 and [(r["id"], r["status"]) for r in listed["rollouts"]] == [(rid, "interrupted")], listed
+        rc, result = as_bob("rollout", "--resume", rid, "--take-over", "--json")
+        assert rc == 0, result
+        assert result["status"] == "done" and result["id"] == rid
+    after = instance_state(lab, fleet)
+    assert_all_serving(before, after, before[next(iter(before))]["runs"])
+    assert claim_on(lab, 0) == "" and claim_on(lab, 1) == ""
 
 
 def test_rollback_to_the_previous_release_is_a_link_flip(
@@ -602,7 +727,8 @@ def test_a_restart_under_load_behind_the_balancer_fails_no_request(
         assert load.failed == [], load.failed[:10]
         assert load.ok >= 20
         after = instance_state(lab, fleet)
-        assert_all_serving(before, after, before[refs[0]]["runs"])
+        for r in refs:  # each on the release it ran before (an earlier test leaves the hosts on two releases)
+            assert_all_serving({r: before[r]}, {r: after[r]}, before[r]["runs"])
         assert all(after[r]["pid"] != before[r]["pid"] for r in refs)  # every instance restarted
         with Journal(journal) as j:
             steps = [(s.instance, s.action) for s in j.steps(result["id"])]
@@ -757,7 +883,7 @@ def test_deploy_reconfigures_the_balancer_a_removed_host_leaves_traffic_first_an
     one.write_text(f"lab = {[h for h in hosts if h[0] == h0]!r}\n")
     url = balancer.ensure(lab.dir, full)
     refs = [str(r) for r in fleet.instances]
-    spec = load_fleet(str(full), markers="unread").traffic().balancers[0].spec
+    spec = load_fleet(str(full)).traffic().balancers[0].spec
     haproxy = Balancer(spec, LocalSocket(entry["admin_socket"], 5.0))
 
     def servers() -> dict[str, str]:

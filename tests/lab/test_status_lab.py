@@ -24,6 +24,7 @@ import pytest
 
 from fleet.lab import lab as lab_ops
 from fleet.lab import ssh
+from tests.terminal import Terminal, table_rows
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT
@@ -118,10 +119,38 @@ def test_every_instance_is_active_with_uptime_release_model_health_and_gpu_memor
     assert rc == 0, data
 
 
+def screen_of(lab: LabFleet, tmp_path: Path, columns: int, *args: str) -> str:
+    """``fleet status`` in a real terminal ``columns`` wide: what is on the screen when it exits."""
+    with Terminal(tmp_path, columns, 50) as term:
+        term.start([str(FLEET), "status", str(lab.opts.inventory), "--interval", "1", *args], os.environ, REPO_ROOT)
+        _rc, screen = term.wait_exit(timeout=120)
+    assert "Traceback" not in screen and all(len(line) <= columns for line in screen.splitlines()), screen
+    return screen
+
+
+def test_the_screen_at_80_columns_and_wide_at_200(served: LabFleet, tmp_path: Path) -> None:
+    hosts = [h.name for h in served.state.hosts]
+    screen = screen_of(served, tmp_path, 80)
+    rows = table_rows(screen)
+    assert [(r["host"], r["inst"], r["state"], r["model"]) for r in rows] == [
+        (h, str(i), "ready", MODEL.partition("/")[2]) for h in hosts for i in (0, 1)
+    ], screen
+    assert all(r["run/wait"] == "0/0" for r in rows), screen  # nobody is sending requests
+    assert "release" not in screen and "GiB" not in screen, screen  # those are --wide's
+    screen = screen_of(served, tmp_path, 200, "--wide")
+    rows = table_rows(screen)
+    assert [(r["host"], r["inst"], r["state"]) for r in rows] == [(h, str(i), "ready") for h in hosts for i in (0, 1)]
+    for r in rows:
+        assert r["unit"].startswith("active/running ") and r["restarts"] == "0", screen
+        assert r["release"].startswith("vllm-0.33.0-") and r["GPU mem"].endswith(" GiB"), screen
+        assert r["vLLM"].startswith("0.33.0") and r["KV"].endswith("%"), screen
+    assert screen.count("host ") == 1, screen  # one table: every column fits in 200
+
+
 def test_watch_refreshes_with_the_ssh_side_until_ctrl_c(served: LabFleet) -> None:
     env = {**os.environ, "COLUMNS": "250"}
     proc = subprocess.Popen(
-        [str(FLEET), "status", str(served.opts.inventory), "--watch", "--interval", "1"],
+        [str(FLEET), "status", str(served.opts.inventory), "--watch", "--wide", "--interval", "1"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
@@ -137,7 +166,7 @@ def test_watch_refreshes_with_the_ssh_side_until_ctrl_c(served: LabFleet) -> Non
     assert out.count("active/running") >= 4 and "GiB" in out and "vllm-0.33.0-" in out, out[-3000:]
 
 
-def test_a_stopped_unit_is_inactive_and_the_exit_status_says_so(served: LabFleet) -> None:
+def test_a_stopped_unit_is_inactive_and_the_exit_status_says_so(served: LabFleet, tmp_path: Path) -> None:
     rc, _out, err = run_on(served, 0, "sudo systemctl stop fleet-vllm-1.service")
     assert rc == 0, err
     rc, data = fleet_status(served)
@@ -150,6 +179,11 @@ def test_a_stopped_unit_is_inactive_and_the_exit_status_says_so(served: LabFleet
     assert any("fleet-vllm-1.service is inactive/dead" in p for p in stopped["problems"]), stopped
     others = [r for r in data["instances"] if r is not stopped]
     assert all(r["ok"] and r["unit"]["state"] == "active/running" for r in others), others
+    assert stopped["state"] == "stopped" and {r["state"] for r in others} == {"ready"}
+    screen = screen_of(served, tmp_path, 80)
+    states = {(r["host"], r["inst"]): r["state"] for r in table_rows(screen)}
+    assert states[(host0, "1")] == "stopped" and states[(host0, "0")] == "ready", screen
+    assert f"{host0}/vllm-1: connection refused" in " ".join(screen.split()), screen
 
 
 def test_a_host_without_sshd_is_a_row_that_says_unreachable(served: LabFleet) -> None:

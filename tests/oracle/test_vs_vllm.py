@@ -6,7 +6,9 @@ vLLM runs in its own environment (``scripts/oracle-env.sh`` builds ``.oracle-ven
 test compares one of fleet's numbers with vLLM's answer: the derived max length (the largest
 ``--max-model-len`` accepted and the default), TP validity, the KV page per GPU, the KV-cache
 groups, the blocks and the ``GPU KV cache size`` tokens for the KV budget fleet computes, and
-whether one request of ``max_model_len`` fits. All must be equal; there is no tolerance.
+whether one request of ``max_model_len`` fits; and for block-quantized FP8 checkpoints, at which
+TP sizes on which GPU generations vLLM loads them (``fleet.model.fp8_blocks``: refused or not, in
+vLLM's words, and the refined block shape). All must be equal; there is no tolerance.
 
 Without the environment the tests skip; with ``FLEET_ORACLE_REQUIRED=1`` (CI) they fail.
 Run ``python -m tests.oracle.test_vs_vllm`` to print the comparison table.
@@ -27,6 +29,7 @@ import pytest
 
 from fleet.gpus import HostGpus
 from fleet.model.arch import ModelArch, load_model
+from fleet.model.fp8_blocks import fp8_blocks
 from fleet.plan.planner import batch_defaults, gpu_memory, memory_math
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,8 +73,19 @@ CASES = [
     Case("llama-2-7b-dynamic", 1, "auto", 8192),
     Case("llama-4-scout", 8, "auto", 65536),
     Case("llama-4-scout", 3, "auto", 8192),  # 40 heads not divisible by 3
+    Case("qwen3-30b-a3b-fp8", 2, "auto", 32768),
+    Case("qwen3-4b-fp8", 4, "auto", 16384),
 ]
 TP_SWEEP = [1, 2, 3, 4, 5, 6, 7, 8, 16]
+#: Block-quantized FP8 checkpoints, the TP sizes and the GPU generations their verdict is asked for:
+#: Hopper (H100, H200), Ada (L40S, RTX 4090), Ampere (A100; A10, RTX A6000).
+FP8_MODELS = ["qwen3-30b-a3b-fp8", "qwen3-4b-fp8"]
+FP8_TPS = [1, 2, 4, 8, 16]
+CAPABILITIES = [(9, 0), (8, 9), (8, 0), (8, 6)]
+
+
+def fp8_key(model: str, tp: int, capability: tuple[int, int]) -> str:
+    return f"{model}-fp8-tp{tp}-sm{capability[0]}{capability[1]}"
 
 
 def oracle_python() -> Path | None:
@@ -149,6 +163,11 @@ def oracle_answers() -> dict[str, dict[str, Any]]:
                 }
             )
             keys.append(f"{model}-sweep-tp{tp}")
+    for model in FP8_MODELS:
+        for tp in FP8_TPS:
+            for capability in CAPABILITIES:
+                requests.append({"model_dir": str(FIXTURES / model), "tp": tp, "fp8_blocks": list(capability)})
+                keys.append(fp8_key(model, tp, capability))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA", "VLLM"))}
     env |= {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
@@ -194,6 +213,31 @@ def test_kv_cache_is_vllms(case: Case) -> None:
         assert mine[key] == got[key], (key, mine[key], got[key])
     if got["fits"]:
         assert (mine["num_blocks"], mine["kv_tokens"]) == (got["num_blocks"], got["kv_tokens"])
+
+
+@pytest.mark.parametrize("model", FP8_MODELS)
+@pytest.mark.parametrize("tp", FP8_TPS)
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: f"sm{c[0]}{c[1]}")
+def test_fp8_block_verdict_is_vllms(model: str, tp: int, capability: tuple[int, int]) -> None:
+    got = answer(fp8_key(model, tp, capability))
+    a = arch(model)
+    assert a.tp_problem(tp) is None  # vLLM's model-level checks pass: this is the FP8 rule alone
+    assert a.quantization is not None and list(a.quantization.weight_block_size or ()) == got["block"]
+    mine = fp8_blocks(a, tp, capability)
+    if got["refused"] is None:
+        assert mine.problem is None, (mine.problem, got)
+    else:
+        assert mine.problem is not None and got["refused"].rstrip(".") in mine.problem, (mine.problem, got)
+    assert mine.refined == (tuple(got["refined"]) if got["refined"] else None)
+
+
+def test_fp8_sweep_covers_each_kind_of_verdict() -> None:
+    """The sweep is not vacuous: it holds accepted, refined, refused-by-shape and refused-by-GPU cases."""
+    verdicts = {fp8_key(m, t, c): fp8_blocks(arch(m), t, c) for m in FP8_MODELS for t in FP8_TPS for c in CAPABILITIES}
+    assert any(v.problem is None and v.refined is None for v in verdicts.values())
+    assert any(v.problem is None and v.refined is not None for v in verdicts.values())
+    assert any(v.problem is not None and v.refined is None for v in verdicts.values())
+    assert any(v.problem is not None and v.refined is not None for v in verdicts.values())
 
 
 def table() -> str:

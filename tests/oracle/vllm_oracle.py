@@ -15,6 +15,18 @@ an available KV memory and ``max_num_batched_tokens``. The answers come from vLL
   vLLM's model code reads them), then vLLM's ``get_kv_cache_groups``,
   ``get_kv_cache_configs`` and ``get_kv_cache_capacity`` group them, count blocks and tokens.
 
+A case with ``"fp8_blocks": [major, minor]`` asks instead whether vLLM loads a block-quantized
+FP8 checkpoint at that TP on a GPU of that compute capability, with vLLM's own functions: the
+block size as ``Fp8Config.from_config`` reads it; ``validate_fp8_block_shape`` on each
+row-parallel linear layer the model code builds (``o_proj``; ``down_proj`` of the dense MLP, or of
+a Qwen-MoE shared expert: ``vllm/model_executor/models/qwen3.py``, ``qwen3_moe.py``); for the
+routed experts ``refine_fp8_moe_block_shape``, else ``validate_fp8_block_shape_moe``, then which
+fused-MoE kernels (``backend_to_kernel_cls`` of every ``Fp8MoeBackend``, standard activation
+format) take the resulting block shape on that GPU (``_supports_current_device`` and
+``_supports_quant_scheme``, with ``current_platform`` a CUDA platform of that capability whose
+``supports_fp8`` is ``CudaPlatform``'s: capability ≥ 8.9). The layer list is the model code's, read
+by hand: instantiating the model needs a GPU.
+
 What is not vLLM's here: the per-layer kind comes from the transformers config the same way the
 model classes read it (instantiating the model needs a GPU), and ``vllm_config`` is a real
 ``ModelConfig`` inside a small namespace carrying the scheduler/cache settings the planning
@@ -162,12 +174,96 @@ def answer(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _cuda_platform(capability: tuple[int, int]) -> Any:
+    """A CUDA platform of this compute capability (``vllm/platforms/cuda.py`` needs libcuda to import)."""
+    from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+
+    class Cuda(Platform):
+        _enum = PlatformEnum.CUDA
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+            return DeviceCapability(*capability)
+
+        @classmethod
+        def supports_fp8(cls) -> bool:  # CudaPlatform.supports_fp8
+            return cls.has_device_capability(89)
+
+    return Cuda()
+
+
+def fp8_blocks(case: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's verdict on a block-quantized FP8 checkpoint at ``tp`` on GPUs of ``fp8_blocks`` capability."""
+    import vllm.distributed
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.oracle import fp8 as moe_oracle
+    from vllm.model_executor.layers.quantization.fp8 import Fp8Config
+    from vllm.model_executor.layers.quantization.utils import fp8_utils
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        GroupShape,
+        create_fp8_quant_key,
+        kFp8Dynamic128Sym,
+    )
+
+    mc = model_config(case["model_dir"])
+    block = Fp8Config.from_config(mc.hf_config.quantization_config).weight_block_size
+    text, tp = mc.hf_text_config, case["tp"]
+    hidden = text.hidden_size
+    vllm.distributed.get_tensor_model_parallel_world_size = lambda: tp  # what the validators ask
+    out: dict[str, Any] = {"block": block, "refused": None, "refined": None, "kernels": []}
+    moe = getattr(text, "moe_intermediate_size", None) if getattr(text, "num_experts", 0) else None
+    rows = [("o_proj", text.num_attention_heads * mc.get_head_size())]
+    if moe is None:
+        rows.append(("mlp.down_proj", text.intermediate_size))
+    elif getattr(text, "shared_expert_intermediate_size", 0):
+        rows.append(("shared_expert.down_proj", text.shared_expert_intermediate_size))
+    for name, size in rows:  # RowParallelLinear: the input is split, the output is not
+        try:
+            fp8_utils.validate_fp8_block_shape(SimpleNamespace(tp_size=tp, prefix=name), size, hidden, size // tp,
+                                               [hidden], block)  # fmt: skip
+        except ValueError as exc:
+            out["refused"] = str(exc)
+            return out
+    if moe is None:
+        return out
+    ispp = moe // tp
+    moe_config = SimpleNamespace(intermediate_size_per_partition=ispp, tp_size=tp, hidden_dim=hidden)
+    refined = moe_oracle.refine_fp8_moe_block_shape(moe_config, block)
+    if refined is None:
+        try:
+            fp8_utils.validate_fp8_block_shape_moe(ispp, block)
+        except ValueError as exc:
+            out["refused"] = str(exc)
+            return out
+    out["refined"] = refined
+    key = create_fp8_quant_key(static=True, group_shape=GroupShape(*(refined or block)))
+    platform = _cuda_platform(tuple(case["fp8_blocks"]))
+    for backend in moe_oracle.Fp8MoeBackend:
+        try:
+            kernels = moe_oracle.backend_to_kernel_cls(backend)
+        except (ValueError, NotImplementedError, ImportError):
+            continue  # NONE and the backends of other platforms
+        for kernel in kernels:
+            module = sys.modules[kernel.__module__]
+            if hasattr(module, "current_platform"):
+                module.current_platform = platform
+            if (
+                kernel.activation_format() == mk.FusedMoEActivationFormat.Standard
+                and kernel._supports_current_device()
+                and kernel._supports_quant_scheme(key, kFp8Dynamic128Sym)
+            ):
+                out["kernels"].append(kernel.__name__)
+    if not out["kernels"]:  # select_fp8_moe_backend on CUDA
+        out["refused"] = "No FP8 MoE backend supports the deployment configuration."
+    return out
+
+
 def main() -> None:
     cases = json.load(sys.stdin)
     answers = []
     for case in cases:
         try:
-            answers.append(answer(case))
+            answers.append(fp8_blocks(case) if "fp8_blocks" in case else answer(case))
         except Exception as exc:  # report, so the test shows which model broke the oracle
             answers.append({"oracle_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]})
     json.dump(answers, sys.stdout)

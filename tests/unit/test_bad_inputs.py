@@ -137,6 +137,12 @@ CASES = [
     Case("utilization 1.0", "silent", host('"gpu_memory_utilization": 1.0'), ["less than or equal to 0.95"]),
     Case("Port in the wrong case", "silent", host('"Port": 9000'), ["Port=9000", "did you mean 'port'"]),
     Case("near-miss key", "silent", host('"served_model_nmae": "x"'), ["did you mean 'served_model_name'"]),
+    Case("served_name for served_model_name", "silent", host('"served_name": "x"'),
+         ["served_name='x': unknown field", "did you mean 'served_model_name'", "name it x_served_name", "user_keys"]),
+    Case("a key that is nobody's", "silent", host('"rack": "r12"'), ["rack='r12': unknown field", "x_rack"]),
+    Case("a misspelt pyinfra key", "silent", host('"ssh_usr": "fleet"'), ["ssh_usr='fleet'", "did you mean 'ssh_user'"]),
+    Case("a fleet key declared the operator's own", "silent", host('"user_keys": ["port"]'),
+         ["user_keys=['port']: 'port' is a key fleet reads"]),
     Case("near-miss workload key", "silent",
          'g = [("h1", {"model": "a/b", "workload": {"p95_input_tokens": 1, "p95_output_tokens": 1, '
          '"prefix_reuse": 0, "target_concurency": 1}})]\n', ["did you mean 'target_concurrency'"]),
@@ -160,6 +166,9 @@ CASES = [
     Case("missing key on one host and bad value on another", "messages",
          'g = [("h1", {"workload": ' + WL + '}), ("h2", {' + OK + ', "port": 1})]\n',
          ["host h1: model=None: required", "host h2: port=1"]),
+    Case("bad value on one host and a missing model on another", "messages",
+         'g = [("h1", {' + OK + ', "port": "8000"}), ("h2", {' + OK.replace("meta-llama/Llama-3.1-8B-Instruct", "nobody/none")
+         + "})]\n", ["host h1: port='8000'", "host h2: model='nobody/none': no config.json for model 'nobody/none'"]),
     Case("every problem of a host at once", "messages", host('"port": 1, "weights": "int3", "kv_cache_dtype": "fp4"'),
          ["port=1", "weights='int3'", "kv_cache_dtype='fp4'"]),
     # -- cross-host rules ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from fleet.facts.drain import MARKER_PATH, Drained, DrainMarker, marker_command, parse_marker
 from fleet.inventory.schema import DRAIN_REASON_RULE, drain_reason
 from fleet.lb.runtime import AdminState, ServerView
-from fleet.monitor.status import Health, InstanceStatus, UnitFacts, attach_host_state, status_data
+from fleet.monitor.status import Health, InstanceStatus, State, UnitFacts, attach_host_state, state_of, status_data
 from fleet.monitor.targets import Target
 from fleet.operations.files import write_command
 from fleet.rollout.advice import next_steps
@@ -174,7 +174,7 @@ def test_status_rows_with_drain_and_balancer(
     [out] = attach_host_state([row], {"h1": MARKER} if drained else {}, {"h1/vllm-0": lb})
     assert out.ok is ok
     assert list(out.problems) == problems
-    assert out.state == ("drained" if drained else row.health.value)
+    assert out.state == (State.DRAINED if drained else state_of(row.health, row.unit))
 
 
 def test_status_json_of_a_drained_row() -> None:
@@ -235,3 +235,52 @@ def test_drain_needs_a_reason(tmp_path: Path) -> None:
     out = fleet("drain", str(_inventory(tmp_path)), "gpu-1")
     assert out.returncode == 2
     assert "--reason" in out.stderr
+
+
+# ---- which hosts a rollout skips: the markers, and the journal for a host that is down --------------
+
+
+def test_drained_view_takes_the_marker_and_for_a_host_that_is_down_the_journal() -> None:
+    from fleet.facts.drain import drained_view
+    from fleet.facts.runner import HostUnreachable
+
+    other = DrainMarker("ops@b", 1.0, "PSU", "r2")
+    answers = {
+        "up-drained": MARKER,
+        "up-serving": None,
+        "down-drained-here": HostUnreachable("down-drained-here", "cannot reach 10.0.0.3:22: timed out"),
+        "down-unknown": HostUnreachable("down-unknown", "cannot reach 10.0.0.4:22: timed out"),
+    }
+    view = drained_view(answers, {"down-drained-here": other, "up-serving": other})
+    assert set(view) == {"up-drained", "down-drained-here"}  # the host's own word wins over the journal's
+    assert view["up-drained"] == MARKER
+    assert view["down-drained-here"].by == "ops@b"
+    assert view["down-drained-here"].reason == (
+        "PSU (the host does not answer: cannot reach 10.0.0.3:22: timed out; the journal says it is drained)"
+    )
+
+
+def test_the_journal_knows_which_hosts_its_drains_marked(tmp_path: Path) -> None:
+    from fleet.rollout.journal import Journal
+
+    policy = parse_policy({}, source="x", where="y", overrides=POLICY)
+
+    def rollout(rid: str, kind: str, fleet_name: str = "/inv.py") -> Any:
+        state = new_rollout(rid, fleet_name, kind, [RolloutTarget(InstanceRef.parse("a/vllm-0"), "v1", "m")], policy, 0)
+        journal.begin(state)
+        return state
+
+    with Journal(tmp_path / "j.sqlite") as journal:
+        one = rollout("r1", "drain")
+        for host in ("a", "b", "c"):
+            marker = DrainMarker("ops@ctl", 10.0, f"fix {host}", "r1")
+            journal.record(one, "marker:drained", f"host {host}", True, marker.to_json().strip(), 10.0, host)
+        journal.record(one, "marker:drained", "host d", False, "SSH failed", 10.0, "d")  # not written
+        two = rollout("r2", "undrain")
+        journal.record(two, "marker:removed", "host b", True, "every instance serves", 20.0, "b")
+        journal.record(two, "marker:removed", "host c", False, "SSH failed", 20.0, "c")  # still there
+        other = rollout("r3", "drain", "/other.py")
+        journal.record(other, "marker:drained", "host e", True, MARKER.to_json().strip(), 30.0, "e")
+        drained = journal.drained_hosts("/inv.py")
+    assert sorted(drained) == ["a", "c"]
+    assert drained["a"].reason == "fix a" and drained["a"].rollout == "r1"

@@ -9,7 +9,7 @@ import pytest
 from fleet.errors import FieldProblem, InventoryError
 from fleet.inventory.ports import Listener, collisions, plan_port_problems
 from fleet.inventory.spec import load_inventory
-from fleet.secrets import looks_like_secret, redact
+from fleet.secrets import looks_like_secret, redact, redact_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,8 +84,9 @@ def test_typo_of_a_fleet_key_is_caught(tmp_path: Path) -> None:
         load_inventory(path)
 
 
-def test_unrelated_keys_are_left_alone(tmp_path: Path) -> None:
-    path = write(tmp_path, f'h = [("h1", {{"model": "m/x", "workload": {WL}, "rack": "r12", "ssh_user": "x"}})]\n')
+def test_pyinfra_keys_and_declared_own_keys_are_left_alone(tmp_path: Path) -> None:
+    data = f'"model": "m/x", "workload": {WL}, "ssh_user": "x", "_sudo": True, "x_rack": "r12", "dc": "ams"'
+    path = write(tmp_path, f'h = [("h1", {{{data}, "user_keys": ["dc"]}})]\n')
     assert load_inventory(path).host("h1").model == "m/x"
 
 
@@ -200,6 +201,14 @@ def test_what_looks_like_a_secret(value: object, secret: bool) -> None:
 def test_redact_keeps_the_rest_of_the_text() -> None:
     assert redact("key hf_abcdefghijklmnopqrst here") == "key <redacted> here"
     assert redact("nothing secret: port 8000") == "nothing secret: port 8000"
+
+
+def test_redact_data_redacts_every_string_keys_too_however_often_it_repeats() -> None:
+    token = "hf_abcdefghijklmnopqrst"
+    host = {"argv": ["--api-key", token], token: "x", "note": f"key {token}", "port": 8000, "ok": True}
+    data = {"hosts": [host, dict(host), (token, None)], "n": 1.5}
+    clean = {"argv": ["--api-key", "<redacted>"], "<redacted>": "x", "note": "key <redacted>", "port": 8000, "ok": True}
+    assert redact_data(data) == {"hosts": [clean, clean, ["<redacted>", None]], "n": 1.5}
 
 
 def test_a_problem_never_keeps_a_secret_value() -> None:

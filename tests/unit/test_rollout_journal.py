@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -74,6 +75,15 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
     owner = journal.lock_owner("lab")
     assert owner is not None and owner.pid == proc.pid and owner.rollout_id == "crash-1"
     assert owner.alive() is False
+    # `fleet history` does not call it running: its process is gone (issue 25, item 6)
+    record = journal.history("lab")[0]
+    assert (record.id, record.status) == ("crash-1", "interrupted")
+    assert record.reason == "its process is gone; resume with: fleet rollout --resume crash-1 --take-over"
+    shown = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "history", "--journal", str(tmp_path / "journal.sqlite"), "--json"],
+        capture_output=True, text=True, cwd=REPO, check=True,
+    )  # fmt: skip
+    assert [(r["id"], r["status"]) for r in json.loads(shown.stdout)["rollouts"]] == [("crash-1", "interrupted")]
     with pytest.raises(
         LockHeld, match=r"fleet lab has a stale lock: rollout crash-1 by .* \(pid \d+\), started .* ago"
     ):
@@ -113,6 +123,7 @@ def test_second_rollout_refused_while_the_first_holds_the_lock(tmp_path: Path) -
     try:
         assert wait_for(marker.exists, timeout=60)
         journal = Journal(tmp_path / "journal.sqlite")
+        assert [(r.id, r.status) for r in journal.history()] == [("crash-1", "running")]  # its owner lives
         with pytest.raises(LockHeld, match=rf"fleet lab is locked by rollout crash-1 by .*\(pid {proc.pid}\)"):
             journal.acquire("lab", "second")
         with pytest.raises(LockHeld):  # a live owner is never taken over, even when asked
@@ -165,3 +176,60 @@ def test_history_newest_first_and_unknown_rollout(tmp_path: Path) -> None:
     with pytest.raises(sqlite3.IntegrityError):
         journal.begin(journal.latest_state("r0"))  # ids are unique
     assert new_rollout_id(0).startswith("19700101T000000Z-")
+
+
+def test_a_running_rollout_without_its_lock_is_interrupted_and_the_next_holder_does_not_change_that(
+    tmp_path: Path,
+) -> None:
+    """A hard abort (a second Ctrl-C) releases the lock on the way out and leaves the journal saying
+    running; a later rollout of the same fleet holds the lock for itself, not for the first."""
+    journal = Journal(tmp_path / "j.sqlite")
+    clock = Clock()
+    sim = SimFleet(clock, [1])
+    first = new_rollout("r-aborted", "lab", "restart", targets(sim, "v1", restart=True), POLICY, clock.now)
+    journal.acquire("lab", first.id)
+    journal.begin(first)
+    journal.release("lab", first.id)
+    assert [(r.id, r.status) for r in journal.history()] == [("r-aborted", "interrupted")]
+    second = new_rollout("r-next", "lab", "restart", targets(sim, "v1", restart=True), POLICY, clock.now + 1)
+    journal.acquire("lab", second.id)
+    journal.begin(second)
+    assert [(r.id, r.status) for r in journal.history()] == [("r-next", "running"), ("r-aborted", "interrupted")]
+    assert journal.latest_state("r-aborted").status is RolloutStatus.RUNNING  # stored: still resumable
+
+
+def test_where_the_journal_is_and_what_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.rollout.journal import locate
+
+    monkeypatch.delenv("FLEET_JOURNAL", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.delenv("FLEET_JOURNAL_CONFIG", raising=False)
+    assert locate().path == tmp_path / ".local" / "state" / "fleet" / "journal.sqlite"
+    config = tmp_path / ".config" / "fleet" / "journal.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('url = "postgresql://fleet@db.internal/fleet"\npassword_ref = "env:FLEET_DB_PW"\n')
+    found = locate()
+    assert (found.kind, found.url, str(found.password_ref), found.source) == (
+        "postgresql", "postgresql://fleet@db.internal/fleet", "env:FLEET_DB_PW", str(config)
+    )  # fmt: skip
+    monkeypatch.setenv("FLEET_JOURNAL", "postgres://ops@10.0.0.9:6432/journal?sslmode=verify-full")
+    assert locate().source == "FLEET_JOURNAL" and locate().kind == "postgresql"
+    assert locate(str(tmp_path / "mine.sqlite")).path == tmp_path / "mine.sqlite"  # --journal wins
+    for bad, expected in [
+        ("postgresql://fleet:hunter2-secret@db/fleet", "a password in the journal URL is refused"),
+        ("postgresql://fleet@db/fleet?password=hunter2-secret", "a password in the journal URL is refused"),
+        ("mysql://db/fleet", "a PostgreSQL URL without a password"),
+    ]:
+        with pytest.raises(JournalError, match=expected) as refused:
+            locate(bad)
+        assert "hunter2" not in str(refused.value)
+    monkeypatch.delenv("FLEET_JOURNAL")
+    config.write_text('url = "postgresql://fleet@db/fleet"\npasword_ref = "env:X"\n')
+    with pytest.raises(JournalError, match=rf"{config}: pasword_ref: not a journal setting; did you mean password_ref"):
+        locate()
+    config.write_text('url = "postgresql://fleet@db/fleet"\npassword_ref = "hunter2-secret"\n')
+    with pytest.raises(JournalError, match="password_ref: a reference to the key, not the key") as refused:
+        locate()
+    assert "hunter2" not in str(refused.value)

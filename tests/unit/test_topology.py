@@ -12,6 +12,7 @@ The facts are the probe's recorded outputs against the lab profiles of those mac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -105,3 +106,15 @@ def test_host_gpus_carry_the_probed_reserve_and_use() -> None:
     (g,) = hg.gpus
     assert (g.memory_total, g.memory_reserved, g.memory_used) == (85520809984, 503316480, 0)
     assert hg.source == "probe" and hg.sku is not None and hg.sku.memory_reserved == g.memory_reserved
+    assert g.compute_capability == hg.compute_capability == (9, 0)  # what picks the FP8 kernels
+
+
+def test_probed_compute_capability_is_the_gpus_not_the_catalogues() -> None:
+    f = facts("h100-80gb-hbm3-vm")
+    renamed = dataclasses.replace(f, gpus=tuple(dataclasses.replace(g, name="NVIDIA Unknown") for g in f.gpus))
+    hg = renamed.host_gpus()
+    assert hg.sku is None and hg.compute_capability == (9, 0)
+    unknown = dataclasses.replace(
+        renamed, gpus=tuple(dataclasses.replace(g, compute_capability=None) for g in renamed.gpus)
+    )
+    assert unknown.host_gpus().compute_capability is None
