@@ -129,7 +129,7 @@ def test_fleet_reaches_a_balancer_hosts_admin_socket_over_ssh(lab_fleet: LabFlee
     sorted into "down" (exit 1) and "cannot be used" (exit 2)."""
     from fleet.facts.runner import SshTarget
     from fleet.inventory.spec import load_inventory
-    from fleet.lb.runtime import AdminState
+    from fleet.lb.runtime import AdminState, parse_snapshot
     from fleet.lb.traffic import Balancer
     from fleet.lb.transport import BalancerDown, BalancerMisconfigured, SshSocket
 
@@ -143,7 +143,8 @@ def test_fleet_reaches_a_balancer_hosts_admin_socket_over_ssh(lab_fleet: LabFlee
     balancer = Balancer(spec, SshSocket(target, SOCKET, 5.0))
     try:
         views = balancer.snapshot(fresh=True)
-        assert views[("meta-llama_Llama", "lab-h1:vllm-0")].admin is AdminState.MAINT
+        assert views == parse_snapshot(FIXTURE.read_text().lstrip("\n"))  # every byte came through
+        assert len(views) == 3 and views[("meta-llama_Llama", "lab-h2:vllm-0")].admin is AdminState.DRAIN
         assert host.run(f"cat {REC}/socat-stdin")[1].splitlines()[-1] == "show servers state;show stat"
         assert host.run(f"tail -n 1 {REC}/socat")[1].strip() == f"-t 5 STDIO UNIX-CONNECT:{SOCKET}"
         host.put("/usr/bin/socat", "#!/bin/sh\necho '2026/01/01 E connect(5, AF=1 \"/run/haproxy/admin.sock\", 25): "
