@@ -11,7 +11,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -30,11 +30,13 @@ from fleet.errors import FleetError
 from fleet.facts.drain import DrainMarker
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import next_steps
+from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import Observations
+from fleet.rollout.previous import back_to, last_changes, rollback_targets
 from fleet.rollout.runner import Runner
 from fleet.rollout.session import NothingToResume, open_journal, resume_rollout, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
@@ -296,9 +298,11 @@ def warn_to_stderr(as_json: bool) -> Callable[[str], None]:
     return say
 
 
-def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
-    """Each host's ``current`` release (not asked of hosts the rollout skips: drained, maybe down)."""
-    return {h: executor.links(h)[0] for h in hosts if h not in executor.skipped}
+def _running_releases(executor: SshExecutor, fleet: RolloutFleet) -> dict[InstanceRef, str | None]:
+    """The release each instance runs now (its process's; ``fleet.facts.releases.running_release``):
+    a restart keeps every instance on its own, whatever its host's ``current`` link says. Hosts the
+    rollout skips (drained, maybe down) are not asked."""
+    return {ref: executor.live(ref).release for ref in fleet.instances if ref.host not in executor.skipped}
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -323,8 +327,8 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
-    _start(fleet, "restart", lambda ex: fleet.targets(_current_releases(ex, fleet.hosts), restart=True,
-                                                      skip=ex.skipped), opts)  # fmt: skip
+    _start(fleet, "restart", lambda ex: fleet.instance_targets(_running_releases(ex, fleet), restart=True,
+                                                               skip=ex.skipped), opts)  # fmt: skip
 
 
 @click.command()
@@ -438,32 +442,21 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
 def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
     """Go back to the last good release: a link flip and a restart per instance, no reinstall.
 
-    TARGET is a rollout ID (every instance it changed goes back to the release it ran before) or
-    an INVENTORY (every host goes to its ``previous`` release link). Without TARGET: the last
-    rollout in the journal.
+    TARGET is a rollout ID (every instance it changed goes back to what it ran before it) or an
+    INVENTORY (each instance goes back to what it ran before the newest rollout that changed it,
+    as the journal recorded it for that instance; instances no rollout changed stay as they are).
+    Without TARGET: the last rollout in the journal.
     """
     as_json = bool(opts["as_json"])
     if target is not None and Path(target).is_file():
-        try:
-            fleet = load_fleet(target, limit)
-        except FleetError as exc:
-            fail(str(exc), as_json)
-
-        def previous(ex: SshExecutor) -> list[Target]:
-            links = {h: ex.links(h) for h in fleet.hosts if h not in ex.skipped}
-            none = [h for h, (_c, p) in links.items() if not p]
-            if none:
-                raise FleetError(f"no previous release on {', '.join(none)} (no previous link): nothing to go back to")
-            return fleet.targets({h: p for h, (_c, p) in links.items()}, restart=False, skip=ex.skipped)
-
-        _start(fleet, "rollback", previous, opts)
+        _rollback_inventory(target, limit, opts)
         return
     try:
         with open_journal(opts["journal_path"]) as journal:
             rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
             if not rid:
-                fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
-                     as_json)  # fmt: skip
+                fail("no rollout in the journal to roll back; give an INVENTORY to send each instance back to what "
+                     "it ran before its last rollout", as_json)  # fmt: skip
             saved = journal.latest_state(rid)
     except FleetError as exc:
         fail(str(exc), as_json)
@@ -474,18 +467,37 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
         fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
     except FleetError as exc:
         fail(str(exc), as_json)
+    _start(fleet, "rollback", lambda _ex: [back_to(i) for ref, i in back.items() if ref in fleet.instances], opts)
 
-    def before(_ex: SshExecutor) -> list[Target]:
-        return [
-            Target(
-                ref,
-                str(i.previous_release),
-                i.previous_model or i.target.model,
-                i.target.port,
-                revision=i.previous_revision if i.target.revision else None,
-            )
-            for ref, i in back.items()
-            if ref in fleet.instances
-        ]
 
-    _start(fleet, "rollback", before, opts)
+#: rollouts of a fleet read to find each instance's newest change (newest first)
+ROLLBACK_HISTORY = 200
+
+
+def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[str, Any]) -> None:
+    """``fleet rollback INVENTORY``: each instance back to what it ran before the newest rollout
+    that changed it (``fleet.rollout.previous``), from the journal; never the host's ``previous``
+    link, which one instance's switch flips for all of the host's."""
+    as_json = bool(opts["as_json"])
+    try:
+        fleet = load_fleet(inventory, limit)
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    try:
+        with open_journal(opts["journal_path"]) as journal:
+            records = journal.history(fleet.name, ROLLBACK_HISTORY)
+            changes = last_changes(journal.latest_state(r.id) for r in records)
+    except ValueError as exc:
+        fail(f"rollout {exc} of {inventory} did not finish: resume it (fleet rollout --resume {exc}) or roll "
+             f"it back by its ID (fleet rollback {exc}) first", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    targets, untouched = rollback_targets(changes, fleet.instances)
+    if not targets:
+        fail(f"no rollout in the journal changed an instance of {inventory}: nothing to go back to "
+             "(fleet history lists the rollouts; fleet rollout INVENTORY --release R goes to a given release)",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    if untouched and not as_json:
+        names = ", ".join(str(r) for r in untouched)
+        Console(stderr=True, highlight=False).print(f"no rollout changed {escape(names)}: left as they are")
+    _start(fleet, "rollback", lambda _ex: targets, opts)

@@ -22,6 +22,14 @@ configuration revision (``fleet.operations.revisions``). Those instances are the
 rolling engine (``fleet.rollout``): batches with a canary, drain, stop, GPUs free, switch, start,
 health gates, soak, and a rollback of the failed batch, journaled like any ``fleet rollout``.
 
+Which running instances the engine takes is decided per instance, by the release its own process
+runs (``fleet.facts.releases``), never by the host's ``current`` link. After starting and
+rolling, every host where something changed is read again: an instance not on the inventory's
+release and configuration fails its host, named (``fleet.deploy.converge``). On a first run, units
+are written only once the host is probed again after this run's release, driver or reboot, and
+enabled only when planned from the probe: the reboot starts nothing, and instances that never
+served are started, not rolled.
+
 Failures (unreachable, a failing operation, a preflight refusal) name the host, the cause and the
 failed command (redacted). ``fail_percent`` (like Ansible's ``max_fail_percentage``; default 0):
 once more than that share of the selected hosts failed, nothing more is scheduled: no further
@@ -46,13 +54,15 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
 from fleet.deploy import factcache, prefetch
+from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError
 from fleet.facts.drain import read_markers
 from fleet.facts.packages import RebootRequired
-from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
+from fleet.facts.revisions import InstanceRevisionsAsRoot
+from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory
 from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
@@ -92,6 +102,8 @@ class HostResult:
     endpoints: list[Endpoint] = field(default_factory=list)
     restarted: bool = False
     note: str | None = None  #: why the host's units wait for its driver
+    #: each instance not on the inventory's release and configuration after the deploy, and why
+    drift: list[str] = field(default_factory=list)
 
     def data(self) -> dict[str, Any]:
         return {
@@ -103,6 +115,7 @@ class HostResult:
             "reboot_required": self.reboot_required,
             "endpoints": [e.__dict__ for e in self.endpoints],
             "restarted": self.restarted,
+            "drift": self.drift,
         }
 
 
@@ -329,6 +342,8 @@ def deploy(
         for h in active:
             step(h.name, "checking what to change")
         caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
+        if not dry:  # their units come from the second probe (_units_once_probed), not the gpu entry now
+            host_deploy.units_later([h for h in active if h.name in unprobed and h.name not in waiting])
         _add_deploy(state, host_deploy.vllm_host, active)
         if dry:
             for h in active:
@@ -355,6 +370,8 @@ def deploy(
             results[h.name].reboot_required = h.get_fact(RebootRequired)
             if h.name in waiting:
                 results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
+            elif h.name in unprobed and results[h.name].reboot_required is not None:
+                results[h.name].note = "its units are installed once NVML answers, after the reboot (--reboot)"
         progress(factcache.summary(caches))
     finally:
         _close(state)
@@ -396,6 +413,7 @@ def deploy(
     _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
+    _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
     return finish(error)
 
 
@@ -447,6 +465,44 @@ def _balancer_host(loaded: LoadedInventory, name: str, path: str, text: str, dro
         return bool(ops), ops
     finally:
         _close(state)
+
+
+def _converged(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    names: list[str],
+    staged: Mapping[str, host_deploy.Staged],
+) -> None:
+    """Read again, on each host this run started or rolled instances on, what every instance runs
+    and has in place; a host with an instance not on the inventory's release and configuration
+    fails, naming each such instance (``fleet.deploy.converge``). Hosts where nothing changed were
+    read at the start of this run and found converged (``_quiet``)."""
+    names = [n for n in names if n in plans and staged.get(n) is not None and staged[n].revisions]
+    if not names:
+        return
+    paths = _paths()
+
+    def instances(name: str) -> dict[str, object]:
+        return {
+            "instances": tuple(
+                (i.unit_name, f"fleet-{i.unit_name}.service", f"{paths.unit_dir}/fleet-{i.unit_name}.service",
+                 f"{paths.env_dir}/{i.unit_name}.env")
+                for i in plans[name].instances
+            )
+        }  # fmt: skip
+
+    answers = run_fact_on_hosts([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
+    for name, answer in answers.items():
+        r = results[name]
+        if isinstance(answer, HostUnreachable):
+            lines = [f"{name}: could not read its instances after the deploy: {answer.reason}"]
+        else:
+            lines = drift(name, staged[name].release, staged[name].revisions, answer, vllm_ops.DEFAULT_ROOT)
+        if lines:
+            r.status, r.drift = "failed", lines
+            r.error = "; ".join(x for x in (r.error, "not on the inventory's release and configuration: "
+                                           + "; ".join(lines)) if x)  # fmt: skip
 
 
 def _join_balancers(
@@ -517,9 +573,8 @@ def _units_once_probed(
         connect_all(state)
         probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
         for name, why in probed.refused.items():  # its driver answers only now
-            written = "units written from the gpu entry before NVML answered, none started"
             results[name].status = "refused"
-            results[name].error = f"{why} ({written if name in plans else 'no unit was written'})"
+            results[name].error = f"{why} (no unit was written)"
         for name, why in probed.waiting.items():
             results[name].status, results[name].note = "waiting", why
         ready = [h for h in hosts if h.name in probed.plans]
@@ -542,6 +597,7 @@ def _units_once_probed(
             if second is not None:  # what this pass found and stored is what the engine rolls
                 first = staged.setdefault(h.name, host_deploy.Staged())
                 first.revisions, first.running, first.live = second.revisions, second.running, second.live
+                first.runs = second.runs
             ops = _op_names(state, h, will=False)
             r.operations += ops
             r.note = None
@@ -768,11 +824,14 @@ def _start(
             if h in state.failed_hosts:
                 results[h.name].status = "failed"
                 results[h.name].error = _failure(state, h)
-            elif names:
+            elif any(n.startswith("start ") for n in names):
                 results[h.name].operations += names
                 results[h.name].status = "changed"
                 started.append(h.name)
-            else:
+            else:  # its units ran already (at most they were enabled now)
+                if names:
+                    results[h.name].operations += names
+                    results[h.name].status = "changed"
                 serving.append(h.name)
     finally:
         _close(state)
@@ -789,7 +848,10 @@ def _start(
 def _unit_states(
     loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
 ) -> dict[str, list[UnitState] | None]:
-    """Each host's units: active? restart pending (files newer than the process)? None: no answer."""
+    """Each host's units: active? restart pending (its unit or env file newer than the process)?
+    None: no answer. Not the ``current`` link: it is one per host, and any instance's switch (a
+    canary, a rollback) touches it; whether an instance runs the release it should is read from
+    its own process (``Staged.runs``)."""
     if not names:
         return {}
     paths = _paths()
@@ -797,13 +859,11 @@ def _unit_states(
     def units(name: str) -> dict[str, object]:
         return {
             "units": [
-                (
-                    f"fleet-{i.unit_name}.service",
-                    [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env", paths.venv],
-                )
+                (f"fleet-{i.unit_name}.service",
+                 [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"])
                 for i in plans[name].instances
             ]
-        }
+        }  # fmt: skip
 
     answers = run_fact_on_hosts([_target(loaded, n) for n in names], UnitStates, args_for=units)
     return {n: a if isinstance(a, list) else None for n, a in answers.items()}

@@ -66,11 +66,15 @@ def _state(info: Mapping[str, Any] | None) -> str:
     return f"{info.get('active_state') or '?'}/{info.get('sub_state') or '?'}"
 
 
-def _venv(units: UnitsDict, root: str) -> str | None:
-    link = units["current"]
-    if not link:
+def _venv(units: UnitsDict, release: str | None, root: str) -> str | None:
+    """The release directory the instance runs (``current``'s target, spelled as the link is, when
+    that is the release it runs)."""
+    if release is None:
         return None
-    return link if link.startswith("/") else f"{root.rstrip('/')}/{link}"
+    link = units["current"]
+    if link and units["release"] == release:
+        return link if link.startswith("/") else f"{root.rstrip('/')}/{link}"
+    return f"{root.rstrip('/')}/releases/{release}"
 
 
 def unit_facts(
@@ -88,14 +92,15 @@ def unit_facts(
         units = answer.units
         info = units["units"].get(t.unit)
         state = _state(info)
+        release = info["release"] if info else units["release"]  # what it runs; not installed: current
         out[t.instance] = UnitFacts(
             state=state,
             uptime_seconds=info["uptime_seconds"] if info else None,
             restarts=info["restarts"] if info else None,
-            venv=_venv(units, root),
+            venv=_venv(units, release, root),
             gpu_memory_used=gpu_memory_of(t, answer.gpus),
-            release=units["release"],
-            vllm_version=units["vllm_version"],
+            release=release,
+            vllm_version=info["vllm_version"] if info else units["vllm_version"],
             main_pid=info["main_pid"] if info else None,
             detail=answer.gpu_error or "",
         )

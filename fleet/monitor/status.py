@@ -6,7 +6,7 @@ refused while loading or stopped: vLLM does not listen until loaded), ``/version
 difference: ``fleet.monitor.intervals``). All instances are read in parallel; an instance or host
 that cannot be reached is a row that says so, never an exception.
 
-The SSH side (unit state and uptime from systemd, the installed release, GPU memory in use from
+The SSH side (unit state and uptime from systemd, the release each instance runs, GPU memory in use from
 NVML) comes from ``fleet.monitor.hoststate`` as :class:`UnitFacts` per instance; without it (a
 library caller passing no ``units``) those fields are ``None`` and shown as such. So do a host's
 drain marker (``fleet drain``: a drained instance is stopped on purpose, which is no problem) and
@@ -72,10 +72,12 @@ class UnitFacts:
     state: str  #: systemd ActiveState/SubState ("active/running"), "not installed" or "unreachable"
     uptime_seconds: float | None
     restarts: int | None  #: systemd NRestarts
-    venv: str | None  #: what the host's ``current`` release link points at
+    venv: str | None  #: the release directory the instance runs
     gpu_memory_used: int | None  #: bytes, summed over the instance's processes on its GPUs
-    release: str | None = None  #: the release id ``current`` selects
-    vllm_version: str | None = None  #: the installed release's vLLM version
+    #: the release the instance runs: its main process's (a stopped one: what ``current`` selects,
+    #: the release it starts next); ``fleet.facts.releases.running_release``
+    release: str | None = None
+    vllm_version: str | None = None  #: that release's vLLM version
     main_pid: int | None = None
     detail: str = ""  #: why a value is missing (SSH or NVML error)
 

@@ -79,6 +79,23 @@ class RolloutFleet:
             if ref.host not in skip
         ]
 
+    def instance_targets(
+        self, releases: Mapping[InstanceRef, str | None], *, restart: bool, skip: Collection[str] = ()
+    ) -> list[Target]:
+        """Every instance heading for its own entry in ``releases`` (an instance without one is
+        refused), except those of the hosts in ``skip`` (drained: ``SshExecutor.skipped``)."""
+        missing = [str(ref) for ref in self.instances if not releases.get(ref) and ref.host not in skip]
+        if missing:
+            raise FleetError(
+                f"no vLLM release runs or is active for {', '.join(missing)} (no {DEFAULT_ROOT}/current "
+                "link): run `fleet deploy` on its host first"
+            )
+        return [
+            Target(ref, str(releases[ref]), s.model, s.port, restart=restart)
+            for ref, s in self.instances.items()
+            if ref.host not in skip
+        ]
+
 
 def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:
     """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer)."""

@@ -9,8 +9,9 @@ What each step reads or does on a host:
 
 * unit state: ``systemctl show -p ActiveState,SubState,NRestarts,MainPID <unit>`` (systemd's
   own names, systemd.exec(5)/org.freedesktop.systemd1(5));
-* the release an instance runs: the target of ``<root>/current`` (the link ``fleet deploy``'s
-  ``vllm.activate`` flips; ``previous`` is the one before);
+* the release an instance runs: its main process's interpreter, or for a stopped one the target
+  of ``<root>/current`` (``fleet.facts.releases.running_release``: one definition, which
+  ``fleet status`` and ``fleet deploy`` read too);
 * GPU processes: the NVML probe (``fleet.facts.nvml``), run only while the unit is not active;
   a process on one of the instance's GPUs whose ``/proc/<pid>/cgroup`` names the instance's
   unit is ours (vLLM's ``VLLM::EngineCore`` and ``VLLM::Worker_TP*`` processes survive a
@@ -45,7 +46,7 @@ import paramiko
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import parse_probe_output
 from fleet.facts.nvml import probe_command
-from fleet.facts.releases import MARKER
+from fleet.facts.releases import MARKER, main_exe_sh, release_of, running_release
 from fleet.facts.runner import SshTarget, connect
 from fleet.facts.systemctl_show import show_properties, shown_unit
 from fleet.lb.runtime import AdminState
@@ -77,6 +78,7 @@ STOP_TIMEOUT_S = 900.0
 #: A unit state read this recently by ``facts`` is reused by ``probe`` (one SSH round trip a tick).
 UNIT_FRESH_S = 1.0
 UNIT_PROPS = ("ActiveState", "SubState", "NRestarts", "MainPID")
+_UNIT_ARG = '"$1"'  #: the unit, as ``live``'s script is given it
 
 
 @dataclass(frozen=True)
@@ -106,21 +108,6 @@ def parse_unit(text: str) -> UnitState | None:
     if shown is None or shown.active_state is None:
         return None
     return UnitState(shown.active_state, shown.sub_state or "", shown.n_restarts or 0, shown.main_pid or 0)
-
-
-def release_of(link_target: str) -> str | None:
-    """``releases/<id>`` (what ``current`` points at) → ``<id>``; None for no link."""
-    target = link_target.strip().rstrip("/")
-    return target.rsplit("/", 1)[-1] or None if target else None
-
-
-def release_from_exe(exe: str, root: str) -> str | None:
-    """``<root>/releases/<id>/bin/python3`` → ``<id>``; None for a path outside ``<root>/releases``."""
-    prefix = root.rstrip("/") + "/releases/"
-    if not exe.startswith(prefix):
-        return None
-    release = exe[len(prefix) :].split("/", 1)[0]
-    return release or None
 
 
 @dataclass(frozen=True)
@@ -349,9 +336,7 @@ class SshExecutor:
         s = self.spec(ref)
         script = (
             'systemctl show -p "$3" -- "$1" || exit $?; printf "current=%s\\n" "$(readlink -- "$2/current")"; '
-            'pid=$(systemctl show -p MainPID --value -- "$1"); '
-            'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then printf "exe=%s\\n" "$(tr "\\000" "\\n" < /proc/$pid/cmdline '
-            '2>/dev/null | head -n 1)"; fi; U=$4; E=$5; '
+            f'printf "exe=%s\\n" "$({main_exe_sh(_UNIT_ARG)})"; U=$4; E=$5; '
             f'if [ -f "$U" ] && [ -f "$E" ]; then r=$({rev.LIVE_ID_SH}); printf "revision=%s\\n" "$r"; '
             f'm="$6/$r/{rev.META}"; [ -f "$m" ] && printf "meta=%s\\n" "$(head -c 4096 "$m" | tr -d "\\n")"; fi; true'
         )
@@ -364,11 +349,10 @@ class SshExecutor:
             raise ExecutorError(f"host {ref.host}: systemctl show {s.unit} exited {rc}: {err.strip()[-300:]}")
         values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         unit = parse_unit(out)
-        running = release_from_exe(values.get("exe", ""), self.root)
-        release = running if unit is not None and unit.main_pid and running is not None else None
+        exe = values.get("exe") if unit is not None and unit.main_pid else None
         return LiveInstance(
             unit,
-            release or release_of(values.get("current", "")),
+            running_release(exe, release_of(values.get("current", "")), self.root),
             values.get("revision") or None,
             served_model_of(values.get("meta", "")),
         )

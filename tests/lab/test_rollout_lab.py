@@ -49,7 +49,7 @@ HUB = "/var/lib/vllm/hf/hub/models--meta-llama--Llama-3.1-8B-Instruct"
 ROOT = "/opt/fleet/vllm"
 FAST = ["--batches", "1,-1", "--soak", "1", "--probe-interval", "0.5", "--health-timeout", "60", "--json"]
 #: Releases the tests make beside the one ``fleet deploy`` installed.
-MADE = ("next", "bad", "hung", "flappy")
+MADE = ("next", "bad", "hung", "flappy", "split")
 
 
 def on_host(lab: LabFleet, index: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
@@ -402,20 +402,133 @@ def test_rollback_to_the_previous_release_is_a_link_flip(
     journal = tmp_path / "j.sqlite"
     first = must(lab, 0, f"ls {ROOT}/releases").split()
     original = next(r for r in first if r not in MADE)
-    rc, result = fleet_cli("rollout", fleet.inventory, "--release", "next", *FAST, journal=journal)
+    was = {i["runs"] for i in instance_state(lab, fleet).values()}
+    assert len(was) == 1, was
+    (start,) = was
+    other = original if start == "next" else "next"
+    rc, result = fleet_cli("rollout", fleet.inventory, "--release", other, *FAST, journal=journal)
     assert rc == 0 and result["status"] == "done", result
     listing = {i: must(lab, i, f"stat -c '%n %i %Y' {ROOT}/releases/*") for i in range(2)}
     before = instance_state(lab, fleet)
-    assert all(i["runs"] == "next" for i in before.values())
+    assert all(i["runs"] == other for i in before.values())
     rc, back = fleet_cli("rollback", fleet.inventory, *FAST, journal=journal)
     assert rc == 0, back
     assert back["kind"] == "rollback" and back["status"] == "done"
     after = instance_state(lab, fleet)
-    assert_all_serving(before, after, original)
-    assert all(i["current"] == original for i in after.values())
-    assert all(must(lab, i, f"readlink {ROOT}/previous").strip() == "releases/next" for i in range(2))
+    assert_all_serving(before, after, start)  # each instance back to what it ran before the rollout
+    assert all(i["current"] == start for i in after.values())
+    assert all(must(lab, i, f"readlink {ROOT}/previous").strip() == f"releases/{other}" for i in range(2))
     # no reinstall: the same release directories, same inodes, untouched
     assert {i: must(lab, i, f"stat -c '%n %i %Y' {ROOT}/releases/*") for i in range(2)} == listing
+    # a second rollback is not a flip back onto the release the first one left: nothing changes
+    rc, again = fleet_cli("rollback", fleet.inventory, *FAST, journal=journal)
+    assert rc == 0 and again["status"] == "done", again
+    assert all(i["phase"] == "done" and i["release"] == start for i in again["instances"]), again
+    assert {n: i["pid"] for n, i in instance_state(lab, fleet).items()} == {n: i["pid"] for n, i in after.items()}
+
+
+# ---- a halted release rollout, then status, rollback and deploy (issue 25.3) -------------------
+
+
+def halt_with_a_canary_on_split(lab: LabFleet, fleet: RolloutFleet, journal: Path) -> dict[str, dict[str, Any]]:
+    """Every instance on the inventory's release; then ``--release split``, a release that loads
+    on the first host and crashes on the second: the canary (first host) stays on ``split``, the
+    second batch fails on the second host and is rolled back (the first host's other instance with
+    it), the rollout halts. The first host's ``current`` link names the old release again while its
+    canary runs ``split``. Returns the instances' state before it."""
+    h0, h1 = fleet.hosts
+    original = next(r for r in must(lab, 0, f"ls {ROOT}/releases").split() if r not in MADE)
+    if any(i["runs"] != original for i in instance_state(lab, fleet).values()):  # an earlier test's release
+        # (in a journal of its own: this setup is not one of the changes a rollback below undoes)
+        setup = journal.with_name("setup.sqlite")
+        rc, result = fleet_cli("rollout", fleet.inventory, "--release", original, *FAST, journal=setup)
+        assert rc == 0, result
+    before = instance_state(lab, fleet)
+    assert all(i["runs"] == original and i["unit"] == "active/running" for i in before.values()), before
+    for i in range(2):
+        must(lab, i, f"sudo rm -rf {ROOT}/releases/split")
+    make_release(lab, 0, "split")
+    make_release(lab, 1, "split", faults={"fail_load": [MODEL], "load_seconds": 1})
+    # two at a time after the canary: the second batch holds the first host's other instance too, and
+    # its rollback puts that host's current link back on the old release, under the canary's feet
+    rc, result = fleet_cli("rollout", fleet.inventory, "--release", "split", *FAST, "--max-unavailable", "2",
+                           journal=journal)  # fmt: skip
+    assert rc == 1 and result["status"] == "halted", result
+    phases = {i["instance"]: i["phase"] for i in result["instances"]}
+    assert phases[f"{h0}/vllm-0"] == "done" and phases[f"{h1}/vllm-0"] == "rolled_back", phases
+    state = instance_state(lab, fleet)
+    assert state[f"{h0}/vllm-0"]["runs"] == "split" and state[f"{h0}/vllm-0"]["current"] == original, state
+    assert all(state[n]["runs"] == original for n in state if n != f"{h0}/vllm-0"), state
+    assert all(i["unit"] == "active/running" for i in state.values()), state
+    return before
+
+
+def test_after_a_halted_rollout_status_shows_what_each_instance_runs_and_rollback_sends_only_the_canary_back(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The host's ``current`` link names the old release while its canary runs ``split``: status
+    says what each process runs; ``fleet rollback INVENTORY`` sends the canary back to what *it*
+    ran (the host links would send every instance to ``split``, which crashes on the second
+    host) and touches no other instance."""
+    lab, fleet = serving
+    journal = tmp_path / "j.sqlite"
+    h0 = fleet.hosts[0]
+    canary = f"{h0}/vllm-0"
+    halt_with_a_canary_on_split(lab, fleet, journal)
+    truth = instance_state(lab, fleet)
+    proc = subprocess.run([str(FLEET), "status", fleet.inventory, "--json", "--interval", "0.5"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    rows = {r["instance"]: r for r in json.loads(proc.stdout)["instances"]}
+    assert set(rows) == set(truth), rows
+    for name, row in rows.items():
+        assert row["unit"]["release"] == truth[name]["runs"], (name, row["unit"], truth[name])
+        assert row["unit"]["venv"] == f"{ROOT}/releases/{truth[name]['runs']}", (name, row["unit"])
+    assert rows[canary]["unit"]["release"] == "split"
+    rc, back = fleet_cli("rollback", fleet.inventory, *FAST, journal=journal)
+    assert rc == 0 and back["status"] == "done", back
+    assert [i["instance"] for i in back["instances"]] == [canary], back
+    after = instance_state(lab, fleet)
+    original = truth[f"{fleet.hosts[1]}/vllm-0"]["runs"]
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["runs"] == original and inst["serves"] == (MODEL,), (
+            name,
+            inst,
+        )
+        assert (inst["pid"] != truth[name]["pid"]) == (name == canary), (name, truth[name], inst)
+
+
+def test_deploy_after_a_halted_rollout_converges_every_instance_in_one_run(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The inventory's release is the one every instance ran; the canary stayed on ``split`` and
+    its host's ``current`` link went back. One ``fleet deploy`` puts the canary back on the
+    inventory's release through the engine, exit 0, and touches nothing else (by the link, the
+    host looked converged: the deploy said "healthy" and left the canary where it was)."""
+    lab, fleet = serving
+    journal = tmp_path / "j.sqlite"
+    h0, h1 = fleet.hosts
+    canary = f"{h0}/vllm-0"
+    before = halt_with_a_canary_on_split(lab, fleet, journal)
+    halted = instance_state(lab, fleet)
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "timeouts": {"health": 60}}
+    # releases_kept: the deploy keeps the releases the other tests made (it prunes beyond it)
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy, releases_kept=len(MADE) + 2)
+    proc = subprocess.run(
+        [str(FLEET), "deploy", inventory, "--json", "--health-timeout", "120"], cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=900, check=False, env={**os.environ, "FLEET_JOURNAL": str(journal)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+    assert result[h0]["restarted"] and any(
+        op.startswith("rolled out vllm-0 (rollout") for op in result[h0]["operations"]
+    )
+    assert result[h1]["status"] == "unchanged" and not result[h1]["restarted"], result[h1]
+    assert all(not h["drift"] for h in result.values()), result
+    after = instance_state(lab, fleet)
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+        assert inst["runs"] == before[name]["runs"], (name, inst)  # the inventory's release, every one
+        assert (inst["pid"] != halted[name]["pid"]) == (name == canary), (name, halted[name], inst)
 
 
 def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_and_stopped(
@@ -454,14 +567,15 @@ def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_a
 # ---- faults during a rollout, hooks on the host, a host that goes down ------------------------------
 
 
-def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any]) -> str:
-    """A copy of the lab's inventory with ``rollout`` settings on every host (group data, as an
-    operator would set them); the hosts, their SSH settings and their serving data are unchanged."""
+def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any], **data: Any) -> str:
+    """A copy of the lab's inventory with ``rollout`` settings (and ``data``) on every host (group
+    data, as an operator would set them); the hosts, their SSH settings and their serving data are
+    unchanged."""
     import pprint
     import runpy
 
     hosts = runpy.run_path(fleet.inventory)["lab"]
-    hosts = [(name, {**data, "rollout": rollout}) for name, data in hosts]
+    hosts = [(name, {**host_data, **data, "rollout": rollout}) for name, host_data in hosts]
     path.write_text(f"lab = {pprint.pformat(hosts, sort_dicts=False)}\n")
     return str(path)
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fleet.cli.rollout import overrides_of
+from fleet.facts.releases import release_from_exe, release_of
 from fleet.rollout.gates import UnitState
 from fleet.rollout.policy import parse_policy
-from fleet.rollout.ssh_executor import parse_unit, release_from_exe, release_of
+from fleet.rollout.ssh_executor import parse_unit
 
 
 @pytest.mark.parametrize(
