@@ -11,7 +11,8 @@ once on the idle fleet and once under load, and reports:
 * p50/p99 latency of the requests before the rollout vs during it;
 * the rollout's duration under load vs idle: target <= 1.25x.
 
-    python benchmarks/rollout_under_load.py --lab NAME [--workers 8] [--model M] [--served NAME] [--no-lb-too]
+    python benchmarks/rollout_under_load.py --lab NAME [--workers 8] [--model M] [--served NAME] [--soak S]
+                                            [--no-lb-too]
 
 It first writes ``bench-inventory.py`` beside the lab's inventory: the same hosts serving under a
 stable name (``--served``, default ``chat``: clients keep asking for it while the model behind it
@@ -199,6 +200,8 @@ def main() -> None:
     ap.add_argument("--model", default="mistralai/Mistral-7B-Instruct-v0.3",
                     help="the model `fleet rollout --model` switches to (and back from)")  # fmt: skip
     ap.add_argument("--served", default="chat", help="the served model name clients ask for")
+    ap.add_argument("--soak", type=float, default=1.0,
+                    help="seconds every gate must stay green (issue 18 measured with 5)")  # fmt: skip
     ap.add_argument("--no-lb-too", action="store_true")
     a = ap.parse_args()
     status = json.loads(subprocess.run([str(FLEET), "lab", "status", "--name", a.lab, "--json"], capture_output=True,
@@ -207,7 +210,7 @@ def main() -> None:
     if not url:
         raise SystemExit(f"lab {a.lab} has no load balancer: fleet lab up --name {a.lab} --lb, then fleet deploy")
     inventory = prepare(str(status.get("inventory") or f"/var/lib/fleet-lab/{a.lab}/inventory.py"), a.served, a.model)
-    fast = ["--soak", "1", "--probe-interval", "0.5"]
+    fast = ["--soak", f"{a.soak:g}", "--probe-interval", "0.5"]
     rows = [measure("fleet restart", ["restart", inventory, *fast], url, a.served, a.workers, None)]
     rows.append(measure("fleet rollout --model", ["rollout", inventory, "--model", a.model, *fast], url, a.served,
                         a.workers, ["rollout", inventory, *fast]))  # fmt: skip
