@@ -115,6 +115,7 @@ def internal_error(exc: BaseException, debug: bool) -> NoReturn:
 COMMANDS = {
     "audit": ("fleet.cli.audit", "audit"),
     "deploy": ("fleet.cli.deploy", "deploy"),
+    "drain": ("fleet.cli.drain", "drain"),
     "history": ("fleet.cli.history", "history"),
     "lab": ("fleet.cli.lab", "lab"),
     "lb": ("fleet.cli.lb", "lb"),
@@ -124,6 +125,7 @@ COMMANDS = {
     "rollback": ("fleet.cli.rollout", "rollback"),
     "rollout": ("fleet.cli.rollout", "rollout"),
     "status": ("fleet.cli.status", "status"),
+    "undrain": ("fleet.cli.drain", "undrain"),
 }
 
 

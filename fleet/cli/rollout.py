@@ -27,6 +27,7 @@ from rich.text import Text
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
+from fleet.facts.drain import DrainMarker
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
 from fleet.rollout.advice import left_down, next_steps
 from fleet.rollout.batches import InstanceRef
@@ -250,7 +251,7 @@ def _live(runner: LiveRunner, initial: RolloutState) -> Group:
     return Group(_view(runner.last or initial, time.time()), Text(""))
 
 
-def _summary(state: RolloutState) -> dict[str, Any]:
+def _summary(state: RolloutState, skipped: Mapping[str, DrainMarker] | None = None) -> dict[str, Any]:
     return {
         "id": state.id,
         "fleet": state.fleet,
@@ -270,12 +271,15 @@ def _summary(state: RolloutState) -> dict[str, Any]:
             for ref, i in state.instances.items()
         ],
         "next": next_steps(state),
+        "skipped": [{"host": name, "drained": m.data()} for name, m in (skipped or {}).items()],
     }
 
 
-def _report(state: RolloutState, as_json: bool) -> None:
+def report_state(state: RolloutState, as_json: bool, skipped: Mapping[str, DrainMarker] | None = None) -> None:
+    """The result for people or ``--json``, then exit (0: every instance healthy; hosts skipped
+    because they are drained do not change that)."""
     if as_json:
-        click.echo(json.dumps(_summary(state), indent=2))
+        click.echo(json.dumps(_summary(state, skipped), indent=2))
     else:
         shown = "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value
         table = Table(title=f"fleet {state.kind} {state.id}: {shown}", title_justify="left")
@@ -288,6 +292,8 @@ def _report(state: RolloutState, as_json: bool) -> None:
         out.print(table)
         for line in next_steps(state):
             out.print(escape(line), soft_wrap=True)
+        for name, m in (skipped or {}).items():
+            out.print(escape(f"skipped {name}: {m.describe()}"), soft_wrap=True)
     sys.exit(0 if state.status is RolloutStatus.DONE else EXIT_SOME_HOSTS)
 
 
@@ -298,7 +304,8 @@ def _start(
     opts: Mapping[str, Any],
 ) -> None:
     """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
-    _report(roll(fleet, kind, targets_of, opts), bool(opts["as_json"]))
+    skipped: dict[str, DrainMarker] = {}
+    report_state(roll(fleet, kind, targets_of, opts, on_skipped=skipped.update), bool(opts["as_json"]), skipped)
 
 
 def roll(
@@ -306,16 +313,31 @@ def roll(
     kind: str,
     targets_of: Callable[[SshExecutor], list[Target]],
     opts: Mapping[str, Any],
+    on_skipped: Callable[[Mapping[str, DrainMarker]], None] = lambda _d: None,
 ) -> RolloutState:
-    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here."""
+    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here.
+    Hosts drained for maintenance are skipped (said on stderr, given to ``on_skipped``)."""
     as_json = bool(opts.get("as_json"))
-    try:
-        return run_rollout(
+    return guarded(
+        lambda: run_rollout(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
-            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
-            lb=not opts.get("no_lb"), warn=_warn(as_json),
-        )  # fmt: skip
+            run=live_loop(as_json), lb=not opts.get("no_lb"), warn=warn_to_stderr(as_json), on_skipped=on_skipped,
+        ),
+        as_json,
+    )  # fmt: skip
+
+
+def live_loop(as_json: bool) -> Callable[[RolloutState, SshExecutor, RolloutJournal], RolloutState]:
+    """The runner with the command line's live view (and Ctrl-C between steps)."""
+    return lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False)
+
+
+def guarded(call: Callable[[], RolloutState], as_json: bool) -> RolloutState:
+    """``call()``; a held lock, a balancer that cannot be used or is down, or a bad input exits
+    here, saying that nothing was touched and the way out."""
+    try:
+        return call()
     except LockHeld as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
     except BalancerMisconfigured as exc:
@@ -329,7 +351,7 @@ def roll(
         fail(str(exc), as_json)
 
 
-def _warn(as_json: bool) -> Callable[[str], None]:
+def warn_to_stderr(as_json: bool) -> Callable[[str], None]:
     """Warnings go to stderr (also with --json, whose document is stdout's)."""
 
     def say(line: str) -> None:
@@ -340,8 +362,9 @@ def _warn(as_json: bool) -> Callable[[str], None]:
 
 def _running_releases(executor: SshExecutor, fleet: RolloutFleet) -> dict[InstanceRef, str | None]:
     """The release each instance runs now (its process's; ``fleet.facts.releases.running_release``):
-    a restart keeps every instance on its own, whatever its host's ``current`` link says."""
-    return {ref: executor.live(ref).release for ref in fleet.instances}
+    a restart keeps every instance on its own, whatever its host's ``current`` link says. Hosts the
+    rollout skips (drained, maybe down) are not asked."""
+    return {ref: executor.live(ref).release for ref in fleet.instances if ref.host not in executor.skipped}
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -366,7 +389,8 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
-    _start(fleet, "restart", lambda ex: fleet.instance_targets(_running_releases(ex, fleet), restart=True), opts)
+    _start(fleet, "restart", lambda ex: fleet.instance_targets(_running_releases(ex, fleet), restart=True,
+                                                               skip=ex.skipped), opts)  # fmt: skip
 
 
 @click.command()
@@ -459,6 +483,7 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
             resume_id or None, journal_path=opts["journal_path"], take_over=bool(opts["take_over"]),
             gates_over_ssh=opts["gates_over_ssh"] or (), lb=not opts.get("no_lb"),
             run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=True),
+            warn=warn_to_stderr(as_json),
         )  # fmt: skip
     except NothingToResume as exc:
         fail(str(exc), as_json, code=EXIT_SOME_HOSTS)
@@ -469,7 +494,7 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
         fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))
-    _report(final, as_json)
+    report_state(final, as_json)
 
 
 @click.command()

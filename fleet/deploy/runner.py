@@ -1,7 +1,9 @@
 """Run the deploy of ``fleet.operations.host`` on an inventory through pyinfra's API.
 
 Order: validate every selected host's data and plan (errors for all hosts at once, before any
-host is touched); connect (strict host keys, as the inventory says); probe each host's GPUs
+host is touched); connect (strict host keys, as the inventory says); skip the hosts drained for
+maintenance (``fleet drain``'s marker on the host, ``fleet.facts.drain``: reported ``skipped``,
+which is no failure); probe each host's GPUs
 (the ``NvmlProbe`` fact, once per host) and plan it from what it has (``fleet.plan.gpu_source``:
 an inventory ``gpu`` entry the probe contradicts refuses the host before anything is written; a
 host whose NVML does not answer yet and has no entry waits: its units are rendered once the
@@ -58,11 +60,13 @@ from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.drain import read_markers
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory
+from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
@@ -89,7 +93,8 @@ class HostResult:
     #: "changed", "unchanged", "would change", "no change", "failed", "unreachable", "refused"
     #: (preflight, or GPUs that differ from the inventory's), "stopped" (not finished: the deploy
     #: stopped at the fail-percent), "waiting" (installed, but NVML does not answer yet: its units
-    #: are rendered by a deploy after the driver loads)
+    #: are rendered by a deploy after the driver loads), "skipped" (drained for maintenance,
+    #: ``fleet drain``: nothing is done to it, and it is no failure)
     status: str
     operations: list[str] = field(default_factory=list)  #: changed (or, dry, would change)
     error: str | None = None
@@ -290,8 +295,11 @@ def deploy(
     results: dict[str, HostResult] = {}
     staged = host_deploy.staged_of(state)  #: filled in while the operations are prepared
 
+    balancer_results: list[HostResult] = []
+
     def finish(error: str | None = None) -> DeployResult:
-        return DeployResult(dry, [results[h.name] for h in selected], time.monotonic() - t0, error)
+        hosts = [results[h.name] for h in selected] + balancer_results
+        return DeployResult(dry, hosts, time.monotonic() - t0, error)
 
     conn = sshwatch.Connected()
     try:
@@ -312,6 +320,12 @@ def deploy(
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
             return finish(_stop_message(results, fail_percent))
+        for name, marker in read_markers([_target(loaded, h.name) for h in active]).items():
+            results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
+            step(name, "skipped: drained")
+        active = [h for h in active if h.name not in results]
+        if not active:
+            return finish()
         progress(f"probing the GPUs of {len(active)} host(s)")
         for h in active:
             step(h.name, "probing GPUs")
@@ -402,11 +416,68 @@ def deploy(
     for name in [*quiet, *serving]:
         if not _to_roll(name, states, staged):
             _check_serving(loaded, plans, results, name, health_timeout, step)
+    balancer_results.extend(_balancers(loaded, plans, progress, step))
     _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
     return finish(error)
+
+
+def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
+    """fleet's HAProxy configuration on every balancer in front of the planned hosts
+    (``fleet.deploy.balancers``); one result per balancer, beside the hosts'."""
+    from fleet.deploy import balancers
+
+    for spec in {s.balancer.on for s in loaded.hosts if s.balancer is not None}:
+        step(spec, "configuring the balancer")
+    done = balancers.configure(loaded, plans, lambda *a: _balancer_host(loaded, *a), _drain_timeout(loaded), progress)
+    for b in done:
+        step(b.name, b.status)
+    return [HostResult(b.name, b.status, b.operations, error=b.error, note=b.note) for b in done]
+
+
+def _drain_timeout(loaded: LoadedInventory) -> float:
+    """The rollout policy's ``drain_timeout_s`` (the same wait as a restart's)."""
+    from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
+
+    datas = {s.name: loaded.pyinfra.get_host(s.name).data.dict() for s in loaded.hosts}  # type: ignore[no-untyped-call]
+    try:
+        return policy_from_hosts(loaded.path, datas).drain_timeout_s
+    except FleetError:
+        return RolloutPolicy().drain_timeout_s  # a bad rollout policy is reported where it is used
+
+
+def _balancer_host(loaded: LoadedInventory, name: str, path: str, text: str, dropin: str) -> tuple[bool, list[str]]:
+    """``fleet.operations.balancer`` on one balancer host (its own pyinfra run); raises
+    ``FleetError`` naming the failed operation."""
+    from fleet.inventory.load import read_inventory
+    from fleet.operations import balancer as balancer_ops
+
+    inventory = read_inventory(loaded.path, loaded.overrides).pyinfra
+    h = inventory.get_host(name)
+    state = State(inventory, _config(), initial_limit=[h])
+    conn = sshwatch.Connected()
+    try:
+        try:
+            conn = sshwatch.connect(state)
+        except PyinfraError as exc:
+            raise FleetError(f"balancer host {name}: could not connect over SSH ({exc})") from exc
+        if h not in state.activated_hosts:
+            why = conn.failed.get(name, "could not connect over SSH")
+            raise FleetError(f"balancer host {name}: {why}")
+        _add_deploy(state, lambda: balancer_ops.balancer_host(path=path, text=text, dropin=dropin), [h])
+        try:
+            run_ops(state)
+        except PyinfraError as exc:
+            raise FleetError(f"balancer host {name}: {_failure(state, h)} ({exc})") from exc
+        if h in state.failed_hosts:
+            raise FleetError(f"balancer host {name}: {_failure(state, h)}")
+        ops = _op_names(state, h, will=False)
+        return bool(ops), ops
+    finally:
+        conn.release()
+        _close(state)
 
 
 def _converged(
@@ -458,7 +529,6 @@ def _join_balancers(
     server its load balancer holds out of traffic (written ``disabled``: a new host) goes ``ready``;
     one that does not serve stays out. A balancer that cannot be asked is said on the host's line."""
     from fleet.lb.runtime import AdminState
-    from fleet.lb.traffic import BalancerError, traffic_of
 
     members = [
         (name, e.unit.removeprefix("fleet-").removesuffix(".service"))
@@ -602,43 +672,96 @@ def _reboot(
 ) -> None:
     """Reboot, one at a time, the hosts whose driver change needs it; then they go on with the deploy.
 
-    A host that was serving (one of its units active before the reboot) must serve again, its
-    units started at boot and healthy, before the next host goes down: a reboot takes a whole
-    host's capacity, and two at once would take two."""
+    A host that was serving (one of its units active before the reboot) goes through the same drain
+    as a restart: its instances leave their load balancer's traffic first (``drain``, then their
+    sessions end, bounded by ``drain_timeout_s``: ``fleet.lb.traffic.take_out``), so the reboot
+    aborts no request; after the reboot its units, started at boot, must serve (``/health``,
+    ``/v1/models``, a completion) and are put back ``ready`` before the next host goes down: a
+    reboot takes a whole host's capacity, and two at once would take two. A balancer that cannot be
+    used stops the host's reboot (it stays pending, reported)."""
+    drain_timeout = _drain_timeout(loaded)
     for r in results.values():
         if r.status in FAILED or r.reboot_required is None:
             continue
-        target = _target(loaded, r.host)
         plan = plans.get(r.host)  # none yet: the host waits for its driver to plan from the probe
-        units = [f"fleet-{i.unit_name}.service" for i in plan.instances] if plan else []
-        progress(f"{r.host}: rebooting ({', '.join(r.reboot_required)})")
-        step(r.host, "rebooting")
+        members = [(r.host, i.unit_name) for i in plan.instances] if plan else []
+        traffic = traffic_of(loaded, members)
         try:
-            active = ssh_command(["systemctl", "is-active", "--quiet", "--", *units])
-            was_serving = bool(units) and run_command(target, active)[0] == 0
-            seconds = reboot_host(target, loaded.host(r.host).reboot_command)
-            rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
-        except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
-            r.status, r.error = "failed", redact(f"reboot: {exc}")
-            step(r.host, "reboot failed")
-            continue
-        if rc == 0:
-            r.status, r.error = "failed", "rebooted, but /var/run/reboot-required is still there; check the driver"
-            continue
-        r.reboot_required, r.status = None, "changed"
-        r.operations.append(f"reboot ({seconds:.0f} s)")
-        if was_serving:
-            step(r.host, "rebooted: waiting until it serves again")
-            endpoints = _endpoints_of(loaded, plans, r.host)
-            wait_healthy(endpoints, _api_key(loaded, r.host), timeout)
-            r.endpoints = endpoints
-            bad = [e for e in endpoints if not e.healthy]
-            if bad:
-                r.status = "failed"
-                r.error = "rebooted, but not serving again: " + "; ".join(f"{e.unit}: {e.detail}" for e in bad)
-                r.error += "; no further host was rebooted"
-                step(r.host, "not serving after the reboot")
+            if not _reboot_one(loaded, plans, r, members, traffic, timeout, drain_timeout, progress, step):
                 return  # the others keep their pending reboot (reported), their capacity intact
+        finally:
+            traffic.close()
+
+
+def _reboot_one(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    r: HostResult,
+    members: list[tuple[str, str]],
+    traffic: Traffic,
+    timeout: float,
+    drain_timeout: float,
+    progress: Progress,
+    step: Step,
+) -> bool:
+    """One host of ``_reboot``; False when the deploy must reboot no further host."""
+    target = _target(loaded, r.host)
+    units = [f"fleet-{i}.service" for _h, i in members]
+    progress(f"{r.host}: rebooting ({', '.join(r.reboot_required or ())})")
+    step(r.host, "rebooting")
+    try:
+        active = ssh_command(["systemctl", "is-active", "--quiet", "--", *units])
+        was_serving = bool(units) and run_command(target, active)[0] == 0
+        if was_serving and traffic:
+            step(r.host, "out of traffic before the reboot")
+            busy = take_out(traffic, members, drain_timeout, progress=progress)
+            where = ", ".join(sorted({s.balancer.name for s in traffic.seats.values()}))
+            r.operations.append(
+                f"out of traffic on {where}"
+                + (f" (still busy after {drain_timeout:g}s: {'; '.join(busy)})" if busy else "")
+            )
+        seconds = reboot_host(target, loaded.host(r.host).reboot_command)
+        rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
+    except BalancerError as exc:
+        r.status, r.error = "failed", redact(f"not rebooted: its instances could not be taken out of traffic: {exc}")
+        step(r.host, "not rebooted: balancer")
+        return True
+    except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
+        r.status, r.error = "failed", redact(f"reboot: {exc}")
+        step(r.host, "reboot failed")
+        return True
+    if rc == 0:
+        r.status, r.error = "failed", "rebooted, but /var/run/reboot-required is still there; check the driver"
+        return True
+    r.reboot_required, r.status = None, "changed"
+    r.operations.append(f"reboot ({seconds:.0f} s)")
+    if not was_serving:
+        return True
+    step(r.host, "rebooted: waiting until it serves again")
+    endpoints = _endpoints_of(loaded, plans, r.host)
+    wait_healthy(endpoints, _api_key(loaded, r.host), timeout)
+    r.endpoints = endpoints
+    bad = [e for e in endpoints if not e.healthy]
+    if bad:
+        r.status = "failed"
+        r.error = "rebooted, but not serving again: " + "; ".join(f"{e.unit}: {e.detail}" for e in bad)
+        if traffic:
+            out = " ".join(f"{h}/{i}" for h, i in members)
+            r.error += f"; its instances stay out of traffic: once they serve, fleet lb ready {loaded.path} {out}"
+        r.error += "; no further host was rebooted"
+        step(r.host, "not serving after the reboot")
+        return False
+    if traffic:
+        try:
+            put_back(traffic, members)
+        except BalancerError as exc:
+            r.status = "failed"
+            r.error = redact(
+                f"rebooted and serving, but not put back into traffic: {exc}; no further host was rebooted"
+            )
+            return False
+        r.operations.append("back into traffic")
+    return True
 
 
 def _preflight(

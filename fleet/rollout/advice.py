@@ -45,12 +45,33 @@ def next_steps(state: RolloutState) -> list[str]:
         out += [_down_line(i) for i in left_down(state) if i.ref not in midway]
         out.append(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
         return out
+    hosts = " ".join(sorted({r.host for r in state.instances}))
+    if state.kind == "drain":
+        if state.status is RolloutStatus.DONE:
+            return [
+                f"drained: every instance of {hosts} is out of traffic and stopped, its units disabled; each host is "
+                f"marked drained, so rollouts, restarts and deploys skip it. Back into service: fleet undrain "
+                f"{state.fleet} {hosts}",
+                f"`fleet history {state.id}` lists every step",
+            ]
+        return [
+            f"halted: {state.reason}",
+            f"`fleet history {state.id}` lists every step and its outcome",
+            f"{hosts} stay marked drained where the marker was written (rollouts skip them); run `fleet drain` again "
+            f"to finish, or `fleet undrain {state.fleet} {hosts}` to put them back",
+        ]
+    if state.kind == "undrain" and state.status is RolloutStatus.DONE:
+        return [f"{hosts}: every instance serves and is back in traffic; the drain markers are removed",
+                f"`fleet history {state.id}` lists every step"]  # fmt: skip
     if state.status is RolloutStatus.DONE:
         out = [f"every instance is healthy; `fleet history {state.id}` lists every step"]
         if state.kind == "rollout":
             out.append(f"to undo it: fleet rollback {state.id}")
         return out
     out = [f"halted: {state.reason}", f"`fleet history {state.id}` lists every step and its outcome"]
+    if state.kind == "undrain":
+        out.append(f"a host whose instances are not all serving stays marked drained; fix the cause, then `fleet "
+                   f"undrain {state.fleet} {hosts}` again")  # fmt: skip
     out += out_of_traffic(state)
     stuck = [i for i in state.instances.values() if i.rollback_failure]
     for i in stuck:

@@ -605,17 +605,19 @@ def _phase_step(
         if f.lb_error:
             return _fail(inst, f"load balancer not reachable while draining: {f.lb_error}", now), None
         if f.lb is not None and not inst.lb_drained:
-            # first the balancer: no session or queued request for the server any more
+            # first the balancer: no session or queued request for the server any more; then, in
+            # the same observation, vLLM's own count (not a probe interval later)
             if f.lb.busy == 0:
-                return replace(inst, lb_drained=True, phase_since=now, note=""), None
-            if waited > p.drain_timeout_s:
+                inst, waited = replace(inst, lb_drained=True, phase_since=now, note=""), 0.0
+            elif waited > p.drain_timeout_s:
                 note = f"balancer still has {f.lb.describe()} after {waited:.0f}s; going on"
                 return replace(inst, lb_drained=True, phase_since=now, note=note), None
-            return replace(
-                inst,
-                note=f"draining on the balancer: {f.lb.sessions} session(s), {f.lb.queued} queued, "
-                f"{waited:.0f}s of {p.drain_timeout_s:g}s",
-            ), None
+            else:
+                return replace(
+                    inst,
+                    note=f"draining on the balancer: {f.lb.sessions} session(s), {f.lb.queued} queued, "
+                    f"{waited:.0f}s of {p.drain_timeout_s:g}s",
+                ), None
         if f.in_flight == 0:
             return _to(inst, Phase.STOP, now), None
         if waited > p.drain_timeout_s:

@@ -12,7 +12,7 @@ the file, host and field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,27 +65,37 @@ class RolloutFleet:
             http_timeout_s=http_timeout_s, traffic=self.traffic() if lb else None,
         )  # fmt: skip
 
-    def targets(self, releases: Mapping[str, str | None], *, restart: bool) -> list[Target]:
-        """Every instance heading for its host's entry in ``releases`` (a host without one is refused)."""
-        missing = [h for h in self.hosts if not releases.get(h)]
+    def targets(self, releases: Mapping[str, str | None], *, restart: bool, skip: Collection[str] = ()) -> list[Target]:
+        """Every instance heading for its host's entry in ``releases`` (a host without one is
+        refused), except those of the hosts in ``skip`` (drained: ``SshExecutor.skipped``)."""
+        missing = [h for h in self.hosts if not releases.get(h) and h not in skip]
         if missing:
             raise FleetError(
                 f"no vLLM release is active on {', '.join(missing)} (no {DEFAULT_ROOT}/current "
                 "link): run `fleet deploy` on it first"
             )
         return [
-            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart) for ref, s in self.instances.items()
+            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart)
+            for ref, s in self.instances.items()
+            if ref.host not in skip
         ]
 
-    def instance_targets(self, releases: Mapping[InstanceRef, str | None], *, restart: bool) -> list[Target]:
-        """Every instance heading for its own entry in ``releases`` (an instance without one is refused)."""
-        missing = [str(ref) for ref in self.instances if not releases.get(ref)]
+    def instance_targets(
+        self, releases: Mapping[InstanceRef, str | None], *, restart: bool, skip: Collection[str] = ()
+    ) -> list[Target]:
+        """Every instance heading for its own entry in ``releases`` (an instance without one is
+        refused), except those of the hosts in ``skip`` (drained: ``SshExecutor.skipped``)."""
+        missing = [str(ref) for ref in self.instances if not releases.get(ref) and ref.host not in skip]
         if missing:
             raise FleetError(
                 f"no vLLM release runs or is active for {', '.join(missing)} (no {DEFAULT_ROOT}/current "
                 "link): run `fleet deploy` on its host first"
             )
-        return [Target(ref, str(releases[ref]), s.model, s.port, restart=restart) for ref, s in self.instances.items()]
+        return [
+            Target(ref, str(releases[ref]), s.model, s.port, restart=restart)
+            for ref, s in self.instances.items()
+            if ref.host not in skip
+        ]
 
 
 def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:

@@ -58,6 +58,7 @@ from fleet.facts.runner import SshTarget
 from fleet.facts.systemctl_show import show_properties, shown_unit
 from fleet.lb.runtime import AdminState
 from fleet.lb.traffic import BalancerError, Traffic
+from fleet.operations.files import write_command
 from fleet.operations.vllm import DEFAULT_ROOT, SWITCH_SH
 from fleet.render import revision as rev
 from fleet.render.units import HostPaths
@@ -320,6 +321,8 @@ class SshExecutor:
 
     #: this rollout's claims on its hosts (``fleet.rollout.claims``), when the session took them
     claims: HostClaims | None = None
+    #: hosts this rollout leaves out (drained for maintenance: ``fleet.rollout.session.run_rollout``)
+    skipped: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -602,6 +605,25 @@ class SshExecutor:
             return parse_answer(out)
         except ValueError as exc:
             raise ExecutorError(f"host {host}: claiming it for the rollout: {exc}") from None
+
+    # ---- maintenance (``fleet drain``/``fleet undrain``) --------------------------------------------
+
+    def write_root_file(self, host: str, path: str, content: str, mode: int = 0o600) -> None:
+        """``content`` into ``path`` on ``host``, owned by root with ``mode``, atomically
+        (``fleet.operations.files.write_command``: the text travels on stdin, never in argv)."""
+        command = write_command(path, content.encode(), mode, "root", "root")
+        stdin = str(command.connector_arguments.get("_stdin") or "").encode()
+        rc, out, err = self._conns[host].run("sudo -n " + command.get_raw_value(), self.ssh_timeout_s, stdin=stdin)
+        if rc != 0:
+            raise ExecutorError(f"host {host}: writing {path} exited {rc}: {(err or out).strip()[-300:]}")
+
+    def remove_file(self, host: str, path: str) -> None:
+        self.run(host, ["rm", "-f", "--", path], sudo=True)
+
+    def set_enabled(self, host: str, units: Sequence[str], enabled: bool) -> None:
+        """``systemctl enable``/``disable`` the units (whether they start at boot)."""
+        if units:
+            self.run(host, ["systemctl", "enable" if enabled else "disable", "--", *units], sudo=True)
 
     # ---- releases (for ``fleet rollback``) -------------------------------------------------------
 

@@ -1329,8 +1329,218 @@ def test_a_restart_under_load_behind_the_balancer_fails_no_request(
         balancer.stop(lab.dir)
 
 
-def fleet_json(*args: str) -> tuple[int, Any]:
-    proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+def test_drain_takes_a_host_out_under_load_a_restart_from_another_journal_skips_it_undrain_brings_it_back(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Behind the lab's HAProxy, under load: ``fleet drain`` of one host marks it on the host
+    (root-only, who/when/why), takes its instances out of traffic, stops and disables their units
+    and leaves their servers in MAINT, failing no request. A ``fleet restart`` with another journal
+    (another control machine's) skips that host by its marker, says so, and restarts only the
+    other; ``fleet deploy --limit`` of it reports it skipped and exits 0; ``fleet status`` shows it
+    drained with the balancer's view. ``fleet undrain`` starts, gates and puts it back, failing no
+    request, and removes the marker."""
+    from fleetlab import balancer
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    Path(inventory).write_text(f"lab = {[(n, {**d, 'balancer': entry}) for n, d in runpy_hosts(inventory)]!r}\n")
+    url = balancer.ensure(lab.dir, Path(inventory))
+    mine = [r for r in map(str, fleet.instances) if r.startswith(f"{h1}/")]
+    others = [r for r in map(str, fleet.instances) if r.startswith(f"{h0}/")]
+    units = [s.unit for r, s in fleet.instances.items() if r.host == h1]
+    drained = False
+    try:
+        rc, out = fleet_json("lb", "ready", inventory, *mine, *others, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(inventory).values()} == {"UP"}, 30), lb_views(inventory)
+        before = instance_state(lab, fleet)
+        j1, j2 = tmp_path / "control-1.sqlite", tmp_path / "control-2.sqlite"
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, result = fleet_cli("drain", inventory, h1, "--reason", "swap the NVMe, ticket 4411", "--json",
+                                   journal=j1)  # fmt: skip
+            drained = True
+            time.sleep(1)
+        assert rc == 0, result
+        assert result["status"] == "done", result
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        marker = must(
+            lab, 1, "sudo stat -c '%a %U' /var/lib/fleet/drained.json && sudo cat /var/lib/fleet/drained.json"
+        )
+        mode, _, text = marker.partition("\n")
+        assert mode == "600 root", mode
+        body = json.loads(text)
+        assert body["reason"] == "swap the NVMe, ticket 4411" and body["rollout"] == result["id"]
+        assert body["by"].endswith("@" + os.uname().nodename) and abs(body["at"] - time.time()) < 300
+        rc, _o, _e = on_host(lab, 1, "test -r /var/lib/fleet/drained.json")
+        assert rc != 0  # root-only: the login user cannot read it
+        for unit in units:
+            assert must(lab, 1, f"systemctl is-active {unit} || true").strip() == "inactive"
+            assert must(lab, 1, f"systemctl is-enabled {unit} || true").strip() == "disabled"
+        views = lb_views(inventory)
+        assert {views[r]["view"] for r in mine} == {"MAINT"} and {views[r]["view"] for r in others} == {"UP"}, views
+        steps = [(s["instance"], s["action"], s["outcome"]) for s in history(result["id"], j1)["steps"]]
+        assert (h1, "marker:drained", "ok") == steps[0], steps
+        for r in mine:
+            assert [a for i, a, _o in steps if i == r] == ["lb:drain", "stop", "lb:maint"], steps
+        assert (h1, "units:disabled", "ok") in steps, steps
+
+        # another control machine (its own journal) restarts the fleet: the drained host is skipped
+        rc, restart = fleet_cli("restart", inventory, "--health-timeout", "60", "--json", journal=j2)
+        assert rc == 0, restart
+        assert [s["host"] for s in restart["skipped"]] == [h1], restart
+        assert restart["skipped"][0]["drained"]["reason"] == "swap the NVMe, ticket 4411"
+        assert sorted(i["instance"] for i in restart["instances"]) == sorted(others), restart
+        after = instance_state(lab, fleet)
+        assert all(after[r]["pid"] != before[r]["pid"] for r in others)  # restarted
+        assert all(after[r]["unit"] == "inactive/dead" for r in mine), after  # left alone
+
+        # a deploy of it: skipped, and no failure
+        rc, deployed = fleet_json("deploy", inventory, "--limit", h1, "--json", timeout=600)
+        assert rc == 0, deployed
+        assert [(h["host"], h["status"]) for h in deployed["hosts"]] == [(h1, "skipped")], deployed
+        assert "drained by" in deployed["hosts"][0]["note"]
+
+        rc, status = fleet_json("status", inventory, "--json", "--interval", "0.5")
+        assert rc == 0, status  # drained is not a failure
+        rows = {r["instance"]: r for r in status["instances"]}
+        for r in mine:
+            assert rows[r]["state"] == "drained" and rows[r]["drained"]["reason"] == "swap the NVMe, ticket 4411"
+            assert rows[r]["balancer"]["view"] == "MAINT", rows[r]
+        for r in others:
+            assert rows[r]["state"] == "ready" and rows[r]["balancer"]["view"] == "UP", rows[r]
+            assert rows[r]["drained"] is None
+
+        with Load(url, workers=4) as load:
+            time.sleep(1)
+            rc, back = fleet_cli("undrain", inventory, h1, "--health-timeout", "60", "--json", journal=j1)
+            time.sleep(1)
+        assert rc == 0, back
+        drained = False
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        assert on_host(lab, 1, "sudo test -e /var/lib/fleet/drained.json")[0] == 1  # the marker is gone
+        final = instance_state(lab, fleet)
+        assert all(final[r]["unit"] == "active/running" and final[r]["serves"] == (MODEL,) for r in mine), final
+        assert {v["view"] for v in lb_views(inventory).values()} == {"UP"}
+        steps = [(s["instance"], s["action"]) for s in history(back["id"], j1)["steps"]]
+        for r in mine:
+            assert [a for i, a in steps if i == r] == ["start", "lb:ready"], steps
+        assert steps[-1] == (h1, "marker:removed"), steps
+    finally:
+        if drained:  # leave the lab serving for the tests after this one
+            must(lab, 1, f"sudo rm -f /var/lib/fleet/drained.json; sudo systemctl enable --now {' '.join(units)}")
+        balancer.stop(lab.dir)
+
+
+def test_deploy_reconfigures_the_balancer_a_removed_host_leaves_traffic_first_an_added_one_joins_after_its_checks(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """``fleet deploy`` installs fleet's configuration on the lab's HAProxy (``on: local``) and
+    reloads it keeping runtime state. Under load: an inventory without the second host takes that
+    host's servers out of traffic before the reloaded configuration drops them (no request fails,
+    the first host's servers stay UP); the whole inventory again brings them back, written disabled
+    and set ready only once their instances pass the deploy's checks."""
+    from fleet.lb.traffic import Balancer
+    from fleet.lb.transport import LocalSocket
+    from fleetlab import balancer
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    hosts = [(n, {**d, "balancer": entry}) for n, d in runpy_hosts(fleet.inventory)]
+    full, one = tmp_path / "full.py", tmp_path / "one.py"
+    full.write_text(f"lab = {hosts!r}\n")
+    one.write_text(f"lab = {[h for h in hosts if h[0] == h0]!r}\n")
+    url = balancer.ensure(lab.dir, full)
+    refs = [str(r) for r in fleet.instances]
+    spec = load_fleet(str(full)).traffic().balancers[0].spec
+    haproxy = Balancer(spec, LocalSocket(entry["admin_socket"], 5.0))
+
+    def servers() -> dict[str, str]:
+        return {st.server: st.admin.value for st in haproxy.servers_state()}
+
+    try:
+        rc, out = fleet_json("lb", "ready", str(full), *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(full)).values()} == {"UP"}, 30)
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, gone = fleet_json("deploy", str(one), "--json", timeout=600)
+            time.sleep(1)
+        assert rc == 0, gone
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        row = next(h for h in gone["hosts"] if h["host"] == "local")
+        assert row["status"] == "changed", row
+        assert any(op.startswith("out of traffic, then dropped:") and f"{h1}:vllm-0" in op and f"{h1}:vllm-1" in op
+                   for op in row["operations"]), row  # fmt: skip
+        assert servers() == {f"{h0}:vllm-0": "ready", f"{h0}:vllm-1": "ready"}  # kept across the reload
+
+        rc, back = fleet_json("deploy", str(full), "--json", timeout=600)
+        assert rc == 0, back
+        row = next(h for h in back["hosts"] if h["host"] == "local")
+        assert any(
+            op.startswith("new servers, out of traffic until their instance serves:") for op in row["operations"]
+        )
+        joined = next(h for h in back["hosts"] if h["host"] == h1)["operations"]
+        assert [op.split(":")[0] for op in joined if "into traffic" in op] == ["vllm-0", "vllm-1"], joined
+        assert set(servers().values()) == {"ready"} and len(servers()) == 4
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(full)).values()} == {"UP"}, 30), lb_views(str(full))
+        rc, again = fleet_json("deploy", str(full), "--json", timeout=600)
+        assert rc == 0, again
+        assert next(h for h in again["hosts"] if h["host"] == "local")["status"] == "unchanged", again
+    finally:
+        haproxy.close()
+        balancer.stop(lab.dir)
+
+
+def test_a_reboot_for_a_driver_change_takes_the_host_out_of_traffic_first_and_back_after_its_checks(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Behind the lab's HAProxy, under load: another driver for the second host (the lab's apt
+    repository has two) needs a reboot; ``fleet deploy --reboot`` takes that host's instances out
+    of traffic and waits for their sessions before the reboot, and puts them back ``ready`` only
+    once they serve again. No request fails. (The host keeps that driver afterwards.)"""
+    from fleetlab import balancer
+
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    hosts = [(n, {**d, "balancer": entry, **({"nvidia_driver_version": "580.82.07"} if n == h1 else {})})
+             for n, d in runpy_hosts(fleet.inventory)]  # fmt: skip
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"lab = {hosts!r}\n")
+    url = balancer.ensure(lab.dir, inventory)
+    refs = [str(r) for r in fleet.instances]
+    try:
+        rc, out = fleet_json("lb", "ready", str(inventory), *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(inventory)).values()} == {"UP"}, 30)
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, result = fleet_json("deploy", str(inventory), "--limit", h1, "--reboot", "--json", timeout=900)
+            time.sleep(1)
+        assert rc == 0, result
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        row = next(h for h in result["hosts"] if h["host"] == h1)
+        ops = row["operations"]
+        out_at = next(i for i, op in enumerate(ops) if op.startswith("out of traffic on haproxy on this machine"))
+        reboot_at = next(i for i, op in enumerate(ops) if op.startswith("reboot ("))
+        back_at = ops.index("back into traffic")
+        assert out_at < reboot_at < back_at, ops
+        assert row["reboot_required"] is None and all(e["healthy"] for e in row["endpoints"]), row
+        assert must(lab, 1, "dpkg-query -W -f '${Version}' nvidia-kernel-open-dkms").startswith("580.82.07")
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(inventory)).values()} == {"UP"}, 30)
+    finally:
+        balancer.stop(lab.dir)
+
+
+def fleet_json(*args: str, timeout: float = 120) -> tuple[int, Any]:
+    proc = subprocess.run(
+        [str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
     try:
         return proc.returncode, json.loads(proc.stdout)
     except ValueError:
