@@ -195,6 +195,24 @@ def planning_gpus_of(
     return gpus, notes
 
 
+@dataclass(frozen=True, eq=False)
+class GpuDecision:
+    """The one answer to "which GPUs does this host have": what the inventory declares, what the
+    probe found (as planned: our own units' memory free), which of them plans the host and why,
+    how they differ, and what a deploy refuses the host for (``decide_gpus``; pure)."""
+
+    declared: HostGpus | None  #: the inventory's ``gpu`` entry
+    probed: HostGpus | None  #: the probe's GPUs when NVML answered with some
+    chosen: GpuSource  #: what a deploy or rollout plans the host from (``gpus`` None: it waits)
+    differences: tuple[str, ...] = ()  #: declared vs probed (``mismatches``)
+    refusal: FleetError | None = None  #: why a deploy or rollout cannot plan the host (raised by ``gpu_source``)
+
+    def for_plan(self) -> HostGpus | None:
+        """What ``fleet plan`` plans from: the probe where it answered with GPUs, else the
+        inventory's entry (a difference is not a refusal there: it shows what the host has)."""
+        return self.probed if self.probed is not None else self.declared
+
+
 def _no_answer(spec: HostSpec, why: str, not_yet: bool) -> GpuSource:
     if spec.gpu is not None:
         return GpuSource(spec.gpu.host_gpus(), "inventory", why)
@@ -214,12 +232,8 @@ def probe_summary(facts: HostFacts) -> str:
     return f"NVML probe: {facts.status}" + (f" ({facts.error_class})" if facts.error_class else "")
 
 
-def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:
-    """Where a deploy takes a host's GPU facts from (see the module docstring).
-
-    ``probe``: the probe's answer; a string: why there is none (unreachable, output not
-    understood); None: not probed (planning offline), the inventory's entry or ``PlanError``.
-    """
+def _chosen(spec: HostSpec, probe: HostFacts | str | None, probed: HostGpus | None) -> GpuSource:
+    """Where a deploy takes the host's GPU facts from; raises what refuses the host."""
     if probe is None:
         return GpuSource(gpus_for(spec), "inventory", "not probed")  # no gpu entry: the planner's PlanError
     if isinstance(probe, str):
@@ -238,9 +252,34 @@ def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:
         )
     if not probe.ok:
         return _no_answer(spec, probe_summary(probe), not_yet=False)
-    probed = planning_gpus(probe)
+    assert probed is not None
     if spec.gpu is not None:
         differences = mismatches(spec.gpu, probed)
         if differences:
             raise GpuMismatch(spec.name, differences)
     return GpuSource(probed, "probe")
+
+
+def decide_gpus(spec: HostSpec, probe: HostFacts | str | None) -> GpuDecision:
+    """The host's GPUs from its inventory entry and its probe (see the module docstring); pure.
+
+    ``probe``: the probe's answer; a string: why there is none (unreachable, output not
+    understood); None: not probed (planning offline).
+    """
+    declared = spec.gpu.host_gpus() if spec.gpu is not None else None
+    probed = planning_gpus(probe) if isinstance(probe, HostFacts) and probe.ok and probe.gpus else None
+    differences = tuple(mismatches(spec.gpu, probed)) if spec.gpu is not None and probed is not None else ()
+    try:
+        chosen = _chosen(spec, probe, probed)
+    except (GpuMismatch, PlanError) as exc:
+        return GpuDecision(declared, probed, GpuSource(None, "none", str(exc)), differences, exc)
+    return GpuDecision(declared, probed, chosen, differences)
+
+
+def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:
+    """Where a deploy takes a host's GPU facts from (``decide_gpus``); raises ``GpuMismatch`` or
+    ``PlanError`` when the host cannot be planned."""
+    decision = decide_gpus(spec, probe)
+    if decision.refusal is not None:
+        raise decision.refusal
+    return decision.chosen

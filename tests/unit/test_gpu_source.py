@@ -234,3 +234,26 @@ def test_deploy_checks_need_no_gpu_entry_but_still_refuse_bad_input_first(tmp_pa
     inv.write_text(f"gpus = {bad!r}\n")
     with pytest.raises(FleetError, match=r"missing/config\.json"):
         check_hosts(load_inventory(str(inv)))
+
+
+# ---- the one door: every answer in one value (decide_gpus) ---------------------------------------
+
+
+def test_one_decision_holds_what_is_declared_probed_chosen_and_how_they_differ() -> None:
+    from fleet.plan.gpu_source import decide_gpus
+
+    d = decide_gpus(spec({"sku": "h100-sxm-80gb", "count": 2}), facts("h200-vm"))
+    assert d.declared is not None and d.declared.count == 2 and d.declared.source == "catalogue:h100-sxm-80gb"
+    assert d.probed is not None and [g.name for g in d.probed.gpus] == ["NVIDIA H200"]
+    assert any(x.startswith("count: the inventory says 2, the probe found 1") for x in d.differences)
+    assert isinstance(d.refusal, GpuMismatch) and d.chosen.gpus is None  # a deploy refuses the host
+    assert d.for_plan() is d.probed  # fleet plan shows what the host has
+
+    agreed = decide_gpus(spec({"sku": "h200-sxm-141gb", "count": 1}), facts("h200-vm"))
+    assert agreed.differences == () and agreed.refusal is None and agreed.chosen.origin == "probe"
+
+    offline = decide_gpus(spec({"sku": "l40s-48gb", "count": 4}), None)
+    assert offline.probed is None and offline.chosen.origin == "inventory" and offline.for_plan() is not None
+
+    waiting = decide_gpus(spec(), "unreachable: 127.0.250.1:22 refused the connection (no sshd listening)")
+    assert waiting.declared is None and waiting.for_plan() is None and isinstance(waiting.refusal, PlanError)
