@@ -175,7 +175,7 @@ def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> Ho
 
 
 def planning_gpus_of(
-    answers: Mapping[str, HostFacts | HostUnreachable | None],
+    answers: Mapping[str, HostFacts | HostUnreachable | str | None],
 ) -> tuple[dict[str, HostGpus], dict[str, str]]:
     """``({host: probed HostGpus}, {host: why it was not probed})`` from each host's probe answer
     (``fleet.facts.probed.probe_hosts``): a host whose NVML answered with GPUs is planned from them
@@ -186,6 +186,8 @@ def planning_gpus_of(
     for name, result in answers.items():
         if result is None:
             notes[name] = "the probe could not run on the host"
+        elif isinstance(result, str):
+            notes[name] = f"not probed: {result}"
         elif not isinstance(result, HostFacts):  # HostUnreachable
             notes[name] = f"not probed: {result.reason}"
         elif result.ok and result.gpus:
