@@ -38,6 +38,7 @@ operations, no start, no rollout.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,7 +59,7 @@ from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
-from fleet.errors import FleetError
+from fleet.errors import FleetError, ModelConfigError
 from fleet.escape import ssh_command
 from fleet.facts.drain import read_markers
 from fleet.facts.packages import RebootRequired
@@ -70,7 +71,7 @@ from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
-from fleet.plan.outcomes import load_for_planning
+from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.units import HostPaths
 from fleet.rollout.advice import next_steps
@@ -147,11 +148,11 @@ class DeployResult:
 def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     """Everything a deploy needs from each host's data, checked before any host is touched.
 
-    Returns the plans from the inventory's ``gpu`` entries (hosts without one: their model is
-    checked); the deploy plans each host again from its probe (``_probe_plans``).
+    Returns the plans from the inventory's ``gpu`` entries (the fleet plan before any probe; hosts
+    without one: their model is checked); the deploy plans each host again from its probe
+    (``_probe_plans``).
     """
-    from fleet.model.arch import load_model
-
+    declared = build_fleet_plan(loaded, deploy=True)
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
@@ -161,10 +162,13 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
             host_deploy.releases_kept(spec.name, data)
             host_deploy.release_spec(spec.name, data, "3")
             host_deploy.api_key(spec.name, data)
-            if spec.gpu is not None:
-                plans[spec.name] = host_deploy.host_plan(spec.name, data)
-            else:
-                load_model(spec.model, spec.model_config)
+            outcome = declared.host(spec.name)
+            if outcome.plan is not None:
+                plans[spec.name] = outcome.plan
+            elif outcome.refusal is not None and (
+                spec.gpu is not None or isinstance(outcome.refusal, ModelConfigError)
+            ):
+                raise outcome.refusal
         except FleetError as exc:
             problems.append(str(exc))
     if problems:
@@ -227,22 +231,26 @@ class ProbePlans:
         return [*self.waiting, *(n for n, p in self.plans.items() if p.gpus_source != "probe")]
 
 
-def _probe_plans(state: State, hosts: list[Host]) -> ProbePlans:
+def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> ProbePlans:
     """Probe the hosts' GPUs, all at once (the ``NvmlProbe`` fact, which the deploy's operations
-    then read without a second round trip), and plan each from what it has."""
+    then read without a second round trip), and plan each from what it has (the fleet plan)."""
     import gevent
 
     with ctx_state.use(state):
         greenlets = [gevent.spawn(host_deploy.probe, h) for h in hosts]
         gevent.joinall(greenlets)
+    probes = {h.name: g.get() for h, g in zip(hosts, greenlets, strict=True)}
+    these = dataclasses.replace(loaded, hosts=tuple(s for s in loaded.hosts if s.name in probes))
+    fleet_plan = build_fleet_plan(these, probes, deploy=True)
     out = ProbePlans()
-    for h, g in zip(hosts, greenlets, strict=True):
-        try:
-            out.plans[h.name] = host_deploy.host_plan(h.name, h.data.dict(), g.get())  # type: ignore[no-untyped-call]
-        except GpusNotKnownYet as exc:
-            out.waiting[h.name] = str(exc)
-        except FleetError as exc:  # GPUs unlike the inventory's entry, or nothing fits them
-            out.refused[h.name] = redact(str(exc))
+    for h in hosts:
+        outcome = fleet_plan.host(h.name)
+        if outcome.plan is not None:
+            out.plans[h.name] = outcome.plan
+        elif isinstance(outcome.refusal, GpusNotKnownYet):
+            out.waiting[h.name] = str(outcome.refusal)
+        else:  # GPUs unlike the inventory's entry, or nothing fits them
+            out.refused[h.name] = redact(str(outcome.refusal))
     return out
 
 
@@ -329,7 +337,7 @@ def deploy(
         progress(f"probing the GPUs of {len(active)} host(s)")
         for h in active:
             step(h.name, "probing GPUs")
-        probed = _probe_plans(state, active)
+        probed = _probe_plans(state, active, loaded)
         plans.update(probed.plans)
         waiting, unprobed = probed.waiting, probed.unprobed
         for name, why in probed.refused.items():
@@ -585,7 +593,7 @@ def _units_once_probed(
         for name in names:
             step(name, "probing GPUs")
         conn = sshwatch.connect(state)
-        probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
+        probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts], fresh)
         for name, why in probed.refused.items():  # its driver answers only now
             results[name].status = "refused"
             results[name].error = f"{why} (no unit was written)"
