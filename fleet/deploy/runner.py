@@ -259,6 +259,42 @@ def _over(failed: int, total: int, fail_percent: int) -> bool:
     return total > 0 and failed * 100 > fail_percent * total
 
 
+@dataclass
+class Budget:
+    """The deploy's failure budget (Ansible's ``max_fail_percentage``): the one check after every
+    phase. Over it, nothing more is scheduled."""
+
+    results: dict[str, HostResult]
+    total: int  #: the selected hosts
+    fail_percent: int
+
+    @property
+    def failed(self) -> int:
+        return sum(r.status in FAILED for r in self.results.values())
+
+    def over(self) -> bool:
+        return _over(self.failed, self.total, self.fail_percent)
+
+    def stop_others(self, why: str) -> None:
+        """Every host that has not failed is ``stopped``, saying why."""
+        for r in self.results.values():
+            if r.status not in FAILED:
+                r.status, r.error = "stopped", why
+
+    def message(self) -> str:
+        return _stop_message(self.results, self.fail_percent)
+
+
+@dataclass
+class DeployPhase:
+    """One named step of a deploy after its operations, followed by the budget check; ``stopped``:
+    what the hosts that did not fail are told when the budget is spent after it (None: nothing)."""
+
+    name: str
+    run: Callable[[], None]
+    stopped: str | None = None
+
+
 def _close(state: State) -> None:
     disconnect_all(state)
     for h in state.inventory:
@@ -304,6 +340,7 @@ def deploy(
     staged = host_deploy.staged_of(state)  #: filled in while the operations are prepared
 
     balancer_results: list[HostResult] = []
+    budget = Budget(results, len(selected), fail_percent)
 
     def finish(error: str | None = None) -> DeployResult:
         hosts = [results[h.name] for h in selected] + balancer_results
@@ -324,10 +361,10 @@ def deploy(
                 results[h.name] = HostResult(h.name, "unreachable", error=why)
                 step(h.name, "unreachable")
         active = [h for h in selected if h.name not in results]
-        if not dry and _over(len(results), len(selected), fail_percent):
+        if not dry and budget.over():
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
-            return finish(_stop_message(results, fail_percent))
+            return finish(budget.message())
         for name, marker in read_markers([_target(loaded, h.name) for h in active]).items():
             results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
             step(name, "skipped: drained")
@@ -344,10 +381,10 @@ def deploy(
             results[name] = HostResult(name, "refused", error=f"{why} (nothing was written to the host)")
             step(name, "refused: GPUs")
         active = [h for h in active if h.name not in results]
-        if not dry and _over(len(results), len(selected), fail_percent):
+        if not dry and budget.over():
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
-            return finish(_stop_message(results, fail_percent))
+            return finish(budget.message())
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
@@ -390,36 +427,40 @@ def deploy(
     finally:
         conn.release()
         _close(state)
-    failed = sum(r.status in FAILED for r in results.values())
-    if failed:
-        for r in results.values():  # lock-step: hosts behind a failure did not finish their operations
-            if r.status not in FAILED and _over(failed, len(selected), fail_percent):
-                r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
-    if not start and not _over(failed, len(selected), fail_percent):  # units are installed, not started
+    if budget.over():  # lock-step: hosts behind a failure did not finish their operations
+        budget.stop_others("not finished: the deploy stopped at the first failures")
+    if not start or budget.over():
+        if not start and not budget.over():  # units are installed, not started
+            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+        return finish(budget.message() if budget.failed else None)
+    ready = _Ready()
+
+    def preflight() -> None:
+        ready.states = _unit_states(loaded, plans, _ready(results))
+        ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
+        ready.busy = [n for n in _ready(results) if n not in ready.quiet]
+        _preflight(loaded, plans, results, ready.busy, progress, step, staged)
+
+    def rebooting() -> None:
+        if reboot:
+            _reboot(loaded, plans, results, health_timeout, progress, step)
+
+    def units_once_probed() -> None:
         _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-        failed = sum(r.status in FAILED for r in results.values())
-    if not start or _over(failed, len(selected), fail_percent):
-        return finish(_stop_message(results, fail_percent) if failed else None)
-    if reboot:
-        _reboot(loaded, plans, results, health_timeout, progress, step)
-        failed = sum(r.status in FAILED for r in results.values())
-        if _over(failed, len(selected), fail_percent):
-            return finish(_stop_message(results, fail_percent))
-    _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-    failed = sum(r.status in FAILED for r in results.values())
-    if _over(failed, len(selected), fail_percent):
-        return finish(_stop_message(results, fail_percent))
-    states = _unit_states(loaded, plans, _ready(results))
-    quiet = [n for n in _ready(results) if _quiet(states.get(n), results[n], staged.get(n))]
-    busy = [n for n in _ready(results) if n not in quiet]
-    _preflight(loaded, plans, results, busy, progress, step, staged)
-    failed = sum(r.status in FAILED for r in results.values())
-    if _over(failed, len(selected), fail_percent):
-        for r in results.values():
-            if r.status not in FAILED:
-                r.status, r.error = "stopped", "nothing restarted: the deploy stopped after preflight refusals"
-        return finish(_stop_message(results, fail_percent))
-    busy = [n for n in busy if results[n].status not in FAILED]
+
+    phases = [
+        DeployPhase("reboot (--reboot)", rebooting),
+        DeployPhase("units once probed", units_once_probed),
+        DeployPhase("preflight", preflight, stopped="nothing restarted: the deploy stopped after preflight refusals"),
+    ]
+    for phase in phases:
+        phase.run()
+        if budget.over():
+            if phase.stopped is not None:
+                budget.stop_others(phase.stopped)
+            return finish(budget.message())
+    states, quiet = ready.states, ready.quiet
+    busy = [n for n in ready.busy if results[n].status not in FAILED]
     serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
     for name in [*quiet, *serving]:
         if not _to_roll(name, states, staged):
@@ -430,6 +471,15 @@ def deploy(
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
     return finish(error)
+
+
+@dataclass
+class _Ready:
+    """What the preflight phase found for the phases after it."""
+
+    states: dict[str, list[UnitState] | None] = field(default_factory=dict)
+    quiet: list[str] = field(default_factory=list)  #: nothing to start, switch or restart
+    busy: list[str] = field(default_factory=list)  #: preflighted: to start or roll
 
 
 def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
