@@ -61,7 +61,7 @@ from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError, ModelConfigError
 from fleet.escape import ssh_command
-from fleet.facts.drain import read_markers
+from fleet.facts.drain import Drained, DrainMarker
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
@@ -346,6 +346,7 @@ def deploy(
         hosts = [results[h.name] for h in selected] + balancer_results
         return DeployResult(dry, hosts, time.monotonic() - t0, error)
 
+    early_states: dict[str, list[UnitState]] = {}
     conn = sshwatch.Connected()
     try:
         progress(f"connecting to {len(selected)} host(s)")
@@ -365,7 +366,7 @@ def deploy(
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
             return finish(budget.message())
-        for name, marker in read_markers([_target(loaded, h.name) for h in active]).items():
+        for name, marker in _drained(state, active).items():
             results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
             step(name, "skipped: drained")
         active = [h for h in active if h.name not in results]
@@ -423,6 +424,13 @@ def deploy(
                 results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
             elif h.name in unprobed and results[h.name].reboot_required is not None:
                 results[h.name].note = "its units are installed once NVML answers, after the reboot (--reboot)"
+        # read now, through this connection (and from the batch where no command ran): later phases
+        # read again only the hosts they change (a reboot, units written once NVML answers)
+        early_states = _unit_states_now(state, [
+            h for h in active
+            if h.name in plans and h.name not in unprobed and results[h.name].status in ("changed", "unchanged")
+            and results[h.name].reboot_required is None
+        ], plans)  # fmt: skip
         progress(factcache.summary(caches))
     finally:
         conn.release()
@@ -436,7 +444,7 @@ def deploy(
     ready = _Ready()
 
     def preflight() -> None:
-        ready.states = _unit_states(loaded, plans, _ready(results))
+        ready.states = _unit_states(loaded, plans, _ready(results), early_states)
         ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
         ready.busy = [n for n in _ready(results) if n not in ready.quiet]
         _preflight(loaded, plans, results, ready.busy, progress, step, staged)
@@ -921,27 +929,69 @@ def _start(
 
 
 def _unit_states(
-    loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    names: list[str],
+    known: Mapping[str, list[UnitState]] | None = None,
 ) -> dict[str, list[UnitState] | None]:
     """Each host's units: active? restart pending (its unit or env file newer than the process)?
     None: no answer. Not the ``current`` link: it is one per host, and any instance's switch (a
     canary, a rollback) touches it; whether an instance runs the release it should is read from
-    its own process (``Staged.runs``)."""
-    if not names:
-        return {}
+    its own process (``Staged.runs``). ``known``: hosts whose states were read after the
+    operations and that nothing changed since (``_unit_states_now``): not asked again."""
+    known = known or {}
+    out: dict[str, list[UnitState] | None] = {n: known[n] for n in names if n in known}
+    ask = [n for n in names if n not in known]
+    if not ask:
+        return out
     paths = _paths()
 
     def units(name: str) -> dict[str, object]:
-        return {
-            "units": [
-                (f"fleet-{i.unit_name}.service",
-                 [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"])
-                for i in plans[name].instances
-            ]
-        }  # fmt: skip
+        return {"units": prefetch.unit_state_units(plans[name], paths)}
 
-    answers = run_fact_on_hosts([_target(loaded, n) for n in names], UnitStates, args_for=units)
-    return {n: a if isinstance(a, list) else None for n, a in answers.items()}
+    answers = run_fact_on_hosts([_target(loaded, n) for n in ask], UnitStates, args_for=units)
+    out.update({n: a if isinstance(a, list) else None for n, a in answers.items()})
+    return out
+
+
+def _unit_states_now(state: State, hosts: list[Host], plans: dict[str, HostPlan]) -> dict[str, list[UnitState]]:
+    """The hosts' unit states through the deploy's own connections (the ``UnitStates`` fact, which
+    the prefetch batch holds where the operations ran no command), all at once; a host whose read
+    fails is left out (read again later on its own)."""
+    import gevent
+
+    paths = _paths()
+
+    def read(h: Host) -> list[UnitState] | None:
+        try:
+            answer = h.get_fact(UnitStates, units=prefetch.unit_state_units(plans[h.name], paths))
+        except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError):
+            return None
+        return answer if isinstance(answer, list) else None
+
+    with ctx_state.use(state):
+        greenlets = [gevent.spawn(read, h) for h in hosts]
+        gevent.joinall(greenlets)
+    return {h.name: a for h, g in zip(hosts, greenlets, strict=True) if (a := g.get()) is not None}
+
+
+def _drained(state: State, hosts: list[Host]) -> dict[str, DrainMarker]:
+    """The drain marker of every host that has one (``fleet drain``), read through the deploy's own
+    connections, all at once. A host that cannot be asked is not taken for drained here: the step
+    that needs it reports it."""
+    import gevent
+
+    def read(h: Host) -> DrainMarker | None:
+        try:
+            marker = h.get_fact(Drained)
+        except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError):
+            return None
+        return marker if isinstance(marker, DrainMarker) else None
+
+    with ctx_state.use(state):
+        greenlets = [gevent.spawn(read, h) for h in hosts]
+        gevent.joinall(greenlets)
+    return {h.name: m for h, g in zip(hosts, greenlets, strict=True) if (m := g.get()) is not None}
 
 
 def _check_serving(
