@@ -9,7 +9,7 @@ from rich.text import Text
 
 from fleet.gpus import GiB
 from fleet.plan.outcomes import HostOutcome
-from fleet.plan.planner import HostPlan, Instance
+from fleet.plan.planner import SET_BY_FLEET, HostPlan, Instance
 
 
 def _gib(n: int) -> str:
@@ -50,7 +50,9 @@ def flags_table(instance: Instance) -> Table:
     table.add_column(style="cyan", no_wrap=True)
     table.add_column(ratio=1)
     for flag in instance.flags:
-        table.add_row(flag.option, Group(Text(flag.value or "(switch)", style="bold"), Text(flag.reason, style="dim")))
+        value = " ".join(flag.argv()[1:]) or "(switch)"
+        option = Text(flag.option, style="magenta" if flag.set_by != SET_BY_FLEET else "cyan")
+        table.add_row(option, Group(Text(value, style="bold"), Text(flag.reason, style="dim")))
     env = " ".join(f"{k}={v}" for k, v in instance.env)
     table.add_row(
         "environment",

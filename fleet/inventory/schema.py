@@ -27,6 +27,17 @@ The deploy's keys (``fleet.operations.host`` reads them through ``HostSpec``):
 * ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
   ``releases_kept``: a whole number from 2 to 100.
 
+The serving settings fleet has no key of its own for (issue 23):
+
+* ``vllm_extra_args``: a mapping of ``vllm serve`` flag to value, the flag written as in
+  ``vllm serve --help`` (``--enforce-eager``; the ``--`` may be left out, ``_`` is read as ``-``
+  as vLLM does), the value ``true`` for a switch (``false`` for ``--no-...`` of an enable/disable
+  flag), a number or a string for one value, a list for a flag that takes several, a dict for a
+  JSON flag (``--compilation-config``). Here only its shape is checked (long flag names, at most
+  64 flags, printable one-line text, finite numbers); ``fleet.plan.extra_args`` checks it against
+  the pinned vLLM's argument surface when the inventory is loaded to plan;
+* ``serving_preset``: ``throughput``, ``latency`` or ``long_context`` (``fleet.plan.presets``).
+
 The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
 
 * ``kind``: ``haproxy`` (the only one fleet drives; ``rollout.hooks`` stay for anything else);
@@ -68,7 +79,7 @@ import unicodedata
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
 from fleet.secrets import SECRET_REF_HELP, looks_like_secret, parse_secret_ref
@@ -84,6 +95,8 @@ _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
+#: A ``vllm serve`` flag's long name, with or without its ``--`` (vLLM's flags are lower case).
+_EXTRA_FLAG = re.compile(r"(?:--)?[a-z0-9][a-z0-9_-]{0,79}")
 
 #: Keys starting with this are the operator's own data: fleet never reads them.
 USER_PREFIX = "x_"
@@ -247,6 +260,24 @@ def _extra(value: str) -> str:
     return value
 
 
+EXTRA_FLAG_RULE = (
+    "a `vllm serve` flag's long name as `vllm serve --help` shows it, e.g. '--enforce-eager' "
+    "(lower-case letters, digits, '-', '_'; no value in the name: the value is the entry's value)"
+)
+
+
+def _extra_flag(value: str) -> str:
+    if not _EXTRA_FLAG.fullmatch(value):
+        raise ValueError(EXTRA_FLAG_RULE)
+    return value
+
+
+def _extra_text(value: str) -> str:
+    if len(value) > 4096 or not _printable(value):
+        raise ValueError("one line of at most 4096 printable characters (no line breaks, tabs or control characters)")
+    return value
+
+
 def _user_key(value: str) -> str:
     if not _KEY.fullmatch(value):
         raise ValueError("a key name: a letter, then letters, digits or '_', at most 100 characters")
@@ -349,6 +380,17 @@ Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
 UserKey = Annotated[str, AfterValidator(_user_key)]
+ExtraFlag = Annotated[str, AfterValidator(_extra_flag)]
+ExtraText = Annotated[str, AfterValidator(_extra_text)]
+ExtraScalar = bool | int | Annotated[float, Field(allow_inf_nan=False)] | ExtraText
+#: One ``vllm_extra_args`` value: a switch, one value, several values, or a JSON object.
+ExtraValue = (
+    ExtraScalar
+    | Annotated[list[ExtraScalar], Field(min_length=1, max_length=64)]
+    | Annotated[tuple[ExtraScalar, ...], Field(min_length=1, max_length=64)]
+    | dict[str, JsonValue]
+)
+PRESETS: tuple[str, ...] = ("throughput", "latency", "long_context")
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -478,6 +520,8 @@ class HostData(BaseModel):
     nvidia_driver_version: DriverVersion | None = None
     nvidia_fabric_manager: bool | None = None
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
+    vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
+    serving_preset: Literal["throughput", "latency", "long_context"] | None = None
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
@@ -535,6 +579,9 @@ FIELD_HELP: dict[str, str] = {
     "nvidia_driver_version": "a driver version like '580.95.05' (a string)",
     "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
     "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
+    "vllm_extra_args": "a mapping of `vllm serve` flag to value, e.g. {'--enforce-eager': True, "
+    "'--max-num-queued-reqs': 512, '--compilation-config': {'mode': 3}}",
+    "serving_preset": "one of throughput, latency, long_context (or leave it out for vLLM's defaults)",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
     "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
     "backend?, timeout_s?}",

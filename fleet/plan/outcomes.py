@@ -21,8 +21,9 @@ from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
+from fleet.plan.extra_args import extra_args_problems
 from fleet.plan.gpu_source import GpuDecision, GpusNotKnownYet, decide_gpus, gpus_for, planning_gpus_of
-from fleet.plan.planner import HostPlan, Instance, plan_host
+from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
 
 if TYPE_CHECKING:
     from fleet.facts.hostfacts import HostFacts
@@ -191,8 +192,9 @@ def load_for_planning(
     path: str | Path, limit: list[str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> LoadedInventory:
     """Load an inventory to plan it: every host's model config is read here with the rest of the
-    checks, so a missing model on one host is reported together with a bad value on another."""
-    return load_inventory(path, limit, overrides, model_check=load_model)
+    checks, so a missing model on one host is reported together with a bad value on another; and
+    each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``)."""
+    return load_inventory(path, limit, overrides, model_check=load_model, host_check=extra_args_problems)
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:
@@ -291,6 +293,16 @@ def _gib(n: int) -> float:
     return round(n / GiB, 3)
 
 
+def _flag_data(flag: Flag) -> dict[str, Any]:
+    """A flag for --json; one the inventory set (``vllm_extra_args``) says so, and all its values."""
+    data: dict[str, Any] = {"option": flag.option, "value": flag.value, "reason": flag.reason}
+    if flag.more:
+        data["values"] = [flag.value, *flag.more]
+    if flag.set_by != SET_BY_FLEET:
+        data["set_by"] = flag.set_by
+    return data
+
+
 def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str, Any]:
     m = instance.memory
     return {
@@ -301,7 +313,7 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
         "port": instance.port,
         "argv": [f"{venv}/bin/vllm", "serve", *instance.argv],
         "env": dict(instance.env),
-        "flags": [{"option": f.option, "value": f.value, "reason": f.reason} for f in instance.flags],
+        "flags": [_flag_data(f) for f in instance.flags],
         "memory": {
             "gpu_total_gib": _gib(m.gpu_total),
             "nvml_total_gib": _gib(m.nvml_total),

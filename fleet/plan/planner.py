@@ -43,6 +43,8 @@ from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
 from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
 from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout
+from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
+from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
 
 DEFAULT_UTILIZATION = 0.90
@@ -66,6 +68,11 @@ CUDA_GRAPH_RANGE = (int(0.2 * GiB), int(1.5 * GiB))
 NON_TORCH_ERROR = int(0.25 * GiB)
 
 
+#: ``Flag.set_by`` of the flags fleet plans; an inventory's ``vllm_extra_args`` are ``"you"``.
+SET_BY_FLEET = "fleet"
+SET_BY_YOU = "you"
+
+
 @dataclass(frozen=True)
 class Flag:
     """One ``vllm serve`` option, its value, and why it has that value."""
@@ -73,9 +80,11 @@ class Flag:
     option: str
     value: str | None
     reason: str
+    more: tuple[str, ...] = ()  #: further values of a flag that takes several (``nargs='+'``)
+    set_by: str = SET_BY_FLEET  #: "fleet" (planned) or "you" (``vllm_extra_args``)
 
     def argv(self) -> list[str]:
-        return [self.option] if self.value is None else [self.option, self.value]
+        return ([self.option] if self.value is None else [self.option, self.value]) + list(self.more)
 
 
 @dataclass(frozen=True)
@@ -434,6 +443,7 @@ class _Layout:
     groups: tuple[tuple[int, ...], ...]
     memory: tuple[MemoryMath, ...]
     utilization: tuple[tuple[float, str], ...]
+    batch: Batch | None = None  #: the ``serving_preset``'s batch; None: vLLM's defaults
 
     @property
     def feasible(self) -> bool:
@@ -449,28 +459,53 @@ def _layout(
 ) -> _Layout:
     groups = tuple(gpu_groups(gpus, tp, pcie_tp))
     utils = tuple(utilization_for(spec, gpus, g) for g in groups)
-    batch = batch_defaults(gpus)
     per_request = min(max_len, spec.workload.kv_tokens_per_request)
-    memory = tuple(
-        memory_math(
-            arch,
-            weights,
-            tp,
-            min((gpu_memory(gpus, i) for i in g), key=lambda m: m.cuda_total),
-            u[0],
-            max_len,
-            kv_dtype_bytes(spec, arch),
-            batch,
-            per_request,
+
+    def memories(batch: tuple[int, int]) -> tuple[MemoryMath, ...]:
+        return tuple(
+            memory_math(
+                arch,
+                weights,
+                tp,
+                min((gpu_memory(gpus, i) for i in g), key=lambda m: m.cuda_total),
+                u[0],
+                max_len,
+                kv_dtype_bytes(spec, arch),
+                batch,
+                per_request,
+            )
+            for g, u in zip(groups, utils, strict=True)
         )
-        for g, u in zip(groups, utils, strict=True)
-    )
+
+    memory = memories(batch_defaults(gpus))
+    preset: Batch | None = None
+    if spec.serving_preset is not None and groups:
+        preset = _preset(spec, gpus, max_len, memory, len(groups))
+        memory = memories(preset.pair)  # the activation peak follows the batch, and the KV cache with it
+        again = _preset(spec, gpus, max_len, memory, len(groups))
+        if again.pair != preset.pair:
+            preset, memory = again, memories(again.pair)
     fitting = [k for k, m in enumerate(memory) if m.fits]
     if fitting and len(fitting) < len(groups):  # serve on the groups that fit; the rest stay idle
         return _Layout(
-            tp, tuple(groups[k] for k in fitting), tuple(memory[k] for k in fitting), tuple(utils[k] for k in fitting)
+            tp,
+            tuple(groups[k] for k in fitting),
+            tuple(memory[k] for k in fitting),
+            tuple(utils[k] for k in fitting),
+            preset,
         )
-    return _Layout(tp, groups, memory, utils)
+    return _Layout(tp, groups, memory, utils, preset)
+
+
+def _preset(spec: HostSpec, gpus: HostGpus, max_len: int, memory: tuple[MemoryMath, ...], instances: int) -> Batch:
+    """The ``serving_preset``'s batch (``fleet.plan.presets``) from the KV cache at vLLM's default batch;
+    the KV requests are counted again at the preset's batch and the sequences capped to them."""
+    target = -(-spec.workload.target_concurrency // instances)  # this instance's share
+    fits = min(m.workload_concurrency for m in memory)
+    assert spec.serving_preset is not None
+    return preset_batch(
+        spec.serving_preset, batch_defaults(gpus), max_len, spec.workload.p95_input_tokens, target, fits
+    )
 
 
 def choose_layout(layouts: list[_Layout], target: int) -> tuple[_Layout | None, bool]:
@@ -567,9 +602,12 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
             "(NVLink island too small, or memory already in use)"
         )
     instances = tuple(
-        _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util)
+        _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util, chosen.batch)
         for k, (group, mem, util) in enumerate(zip(chosen.groups, chosen.memory, chosen.utilization, strict=True))
     )
+    extra = _extra_flags(spec)
+    if extra:
+        instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
     for instance in instances:
         _validate_argv(spec, instance)
     return HostPlan(
@@ -722,6 +760,7 @@ def _instance(
     tp: int,
     mem: MemoryMath,
     util: tuple[float, str],
+    batch: Batch | None = None,
 ) -> Instance:
     flags: list[Flag] = [Flag("--served-model-name", spec.served_model_name or spec.model, "the name clients ask for")]
     if spec.bind_address:
@@ -752,6 +791,9 @@ def _instance(
         flags.append(Flag("--kv-cache-dtype", "fp8", "inventory asks for an FP8 KV cache: twice the tokens"))
     if not spec.prefix_caching:
         flags.append(Flag("--no-enable-prefix-caching", None, "inventory turns prefix caching off"))
+    if batch is not None:
+        flags.append(Flag("--max-num-batched-tokens", str(batch.max_num_batched_tokens), batch.tokens_reason))
+        flags.append(Flag("--max-num-seqs", str(batch.max_num_seqs), batch.seqs_reason))
     if spec.shutdown_timeout > 0:
         flags.append(
             Flag(
@@ -764,6 +806,31 @@ def _instance(
     visible = ",".join(gpus.gpus[i].uuid if by_uuid else str(i) for i in group)
     env = (("CUDA_VISIBLE_DEVICES", visible), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
     return Instance(index, group, tp, port, spec.model, tuple(flags), env, mem)
+
+
+def _extra_flags(spec: HostSpec) -> tuple[Flag, ...]:
+    """The inventory's ``vllm_extra_args`` as flags "set by you", after fleet's own (``fleet.plan.extra_args``).
+
+    ``load_for_planning`` reports a refused extra flag with the inventory's problems; a spec that
+    did not come through it gets the same verdict here, as a plan error.
+    """
+    parsed = parse_extra_args(spec.vllm_extra_args, spec.vllm_version)
+    if parsed.problems:
+        raise PlanError(
+            PlanProblem(
+                spec.name,
+                "vllm_extra_args: " + "; ".join(f"{f.split('.', 1)[1]}: {why}" for f, _, why in parsed.problems),
+                ways_out=["remove or correct the flags named, or set the inventory key each names"],
+            )
+        )
+    flags: list[Flag] = []
+    for f in parsed.flags:
+        if f.option in parsed.appends:
+            flags += [Flag(f.option, v, SET_BY_YOU_REASON, set_by=SET_BY_YOU) for v in f.values]
+        else:
+            first = f.values[0] if f.values else None
+            flags.append(Flag(f.option, first, SET_BY_YOU_REASON, more=f.values[1:], set_by=SET_BY_YOU))
+    return tuple(flags)
 
 
 def _validate_argv(spec: HostSpec, instance: Instance) -> None:
