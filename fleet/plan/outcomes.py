@@ -284,6 +284,19 @@ class FleetPlan:
         """Every instance of the fleet, inventory order (hosts, then their instances)."""
         return [i for o in self.outcomes for i in o.instances]
 
+    def multi_node_refusal(self, command: str) -> str | None:
+        """Why ``command`` (a deploy or a rollout) refuses this plan, or None: it has instances spanning
+        hosts, which ``fleet plan`` shows but nothing deploys or rolls yet (issue 21's later part)."""
+        spanning = [i for i in self.instances() if len(i.placements) > 1]
+        if not spanning:
+            return None
+        named = "; ".join(f"{i.host}/{i.name} on {', '.join(p.host for p in i.placements)}" for i in spanning)
+        return (
+            f"{command}: multi-node deploy is not built yet: the plan has instances spanning hosts ({named}). "
+            "Nothing was touched. `fleet plan` shows them; to deploy now, serve a model that fits one host "
+            "(weights: fp8, kv_cache_dtype: fp8, a smaller model) or remove multi_node from the group"
+        )
+
     def refusals(self) -> list[str]:
         """Why a deploy or rollout cannot plan some hosts, one text per host (empty: all planned)."""
         return [str(o.refusal) for o in self.outcomes if o.plan is None and o.refusal is not None]
