@@ -287,8 +287,10 @@ def _flags(spec: HostSpec, inst: Instance, p: Pipeline, rank: int, master: tuple
         if f.option == "--tensor-parallel-size":
             out += [
                 Flag("--pipeline-parallel-size", str(p.nodes),
-                     f"one pipeline stage per host: the fewest of the group's hosts that hold the model "
-                     f"(layers per stage {stages}, vLLM's get_pp_indices)"),
+                     "one pipeline stage per host: "
+                     + ("inventory pipeline_parallel_size" if spec.pipeline_parallel_size
+                        else "the fewest of the group's hosts that hold the model")
+                     + f" (layers per stage {stages}, vLLM's get_pp_indices)"),
                 Flag("--distributed-executor-backend", "mp",
                      "vLLM's multiprocessing backend across nodes (no Ray); vLLM picks it for --nnodes > 1 on CUDA"),
                 Flag("--nnodes", str(p.nodes), "hosts of the instance"),
