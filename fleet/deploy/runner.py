@@ -153,6 +153,8 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     (``_probe_plans``).
     """
     declared = build_fleet_plan(loaded, deploy=True)
+    if (why := declared.multi_node_refusal("fleet deploy")) is not None:
+        raise FleetError(why)
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
@@ -245,7 +247,9 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> Pr
     out = ProbePlans()
     for h in hosts:
         outcome = fleet_plan.host(h.name)
-        if outcome.plan is not None:
+        if outcome.multi_node:  # planned across hosts only once probed (no gpu entry): not deployed yet
+            out.refused[h.name] = fleet_plan.multi_node_refusal("fleet deploy") or "multi-node"
+        elif outcome.plan is not None:
             out.plans[h.name] = outcome.plan
         elif isinstance(outcome.refusal, GpusNotKnownYet):
             out.waiting[h.name] = str(outcome.refusal)

@@ -87,6 +87,10 @@ from fleet.secrets import SECRET_REF_HELP, looks_like_secret, parse_secret_ref
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
 MAX_PORT = 65535
+#: Most hosts one multi-node instance spans (``pipeline_parallel_size``: one pipeline stage per host).
+MAX_NODES = 64
+#: vLLM 0.33's default rendezvous port of a multi-node instance (``ParallelConfig.master_port``).
+DEFAULT_MASTER_PORT = 29501
 
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -532,6 +536,9 @@ class HostData(BaseModel):
     ) = ()
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
+    multi_node: bool = False
+    master_port: Annotated[int, Field(ge=1024, le=MAX_PORT)] | None = None
+    pipeline_parallel_size: Annotated[int, Field(ge=2, le=MAX_NODES)] | None = None
 
 
 class BalancerHostData(BaseModel):

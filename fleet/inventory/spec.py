@@ -35,10 +35,12 @@ from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.drivers import DEFAULT_DRIVER
 from fleet.inventory.load import HostEntry, read_inventory
+from fleet.inventory.multinode import multi_node_problems
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
 from fleet.inventory.schema import (
     BALANCER_KEYS,
+    DEFAULT_MASTER_PORT,
     FIELD_HELP,
     FLEET_KEYS,
     GPU_KEYS,
@@ -200,6 +202,12 @@ class HostSpec:
     balancer: BalancerSpec | None = None  #: the load balancer in front of its instances
     #: how this machine power-cycles the host (argv, run without a shell); None: ``systemctl reboot``
     reboot_command: tuple[str, ...] | None = None
+    #: the host may be one node of an instance spanning hosts of its group (``fleet.inventory.multinode``)
+    multi_node: bool = False
+    #: the rendezvous port of a multi-node instance on its leader (vLLM's ``--master-port``)
+    master_port: int = DEFAULT_MASTER_PORT
+    #: pipeline stages (= hosts) of a multi-node instance; None: the fewest that fit
+    pipeline_parallel_size: int | None = None
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
@@ -573,6 +581,10 @@ def host_spec(
         h.problem("port", valid.port, why)
     if valid is not None and (bad := driver_problem(valid, DEFAULT_DRIVER)) is not None:
         h.problem(*bad)
+    if valid is not None and not valid.multi_node:
+        for key in ("master_port", "pipeline_parallel_size"):
+            if (value := getattr(valid, key)) is not None:
+                h.problem(key, value, f"only read for multi-node instances: set multi_node: true (or remove {key})")
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
@@ -610,6 +622,9 @@ def host_spec(
         ssh_hostname=valid.ssh_hostname,
         balancer=_balancer_spec(valid.balancer, valid.model, valid.served_model_name),
         reboot_command=tuple(valid.reboot_command) if valid.reboot_command is not None else None,
+        multi_node=valid.multi_node,
+        master_port=valid.master_port if valid.master_port is not None else DEFAULT_MASTER_PORT,
+        pipeline_parallel_size=valid.pipeline_parallel_size,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
 
@@ -745,6 +760,7 @@ def load_inventory(
             checked.append((entry, spec))
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
+    problems += [p for p in multi_node_problems(specs) if selected is None or p.host in selected]
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:

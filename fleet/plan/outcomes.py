@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 from fleet.errors import FleetError, ModelConfigError, PlanError, PlanProblem
 from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.gpus import GiB, HostGpus
+from fleet.inventory.multinode import pools
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
 from fleet.plan.extra_args import extra_args_problems
 from fleet.plan.gpu_source import GpuDecision, GpusNotKnownYet, decide_gpus, gpus_for, planning_gpus_of
+from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
 from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ class HostOutcome:
 
     @property
     def instances(self) -> tuple[PlannedInstance, ...]:
+        """The instances this host serves; one spanning hosts is listed once, at its leader (node 0)."""
         if self.plan is None:
             return ()
         name, served, address = self.spec.name, self.served_name or self.plan.model, _address(self.spec)
@@ -90,14 +93,22 @@ class HostOutcome:
                 name,
                 i.unit_name,
                 f"fleet-{i.unit_name}.service",
-                (Placement(name, i.gpus),),
+                tuple(Placement(h, i.gpus, r) for r, h in enumerate(i.node.hosts))
+                if i.node is not None
+                else (Placement(name, i.gpus),),
                 i.port,
                 f"http://{address}:{i.port}",
                 served,
                 i,
             )
             for i in self.plan.instances
+            if i.serves
         )
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether this host is a node of an instance spanning hosts."""
+        return self.plan is not None and any(i.node is not None for i in self.plan.instances)
 
 
 def planning_inputs(spec: HostSpec) -> HostSpec:
@@ -176,6 +187,60 @@ def _plan_all(
             )
         except FleetError as exc:
             outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc)), gpus=decision, refusal=exc))
+    return _across_hosts(specs, outcomes, gpus_of, models)
+
+
+def _does_not_fit(outcome: HostOutcome) -> bool:
+    """The host was refused because the model does not fit it (``planner._no_fit``), nothing else."""
+    return (
+        outcome.plan is None
+        and type(outcome.refusal) is PlanError
+        and outcome.problem is not None
+        and any(w in outcome.problem.summary for w in ("does not fit", "do not fit", "no room for one sequence"))
+    )
+
+
+def _across_hosts(
+    specs: tuple[HostSpec, ...],
+    outcomes: list[HostOutcome],
+    gpus_of: Callable[[HostSpec], HostGpus],
+    models: Mapping[tuple[str, str | None], ModelArch | ModelConfigError],
+) -> list[HostOutcome]:
+    """Instances spanning hosts (``fleet.plan.multinode``): a ``multi_node`` group whose model fits
+    none of its hosts is planned as a whole; a host that did not opt in learns how many would do."""
+    by_name = {o.spec.name: k for k, o in enumerate(outcomes)}
+    for pool in pools(specs).values():
+        names = {m.name for m in pool}
+        members = [s for s in specs if s.name in names]
+        found = [outcomes[by_name[s.name]] for s in members]
+        arch = models.get((members[0].model, members[0].model_config))
+        if not all(_does_not_fit(o) for o in found) or not isinstance(arch, ModelArch):
+            continue
+        try:
+            gpus = {s.name: gpus_of(s) for s in specs if s.name in {m.name for m in members}}
+            team = [s for s in specs if s.name in {m.name for m in members}]
+            plans = plan_multi_node(team, gpus, arch, {s.name: _address(s) for s in team})
+            for o in found:
+                outcomes[by_name[o.spec.name]] = dataclasses.replace(
+                    o, plan=plans[o.spec.name], problem=None, refusal=None
+                )
+        except PlanError as exc:
+            for o in found:
+                problem = dataclasses.replace(exc.problem, host=o.spec.name)
+                outcomes[by_name[o.spec.name]] = dataclasses.replace(o, problem=problem, refusal=PlanError(problem))
+    for k, o in enumerate(outcomes):
+        arch = models.get((o.spec.model, o.spec.model_config))
+        if o.spec.multi_node or not _does_not_fit(o) or not isinstance(arch, ModelArch) or o.problem is None:
+            continue
+        try:
+            needed = nodes_needed(o.spec, gpus_of(o.spec), arch)
+        except FleetError:
+            continue
+        if needed is None:
+            continue
+        way = f"multi_node: true on a group of {needed.nodes} such hosts: {describe(needed)}"
+        problem = dataclasses.replace(o.problem, ways_out=[*o.problem.ways_out, way])
+        outcomes[k] = dataclasses.replace(o, problem=problem, refusal=PlanError(problem))
     return outcomes
 
 
@@ -220,6 +285,19 @@ class FleetPlan:
     def instances(self) -> list[PlannedInstance]:
         """Every instance of the fleet, inventory order (hosts, then their instances)."""
         return [i for o in self.outcomes for i in o.instances]
+
+    def multi_node_refusal(self, command: str) -> str | None:
+        """Why ``command`` (a deploy or a rollout) refuses this plan, or None: it has instances spanning
+        hosts, which ``fleet plan`` shows but nothing deploys or rolls yet (issue 21's later part)."""
+        spanning = [i for i in self.instances() if len(i.placements) > 1]
+        if not spanning:
+            return None
+        named = "; ".join(f"{i.host}/{i.name} on {', '.join(p.host for p in i.placements)}" for i in spanning)
+        return (
+            f"{command}: multi-node deploy is not built yet: the plan has instances spanning hosts ({named}). "
+            "Nothing was touched. `fleet plan` shows them; to deploy now, serve a model that fits one host "
+            "(weights: fp8, kv_cache_dtype: fp8, a smaller model) or remove multi_node from the group"
+        )
 
     def refusals(self) -> list[str]:
         """Why a deploy or rollout cannot plan some hosts, one text per host (empty: all planned)."""
@@ -305,7 +383,7 @@ def _flag_data(flag: Flag) -> dict[str, Any]:
 
 def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str, Any]:
     m = instance.memory
-    return {
+    data: dict[str, Any] = {
         "index": instance.index,
         "unit": f"fleet-{instance.unit_name}.service",
         "gpus": list(instance.gpus),
@@ -344,6 +422,23 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "workload_concurrency": m.workload_concurrency,
         },
     }
+    if (node := instance.node) is not None:  # a node of an instance spanning hosts (absent otherwise)
+        data["node"] = {
+            "rank": node.rank,
+            "nnodes": len(node.hosts),
+            "hosts": list(node.hosts),
+            "leader": node.leader,
+            "headless": node.headless,
+            "master": node.master,
+            "layers": [node.layers[0], node.layers[1]],
+            "layers_per_node": list(node.partition),
+            "node_kv_blocks": m.kv_blocks,
+            "node_kv_tokens": m.kv_tokens,
+            "instance_kv_blocks": node.instance_kv_blocks,
+            "instance_kv_tokens": node.instance_kv_tokens,
+            "instance_workload_concurrency": instance.workload_concurrency,
+        }
+    return data
 
 
 def outcome_data(outcome: HostOutcome) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from fleet.gpus import ESTIMATED_RESERVE, Fabric, GiB, HostGpus, MiB
 from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
 from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
-from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout
+from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout, LayerKind, kv_layout
 from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
 from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
@@ -135,8 +135,31 @@ class MemoryMath:
 
 
 @dataclass(frozen=True)
+class NodeRole:
+    """This host's part of an instance spanning hosts (``fleet.plan.multinode``): one pipeline stage."""
+
+    rank: int  #: vLLM's ``--node-rank``; rank 0 leads (serves the API), the others run ``--headless``
+    hosts: tuple[str, ...]  #: every node's host, in rank order
+    layers: tuple[int, int]  #: this stage's decoder layers [start, end) (vLLM's ``get_pp_indices``)
+    partition: tuple[int, ...]  #: layers per stage, in rank order
+    master: str  #: ``address:port`` of the leader's rendezvous (``--master-addr``/``--master-port``)
+    #: the instance's KV cache: vLLM gives every rank the smallest rank's block count
+    #: (``get_kv_cache_configs``), so these are the instance's tokens, equal on every node
+    instance_kv_tokens: int
+    instance_kv_blocks: int
+
+    @property
+    def leader(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def headless(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass(frozen=True)
 class Instance:
-    """One ``vllm serve`` process on a group of GPUs."""
+    """One ``vllm serve`` process on a group of GPUs (for a multi-node instance: this host's node of it)."""
 
     index: int
     gpus: tuple[int, ...]
@@ -146,6 +169,21 @@ class Instance:
     flags: tuple[Flag, ...]
     env: tuple[tuple[str, str], ...]
     memory: MemoryMath
+    node: NodeRole | None = None  #: None: the instance runs on this host alone
+
+    @property
+    def serves(self) -> bool:
+        """Whether this process serves the API (a single-host instance, or a multi-node leader)."""
+        return self.node is None or not self.node.headless
+
+    @property
+    def kv_tokens(self) -> int:
+        """The instance's KV-cache tokens (a multi-node instance's: the smallest rank's blocks)."""
+        return self.node.instance_kv_tokens if self.node is not None else self.memory.kv_tokens
+
+    @property
+    def workload_concurrency(self) -> int:
+        return self.kv_tokens // max(1, self.memory.kv_tokens_per_request)
 
     @property
     def argv(self) -> list[str]:
@@ -178,11 +216,12 @@ class HostPlan:
 
     @property
     def total_kv_tokens(self) -> int:
-        return sum(i.memory.kv_tokens for i in self.instances)
+        """KV tokens of the instances this host serves (a multi-node instance counts at its leader)."""
+        return sum(i.kv_tokens for i in self.instances if i.serves)
 
     @property
     def workload_concurrency(self) -> int:
-        return sum(i.memory.workload_concurrency for i in self.instances)
+        return sum(i.workload_concurrency for i in self.instances if i.serves)
 
 
 # -- small pure pieces ----------------------------------------------------------------------------
@@ -334,18 +373,29 @@ def memory_math(
     kv_bytes: int,
     batch: tuple[int, int],
     kv_tokens_per_request: int,
+    stage: tuple[LayerKind, ...] | None = None,
 ) -> MemoryMath:
     """The per-GPU arithmetic vLLM does at start, with our estimates.
 
     ``request_memory`` (``vllm/v1/worker/utils.py``) and ``determine_available_memory``
     (``vllm/v1/worker/gpu_worker.py``); the KV cache by ``fleet.model.kv``.
+
+    ``stage``: the attention kinds of the layers one pipeline stage holds (multi-node instances:
+    ``weights_total`` is then that stage's weights, and its GPUs hold only those layers' KV cache);
+    None: the whole model.
     """
     budget = math.ceil(gpu.cuda_total * utilization)
     weights = -(-weights_total // tp)
-    non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
+    non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 or stage is not None else 0)
     activations = activation_peak(arch, tp, *batch)
     kv_budget = budget - weights - non_torch - activations - CUDA_GRAPH_BYTES
-    layout = arch.kv_layout(tp, kv_bytes)
+    if stage is None:
+        layout = arch.kv_layout(tp, kv_bytes)
+        per_token = arch.kv_bytes_per_token(tp, kv_bytes)
+    else:
+        page = arch.page_bytes(tp, kv_bytes)
+        layout = kv_layout(stage, page, arch.sliding_window, arch.attention_chunk_size)
+        per_token = len(stage) * page // BLOCK_SIZE
     in_flight = ASYNC_BATCHES * batch[0]
     kv_tokens = layout.tokens(kv_budget, max_model_len, in_flight)
     partial = MemoryMath(
@@ -357,7 +407,7 @@ def memory_math(
         activation_peak=activations,
         cuda_graphs=CUDA_GRAPH_BYTES,
         kv_budget=kv_budget,
-        kv_bytes_per_token=arch.kv_bytes_per_token(tp, kv_bytes),
+        kv_bytes_per_token=per_token,
         kv_tokens=kv_tokens,
         max_model_len=max_model_len,
         kv_tokens_per_request=kv_tokens_per_request,
@@ -893,7 +943,7 @@ def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> str:
             return way
     return (
         f"needs more than one host: even 8 × {name} in one host cannot hold it; use a smaller or "
-        "quantized model (fleet plans one vLLM server per host group, not pipeline parallel across hosts)"
+        "quantized model, or an instance spanning hosts (multi_node: true on the host's group)"
     )
 
 
