@@ -547,7 +547,10 @@ def host_spec(
         groups=groups,
         model=valid.model,
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
-        model_config=valid.model_config_,
+        # no model_config: the planner reads the model's config.json from the source (never a
+        # different copy than the one the hosts get)
+        model_config=valid.model_config_
+        or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
         model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
         served_model_name=valid.served_model_name,
         weights=valid.weights,

@@ -128,7 +128,8 @@ def test_stage_copies_verifies_repairs_and_refuses_a_small_disk(lab_fleet: LabFl
         assert refused["status"] == "refused", refused
         assert f"on the filesystem of {REPO}; nothing was sent" in str(refused["error"]), refused
         need = sum((top / p).stat().st_size for p in want)
-        assert f"needs {need / 1024 / 1024:.1f} MiB ({need} bytes)" in str(refused["error"]), refused
+        numbers = f"the copy needs {need / 1024:.1f} KiB ({need} bytes), 64.0 KiB (65536 bytes) free"
+        assert numbers in str(refused["error"]), refused
         rc, out, _err = on(lab_fleet, 1, f"sudo find {REPO} -type f")
         assert rc == 0 and out.strip() == "", out  # nothing was written there
         revision = str(hosts[names[0]]["revision"])
@@ -137,7 +138,7 @@ def test_stage_copies_verifies_repairs_and_refuses_a_small_disk(lab_fleet: LabFl
                 continue
             assert hosts[name]["status"] == "staged" and hosts[name]["sent_files"] == len(want), hosts[name]
             assert host_sums(lab_fleet, i, revision) == want
-            rc, out, err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; sudo stat -c '%U %a' "
+            rc, out, err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; echo; sudo stat -c '%U %a' "
                               f"{REPO}/snapshots/{revision}/config.json; sudo ls -A {REPO}")  # fmt: skip
             assert rc == 0 and out.split() == [revision, "vllm", "644", "refs", "snapshots"], (out, err)
 

@@ -243,3 +243,16 @@ def test_the_listing_script_on_a_host_without_the_model(tmp_path: Path) -> None:
 def test_an_unreadable_answer_is_an_error() -> None:
     with pytest.raises(FleetError, match="unreadable answer"):
         parse_copy(json.dumps({"files": []}))
+
+
+def test_the_planner_reads_the_models_config_from_the_source(tmp_path: Path) -> None:
+    """A model this machine has no copy of is planned from the source's config.json (issue 22, part 4)."""
+    from fleet.model.arch import load_model
+    from fleet.model.config import BUNDLED_MODELS
+
+    config = (BUNDLED_MODELS / "meta-llama" / "Llama-3.1-8B-Instruct" / "config.json").read_bytes()
+    make_source(tmp_path, {"config.json": config})
+    spec = host_spec("inv.py", "gpu-1", (), {**BASE, "model_source": {"kind": "dir", "path": str(tmp_path)}})
+    assert spec.model_config == str(tmp_path / "acme" / "tiny-7b")
+    arch = load_model(spec.model, spec.model_config)
+    assert arch.name == MODEL and str(tmp_path) in arch.source
