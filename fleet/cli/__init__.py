@@ -124,6 +124,7 @@ COMMANDS = {
     "restart": ("fleet.cli.rollout", "restart"),
     "rollback": ("fleet.cli.rollout", "rollback"),
     "rollout": ("fleet.cli.rollout", "rollout"),
+    "stage": ("fleet.cli.stage", "stage"),
     "status": ("fleet.cli.status", "status"),
     "undrain": ("fleet.cli.drain", "undrain"),
 }

@@ -50,6 +50,15 @@ The load balancer in front of a group (``fleet.lb``), group or host data ``balan
   does not take in a name replaced by ``_``); server names are ``<host>:<instance>``, always;
 * ``timeout_s``: seconds one admin-socket command may take.
 
+Where the model's weights come from (``fleet.weights`` stages them on the hosts), ``model_source``:
+
+* ``{kind: dir, path: /srv/models}``: a directory on the control machine holding each model as
+  ``ORG/NAME/`` (what ``huggingface-cli download ORG/NAME --local-dir /srv/models/ORG/NAME``
+  writes); the directory must exist and be readable here, and hold ``ORG/NAME/config.json`` for
+  the host's ``model`` (a Hugging Face id: a path ``model`` is served from where it is). Checked
+  when the inventory is loaded, before any host is touched. ``kind`` leaves room for the sources
+  to come (an HTTP mirror laid out like the Hub, a store host): each a model of its own here.
+
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
 Which top-level keys an inventory may hold (``spec.py`` enforces it, with "did you mean"):
@@ -252,6 +261,28 @@ def _keyring(value: str) -> str:
     return value
 
 
+def _source_dir(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError("an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/models")
+    if not os.path.isdir(value):
+        raise ValueError(
+            "no such directory on this machine: the model source is read here (fleet copies the files to the "
+            "hosts); create it, copy the models into it as ORG/NAME/, or point model_source.path at where they are"
+        )
+    if not os.access(value, os.R_OK | os.X_OK):
+        raise ValueError(
+            f"not readable by this user (uid {os.getuid()}): give it read and search permission "
+            "(chmod a+rx), or run fleet as a user who can read it"
+        )
+    return value
+
+
+def source_model_dir(root: str, model: str) -> str:
+    """Where a ``dir`` model source holds ``model`` (``org/name``): ``ROOT/org/name``."""
+    return os.path.join(root, *model.split("/"))
+
+
 def _driver_version(value: str) -> str:
     if not _DRIVER_VERSION.fullmatch(value):
         raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it)")
@@ -423,6 +454,18 @@ class BalancerData(BaseModel):
     timeout_s: Annotated[float, Field(ge=1.0, le=600.0, allow_inf_nan=False)] = 5.0
 
 
+SourceDir = Annotated[str, AfterValidator(_source_dir)]
+
+
+class DirSourceData(BaseModel):
+    """``model_source: {kind: dir, path}``: models in a directory on the control machine."""
+
+    model_config = _STRICT
+
+    kind: Literal["dir"]
+    path: SourceDir
+
+
 class WorkloadData(BaseModel):
     """``workload``: the traffic a host should serve."""
 
@@ -505,6 +548,7 @@ class HostData(BaseModel):
     model: ModelId
     workload: WorkloadData
     model_config_: PathText | None = Field(default=None, alias="model_config")
+    model_source: DirSourceData | None = None
     served_model_name: ServedName | None = None
     weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
@@ -569,6 +613,7 @@ KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
+SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -596,6 +641,8 @@ FIELD_HELP: dict[str, str] = {
     "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
+    "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model",
+    "model_source.kind": "dir (a directory on this machine)",
     "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
     "reboot_command": "a list of words, the first an absolute path: a program on this machine that power-cycles "
     "the host (run without a shell), e.g. ['/usr/local/bin/power-cycle', 'gpu-07']",
@@ -608,6 +655,30 @@ def port_range_problem(data: HostData) -> str | None:
     count = data.gpu.count if data.gpu is not None else 1
     if data.port + count - 1 > MAX_PORT:
         return f"port {data.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
+    return None
+
+
+def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
+    """(field, value, why) when ``model_source`` does not hold the host's ``model``, or None."""
+    source = data.model_source
+    if source is None:
+        return None
+    if data.model.startswith("/"):
+        return (
+            "model_source", source.path,
+            f"stages models named by Hugging Face id; model is a path ({data.model}), served from where it "
+            "is: name the model by id (org/name) to stage it, or remove model_source",
+        )  # fmt: skip
+    config = os.path.join(source_model_dir(source.path, data.model), "config.json")
+    if not os.path.isfile(config):
+        return (
+            "model_source.path", source.path,
+            f"holds no {data.model}/config.json ({config} is not there): put the model's files in "
+            f"{source_model_dir(source.path, data.model)} (huggingface-cli download {data.model} --local-dir "
+            "that directory), or fix model or model_source",
+        )  # fmt: skip
+    if not os.access(config, os.R_OK):
+        return ("model_source.path", source.path, f"{config} is not readable by this user: chmod a+r it")
     return None
 
 

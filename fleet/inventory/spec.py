@@ -46,6 +46,7 @@ from fleet.inventory.schema import (
     GPU_KEYS,
     KNOWN_KEYS,
     PYINFRA_KEYS_READ,
+    SOURCE_KEYS,
     USER_PREFIX,
     WORKLOAD_KEYS,
     BalancerData,
@@ -55,7 +56,9 @@ from fleet.inventory.schema import (
     LabData,
     driver_problem,
     haproxy_name,
+    model_source_problem,
     port_range_problem,
+    source_model_dir,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
@@ -164,6 +167,19 @@ class BalancerHost:
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """``model_source``: where the weights come from. ``dir``: a directory on this machine holding
+    ``ORG/NAME/`` per model. (An HTTP mirror laid out like the Hub and a store host are kinds to
+    come, each with its own fields beside ``kind``.)"""
+
+    kind: Literal["dir"]
+    path: str
+
+    def model_dir(self, model: str) -> str:
+        return source_model_dir(self.path, model)
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """Everything fleet needs to know about one host from the inventory."""
 
@@ -173,6 +189,8 @@ class HostSpec:
     model: str
     workload: Workload
     model_config: str | None = None
+    #: where ``fleet stage`` and ``fleet deploy`` copy the model's weights from (None: not staged)
+    model_source: ModelSource | None = None
     served_model_name: str | None = None
     weights: WeightPrecision = "auto"
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -386,9 +404,10 @@ def _allowed(err: Any, fld: str) -> str:
         return "required: " + FIELD_HELP.get(fld, "a value")
     if kind == "extra_forbidden":
         parent, _, key = fld.rpartition(".")
-        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS}.get(
-            parent, ()
-        )
+        keys = {
+            "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
+            "model_source": SOURCE_KEYS,
+        }.get(parent, ())  # fmt: skip
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
@@ -419,7 +438,7 @@ def _value_loc(loc: tuple[Any, ...], fld: str) -> tuple[Any, ...]:
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
     # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
-    known = (FLEET_KEYS, WORKLOAD_KEYS, GPU_KEYS, BALANCER_KEYS, LAB_KEYS, PYINFRA_KEYS_READ)
+    known = (FLEET_KEYS, WORKLOAD_KEYS, GPU_KEYS, BALANCER_KEYS, LAB_KEYS, SOURCE_KEYS, PYINFRA_KEYS_READ)
     names = [p for p in parts if any(p in keys for keys in known)]
     return ".".join(names) or ".".join(parts)
 
@@ -585,6 +604,8 @@ def host_spec(
         for key in ("master_port", "pipeline_parallel_size"):
             if (value := getattr(valid, key)) is not None:
                 h.problem(key, value, f"only read for multi-node instances: set multi_node: true (or remove {key})")
+    if valid is not None and (bad := model_source_problem(valid)) is not None:
+        h.problem(*bad)
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
@@ -594,7 +615,11 @@ def host_spec(
         groups=groups,
         model=valid.model,
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
-        model_config=valid.model_config_,
+        # no model_config: the planner reads the model's config.json from the source (never a
+        # different copy than the one the hosts get)
+        model_config=valid.model_config_
+        or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
+        model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
         kv_cache_dtype=valid.kv_cache_dtype,
