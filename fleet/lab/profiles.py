@@ -44,6 +44,9 @@ Schema (all tables optional unless noted)::
     cross_numa_level = "SYS"
     default_level = "PHB"          #   without numa/matrix: every pair
     cpu_affinity = ["0-47", ...]   # per slot, cpulist syntax
+    acs = "off"                    # ACS on the root and switch ports above the GPUs: off, or
+                                   #   redirect (P2P requests sent up to the root complex); the
+                                   #   host's /sys/bus/pci/devices shows it (fleet.lab.pcitree)
 
     [nvlink]
     fabric = "switch"              # switch | pairs | none (default: the SKU's typical fabric)
@@ -274,6 +277,8 @@ class LabProfile:
     numa_nodes: tuple[int, ...] = ()  #: host NUMA node per slot (``nvmlDeviceGetMemoryAffinity``)
     irqs: tuple[int, ...] = ()  #: ``nvmlDeviceGetIrqNum`` per slot
     nvml_events: bool = True  #: the event API answers (False: every type NOT_SUPPORTED)
+    switch_groups: tuple[tuple[int, ...], ...] = ()  #: slots sharing a PCIe switch
+    pcie_acs: str = "off"  #: ``off`` or ``redirect``: ACS control of the ports above the GPUs
 
     @property
     def passthrough(self) -> bool:
@@ -576,6 +581,8 @@ def _build(path: Path, top: _Fields) -> LabProfile:
         numa_nodes=tuple(pcie.int_list("numa", length=count) or [0] * count),
         irqs=tuple(_irqs(top, count)),
         nvml_events=host.bool_("nvml_events", True),
+        switch_groups=tuple(tuple(g) for g in pcie.list_("switch_groups") or []),
+        pcie_acs=pcie.choice("acs", "off", ("off", "redirect")),
     )
 
 
