@@ -3,7 +3,7 @@
 The program is the exact file a deploy installs (``fleet.gpuwatch.program.watcher_program``),
 run with ``python -I`` like its unit, by this venv's Python and by Python 3.6 where pyenv has it;
 the real, unmodified pynvml it carries talks to the lab's ``libnvidia-ml.so.1``; faults are
-injected through the library's event file (``fleet.lab.nvml.faults``).
+injected through the library's event file (``fleetlab.nvml.faults``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import pytest
 
 from fleet.gpuwatch.program import TOO_OLD_EXIT, watcher_program
 from fleet.gpuwatch.watcher import CLEARS, RECORD, TEXTFILE
-from fleet.lab.nvml import build_shim
-from fleet.lab.nvml.faults import inject
-from fleet.lab.profiles import load_profile
+from fleetlab.nvml import build_shim
+from fleetlab.nvml.faults import inject
+from fleetlab.profiles import load_profile
 from tests.lab.polling import wait_for
 
 PY36 = Path.home() / ".pyenv/versions/3.6.15/bin/python"

@@ -2,7 +2,7 @@
 
 pynvml 13.615's ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
 ``nvmlDeviceGetSupportedEventTypes``, ``nvmlEventSetWait_v2`` (its ``c_nvmlEventData_t``) and
-``nvmlEventSetFree`` against faults injected with :mod:`fleet.lab.nvml.faults`. Return codes
+``nvmlEventSetFree`` against faults injected with :mod:`fleetlab.nvml.faults`. Return codes
 follow NVML's API reference ("Event Handling Methods"). No lab host and no root needed.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from fleet.lab.nvml import build_shim
-from fleet.lab.nvml.faults import fault_line, inject
-from fleet.lab.profiles import load_profile
+from fleetlab.nvml import build_shim
+from fleetlab.nvml.faults import fault_line, inject
+from fleetlab.profiles import load_profile
 
 HELPERS = textwrap.dedent(
     """

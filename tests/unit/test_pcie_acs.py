@@ -1,6 +1,6 @@
 """The PCIe ACS check: the register walk, the probe over a sysfs tree, the fact's parse, the rule.
 
-The sysfs trees are the lab's (``fleet.lab.pcitree``) written into a temporary directory, read by
+The sysfs trees are the lab's (``fleetlab.pcitree``) written into a temporary directory, read by
 the very probe script that runs on hosts; the probe facts are recorded outputs of lab hosts
 (``tests/fixtures/probe``).
 """
@@ -18,9 +18,9 @@ from fleet.audit.acs import bridges_between, rule_pcie_acs
 from fleet.facts.hostfacts import HostFacts, parse_probe
 from fleet.facts.pcie_acs import AcsFacts, BridgeAcs, acs_command, flags, nvml_bus_id, parse_acs_output
 from fleet.facts.pcie_acs_probe import acs_registers, probe
-from fleet.lab.hostfiles import pci_files
-from fleet.lab.pcitree import ACS_CAP, DOWNSTREAM, ENDPOINT, config_space
-from fleet.lab.profiles import PROFILE_DIR, load_profile
+from fleetlab.hostfiles import pci_files
+from fleetlab.pcitree import ACS_CAP, DOWNSTREAM, ENDPOINT, config_space
+from fleetlab.profiles import PROFILE_DIR, load_profile
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 

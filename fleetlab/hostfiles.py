@@ -5,7 +5,7 @@ Written into the host's overlay root before it boots (and refreshed by every ``u
 key auth only and the lab-made host key, the login key, and the simulated GPUs: the NVML shim as
 ``libnvidia-ml.so.1``, its profile, the text of ``/proc/driver/nvidia/version`` (bind-mounted over
 ``/proc/driver`` by nspawn), a tmpfiles.d entry for the shim's live-state dir, and the host's PCI
-devices (``fleet.lab.pcitree``, bound over ``/sys/bus/pci/devices`` by nspawn).
+devices (``fleetlab.pcitree``, bound over ``/sys/bus/pci/devices`` by nspawn).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fleet.lab.base import LOGIN_USER
-from fleet.lab.errors import LabError
-from fleet.lab.state import HostRecord
+from fleetlab.base import LOGIN_USER
+from fleetlab.errors import LabError
+from fleetlab.state import HostRecord
 
 if TYPE_CHECKING:
-    from fleet.lab.profiles import LabProfile
+    from fleetlab.profiles import LabProfile
 
 #: Inside the host: the directory nspawn binds read-only over /proc/driver.
 PROC_DRIVER_SOURCE = "/usr/lib/fleet-lab/proc-driver"
@@ -88,10 +88,10 @@ def identity_files(
 
 
 def pci_files(profile: LabProfile, tree_dir: str | None = None) -> list[HostFile]:
-    """The profile's PCI hierarchy as sysfs shows it (``fleet.lab.pcitree``): per function its
+    """The profile's PCI hierarchy as sysfs shows it (``fleetlab.pcitree``): per function its
     directory's attributes, and the ``devices`` symlink to it (absolute: ``tree_dir``, by default
     where the host has it)."""
-    from fleet.lab.pcitree import DEVICES_DIR, TREE_DIR, host_tree
+    from fleetlab.pcitree import DEVICES_DIR, TREE_DIR, host_tree
 
     try:
         tree = host_tree(profile)
@@ -111,7 +111,7 @@ def pci_files(profile: LabProfile, tree_dir: str | None = None) -> list[HostFile
 
 
 def _load(profile_name: str) -> LabProfile:
-    from fleet.lab.profiles import load_profile
+    from fleetlab.profiles import load_profile
 
     try:
         return load_profile(profile_name)
@@ -133,7 +133,7 @@ def gpu_files(profile_name: str) -> list[HostFile]:
 def bare_gpu_files(profile_name: str) -> list[HostFile]:
     """A host with GPUs and no driver: only the hardware description the driver will find.
 
-    The stand-in driver package (``fleet.lab.apt_repo``) loads it at boot; until then there is no
+    The stand-in driver package (``fleetlab.apt_repo``) loads it at boot; until then there is no
     ``libnvidia-ml.so.1``, no NVML profile and no ``/proc/driver/nvidia``.
     """
     profile = _load(profile_name)

@@ -3,7 +3,7 @@
  *
  * A shared library with the soname libnvidia-ml.so.1 that implements the part of the NVML C ABI
  * that the unmodified nvidia-ml-py (`import pynvml`) calls while fleet probes a host. It answers
- * from a per-host profile file rendered by fleet/lab/profiles.py (`key=value` lines) and from the
+ * from a per-host profile file rendered by fleetlab/profiles.py (`key=value` lines) and from the
  * live-state directory that GPU-memory holders (the vLLM stand-in) write to.
  *
  * Why a C library and not a Python mock: the probe, nvidia-ml-py and ctypes are the real parts;
@@ -1481,7 +1481,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabri
 /* ---- events (nvml.h "Event Handling Methods") ------------------------------------------------
  *
  * Faults are lines of <state dir>/events, "<unix time> <nvml index> xid <n>|sbe|dbe", written by
- * the lab (fleet.lab.nvml.faults). Each event set delivers each due fault once, in time order, for
+ * the lab (fleetlab.nvml.faults). Each event set delivers each due fault once, in time order, for
  * the types it registered on that GPU before the fault's time. Return codes are those the NVML API
  * reference gives for each function; nvmlEventSetWait_v2 answers NVML_ERROR_UNKNOWN ("any
  * unexpected error") once the driver it was initialised against is gone or replaced (the profile

@@ -2,7 +2,7 @@
 
 A lab host shares this machine's kernel, so its own ``/sys/bus/pci/devices`` would list this
 machine's devices. The lab writes the profile's PCI hierarchy into the host's root instead and
-nspawn binds it read-only over ``/sys/bus/pci/devices`` (``fleet.lab.machine``): every GPU of the
+nspawn binds it read-only over ``/sys/bus/pci/devices`` (``fleetlab.machine``): every GPU of the
 profile (those NVML does not enumerate too: they are on the bus), each below a PCIe switch
 (downstream port, upstream port) below a root port, as on an HGX baseboard or a PCIe server.
 Each function has the sysfs attributes fleet and lspci read (``vendor``, ``device``, ``class``,
@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from fleet.lab.profiles import LabProfile
+from fleetlab.profiles import LabProfile
 
 #: Inside a lab host.
 PCI_ROOT = "/usr/lib/fleet-lab/hardware/pci"

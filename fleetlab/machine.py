@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.lab import cgroups
-from fleet.lab.errors import LabError
-from fleet.lab.hostfiles import PROC_DRIVER_SOURCE
-from fleet.lab.mounts import is_mounted, mount_overlay, unmount_all_under
-from fleet.lab.pcitree import DEVICES_DIR as PCI_DEVICES_DIR
-from fleet.lab.pcitree import SYSFS_DEVICES as PCI_SYSFS_DEVICES
+from fleetlab import cgroups
+from fleetlab.errors import LabError
+from fleetlab.hostfiles import PROC_DRIVER_SOURCE
+from fleetlab.mounts import is_mounted, mount_overlay, unmount_all_under
+from fleetlab.pcitree import DEVICES_DIR as PCI_DEVICES_DIR
+from fleetlab.pcitree import SYSFS_DEVICES as PCI_SYSFS_DEVICES
 
 BOOT_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -143,7 +143,7 @@ class Machine:
             f"--bind-ro={PROC_DRIVER_SOURCE}:/proc/driver",
         ]
         pci = self.root / PCI_DEVICES_DIR.lstrip("/")
-        if pci.is_dir():  # the host's own PCI devices (fleet.lab.pcitree), not this machine's
+        if pci.is_dir():  # the host's own PCI devices (fleetlab.pcitree), not this machine's
             nspawn.append(f"--bind-ro={pci}:{PCI_SYSFS_DEVICES}")
         if cgroups.systemd_is_pid1():
             return nspawn, []  # nspawn asks systemd for a scope of its own
