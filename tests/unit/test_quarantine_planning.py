@@ -1,0 +1,81 @@
+"""Planning around quarantined GPUs: ``usable_gpus`` (pure) and its call in ``decide_gpus``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.errors import PlanError
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
+from fleet.gpus import HostGpus
+from fleet.gpuwatch.quarantine import usable_gpus
+from fleet.inventory.spec import HostSpec, host_spec
+from fleet.model.arch import load_model
+from fleet.plan.gpu_source import decide_gpus
+from fleet.plan.planner import plan_host
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
+L8 = "meta-llama/Llama-3.1-8B-Instruct"
+L70 = "meta-llama/Llama-3.1-70B-Instruct"
+BASE: dict[str, Any] = {
+    "model": L8,
+    "workload": {"p95_input_tokens": 2048, "p95_output_tokens": 512, "prefix_reuse": 0.5, "target_concurrency": 8},
+    "pip_index_url": "http://127.0.0.1:9000/simple/",
+}
+
+
+def facts(name: str) -> HostFacts:
+    return NvmlProbe().process(json.loads((FIXTURES / f"{name}.json").read_text())["output"])
+
+
+def spec(**extra: Any) -> HostSpec:
+    return host_spec("inv.py", "gpu-3", (), {**BASE, **extra})
+
+
+@pytest.mark.parametrize(
+    ("sku", "count", "fabric", "quarantined", "islands"),
+    [
+        ("h100-sxm-80gb", 8, None, {2}, [{0, 1, 3, 4, 5, 6, 7}]),  # NVSwitch: one island less one
+        ("h100-pcie-80gb", 4, "pairs", {0}, [{1}, {2, 3}]),  # its NVLink partner stays, alone
+        ("l40s-48gb", 4, None, {1, 3}, [{0}, {2}]),
+        ("l40s-48gb", 4, None, {9}, [{0}, {1}, {2}, {3}]),  # not on this host: unchanged
+        ("l40s-48gb", 2, None, {0, 1}, []),
+    ],
+)
+def test_usable_gpus(sku: str, count: int, fabric: Any, quarantined: set[int], islands: list[set[int]]) -> None:
+    gpus = HostGpus.from_catalogue(sku, count, fabric)
+    usable = usable_gpus(gpus, quarantined)
+    assert [set(i) for i in usable.islands] == islands
+    assert usable.gpus == gpus.gpus  # indices keep their meaning
+    assert usable.usable == frozenset().union(*islands)
+
+
+def test_no_instance_lands_on_a_quarantined_gpu() -> None:
+    gpus = usable_gpus(HostGpus.from_catalogue("l40s-48gb"), {2})
+    plan = plan_host(spec(), gpus, load_model(L8))
+    assert [i.gpus for i in plan.instances] == [(0,), (1,), (3,)]
+
+
+def test_tp4_keeps_off_the_quarantined_gpu() -> None:
+    plan = plan_host(spec(model=L70), usable_gpus(HostGpus.from_catalogue("h100-sxm-80gb"), {2}), load_model(L70))
+    assert [i.gpus for i in plan.instances] == [(0, 1), (3, 4), (5, 6)]  # 7 GPUs: TP2 thrice, not TP4 once
+
+
+def test_decide_gpus_plans_around_the_quarantine() -> None:
+    decision = decide_gpus(spec(), facts("h100-sxm-8"), {2: "XID 79 (reboot)"})
+    assert decision.chosen.gpus is not None and 2 not in decision.chosen.gpus.usable
+    assert decision.probed is not None and 2 not in decision.probed.usable
+    assert decide_gpus(spec(), facts("h100-sxm-8")).chosen.gpus.usable == frozenset(range(8))  # type: ignore[union-attr]
+
+
+def test_a_host_with_every_gpu_quarantined_is_refused_with_the_way_out() -> None:
+    decision = decide_gpus(spec(), facts("a10-1"), {0: "XID 79 (reboot): fell off the bus"})
+    assert isinstance(decision.refusal, PlanError)
+    text = str(decision.refusal)
+    assert "every GPU is quarantined (GPU 0: XID 79 (reboot): fell off the bus)" in text
+    assert "fleet gpu clear gpu-3" in text
+    assert decision.chosen.gpus is None  # a deploy waits: gpu_source raises the refusal
