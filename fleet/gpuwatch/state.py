@@ -22,6 +22,7 @@ from typing_extensions import override
 
 from fleet.gpuwatch import catalog
 from fleet.gpuwatch.watcher import CLEARS, DEFAULT_STATE_DIR, RECORD, cleared_through, record_problem
+from fleet.inventory.spec import LoadedInventory
 
 STATUSES = ("ok", "none", "no-root", "foreign", "bad-record", "bad-output")
 _MARK = "--fleet-gpu-watch--"
@@ -246,3 +247,22 @@ def parse_since_start(text: str) -> tuple[str, list[tuple[int, GpuEvent]]]:
     except (ValueError, TypeError, KeyError):
         return "bad-record", []
     return str(raw["status"]), sorted(events, key=lambda ge: ge[1].seq)
+
+
+def quarantine_of(state: WatchState | object) -> dict[int, str]:
+    """GPU index -> why it is quarantined, from a host's watcher record (empty: none, or no
+    record to read: a host without the watcher is planned as before)."""
+    if not isinstance(state, WatchState) or not state.ok:
+        return {}
+    return {i: e.describe() for i, e in sorted(state.quarantined().items())}
+
+
+def read_quarantine(
+    loaded: LoadedInventory, timeout: float = 20.0, connect_timeout: float | None = None
+) -> dict[str, dict[int, str]]:
+    """Each selected host's quarantined GPUs (all hosts at once; one SSH round trip each)."""
+    from fleet.facts.runner import run_fact_on_hosts, targets_from_inventory
+
+    targets = targets_from_inventory(loaded.pyinfra, [h.name for h in loaded.hosts])
+    results = run_fact_on_hosts(targets, GpuWatchState, timeout=timeout, connect_timeout=connect_timeout)
+    return {name: q for name, r in results.items() if (q := quarantine_of(r))}

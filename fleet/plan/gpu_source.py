@@ -276,21 +276,26 @@ def decide_gpus(
     declared = spec.gpu.host_gpus() if spec.gpu is not None else None
     probed = planning_gpus(probe) if isinstance(probe, HostFacts) and probe.ok and probe.gpus else None
     differences = tuple(mismatches(spec.gpu, probed)) if spec.gpu is not None and probed is not None else ()
+    if quarantined and probed is not None:
+        probed = usable_gpus(probed, quarantined)
     try:
         chosen = _chosen(spec, probe, probed)
         if quarantined and chosen.gpus is not None:
             chosen = replace(chosen, gpus=_around_quarantine(spec, chosen.gpus, quarantined))
-            probed = usable_gpus(probed, quarantined) if probed is not None else None
     except (GpuMismatch, PlanError) as exc:
         return GpuDecision(declared, probed, GpuSource(None, "none", str(exc)), differences, exc)
     return GpuDecision(declared, probed, chosen, differences)
+
+
+class AllGpusQuarantined(PlanError):
+    """Every GPU of the host is quarantined: nothing can be planned on it, by any command."""
 
 
 def _around_quarantine(spec: HostSpec, gpus: HostGpus, quarantined: Mapping[int, str]) -> HostGpus:
     usable = usable_gpus(gpus, quarantined)
     if not usable.usable:
         why = "; ".join(f"GPU {i}: {w}" for i, w in sorted(quarantined.items()))
-        raise PlanError(
+        raise AllGpusQuarantined(
             PlanProblem(
                 spec.name,
                 f"every GPU is quarantined ({why})",

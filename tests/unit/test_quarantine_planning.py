@@ -79,3 +79,34 @@ def test_a_host_with_every_gpu_quarantined_is_refused_with_the_way_out() -> None
     assert "every GPU is quarantined (GPU 0: XID 79 (reboot): fell off the bus)" in text
     assert "fleet gpu clear gpu-3" in text
     assert decision.chosen.gpus is None  # a deploy waits: gpu_source raises the refusal
+
+
+def test_the_fleet_plan_moves_instances_off_a_quarantined_gpu_and_says_why_a_host_is_refused(tmp_path: Path) -> None:
+    from fleet.plan.outcomes import build_fleet_plan, load_for_planning
+
+    workload = BASE["workload"]
+    rows = [("a", {"model": L8, "workload": workload, "ssh_hostname": "127.0.250.3"}),
+            ("b", {"model": L8, "workload": workload, "ssh_hostname": "127.0.250.4"})]  # fmt: skip
+    path = tmp_path / "fleet.py"
+    path.write_text(f"gpus = {rows!r}\n")
+    loaded = load_for_planning(path)
+    probes = {"a": facts("l40s-4"), "b": facts("a10-1")}
+    held = {"a": {2: "XID 79 (reboot)"}, "b": {0: "DBE (reset)"}}
+    for deploy in (False, True):
+        fleet = build_fleet_plan(loaded, probes, deploy=deploy, quarantine=held)
+        a = fleet.host("a").plan
+        assert a is not None and [i.gpus for i in a.instances] == [(0,), (1,), (3,)]
+        assert fleet.host("b").plan is None and "every GPU is quarantined (GPU 0: DBE (reset))" in str(
+            fleet.host("b").refusal
+        )
+    assert [i.gpus for i in build_fleet_plan(loaded, probes).host("a").plan.instances] == [(0,), (1,), (2,), (3,)]  # type: ignore[union-attr]
+
+
+def test_quarantine_of_a_watch_state() -> None:
+    from fleet.gpuwatch.state import GpuEvent, GpuWatch, WatchState, quarantine_of
+
+    e = GpuEvent(3, 10.0, "xid", 79, "reboot", "GPU has fallen off the bus")
+    gpus = (GpuWatch("GPU-a", 2, "00000000:1B:00.0", (e,), 0, e), GpuWatch("GPU-b", 0, "", (), 0, None))
+    assert quarantine_of(WatchState("ok", None, "r", 3, gpus)) == {2: "XID 79 (reboot): GPU has fallen off the bus"}
+    assert quarantine_of(WatchState("foreign", "cloned", "r", 3, gpus)) == {}
+    assert quarantine_of(None) == {}
