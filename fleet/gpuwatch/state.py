@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra.api.facts import FactBase
@@ -67,6 +67,7 @@ class WatchState:
     record_id: str = ""
     seq: int = 0  #: the record's last sequence number
     gpus: tuple[GpuWatch, ...] = ()
+    clears: Any = field(default=None, compare=False)  #: clears.json as read (``fleet gpu clear`` appends)
 
     @property
     def ok(self) -> bool:
@@ -175,7 +176,7 @@ def parse_watch_state(lines: Sequence[str]) -> WatchState:
                                  str(entry.get("bus_id", "")), events, through, first_critical))  # fmt: skip
     except (ValueError, TypeError, KeyError) as exc:
         return WatchState("bad-record", f"{RECORD}: {exc}"[:300])
-    return WatchState("ok", None, raw["record_id"], raw["seq"], tuple(gpus))
+    return WatchState("ok", None, raw["record_id"], raw["seq"], tuple(gpus), clears if isinstance(clears, dict) else {})
 
 
 class GpuWatchState(FactBase[WatchState]):
