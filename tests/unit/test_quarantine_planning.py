@@ -110,3 +110,28 @@ def test_quarantine_of_a_watch_state() -> None:
     assert quarantine_of(WatchState("ok", None, "r", 3, gpus)) == {2: "XID 79 (reboot): GPU has fallen off the bus"}
     assert quarantine_of(WatchState("foreign", "cloned", "r", 3, gpus)) == {}
     assert quarantine_of(None) == {}
+
+
+@pytest.mark.parametrize(
+    ("status", "quarantined", "expected"),
+    [
+        ("ok", True, [("gpu-quarantined", "error", 2)]),
+        ("ok", False, []),
+        ("none", False, []),  # no watcher deployed: nothing to say
+        ("no-root", False, []),
+        ("foreign", False, [("gpu-watch-record", "warning", None)]),
+        ("bad-record", False, [("gpu-watch-record", "warning", None)]),
+    ],
+)
+def test_the_audit_shows_the_quarantine(
+    status: str, quarantined: bool, expected: list[tuple[str, str, int | None]]
+) -> None:
+    from fleet.audit.quarantine import rule_quarantine
+    from fleet.gpuwatch.state import GpuEvent, GpuWatch, WatchState
+
+    e = GpuEvent(3, 10.0, "xid", 79, "reboot", "GPU has fallen off the bus")
+    gpus = (GpuWatch("GPU-a", 2, "", (e,), 0, e if quarantined else None),)
+    findings = rule_quarantine("h", WatchState(status, "why" if status != "ok" else None, "r", 3, gpus))
+    assert [(f.rule, f.severity.label, f.gpu) for f in findings] == expected
+    if quarantined:
+        assert "XID 79 (reboot)" in findings[0].message and "fleet gpu clear INVENTORY h 2 --why" in findings[0].way_out
