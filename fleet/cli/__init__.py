@@ -116,6 +116,7 @@ COMMANDS = {
     "audit": ("fleet.cli.audit", "audit"),
     "deploy": ("fleet.cli.deploy", "deploy"),
     "drain": ("fleet.cli.drain", "drain"),
+    "gpu": ("fleet.cli.gpu", "gpu"),
     "history": ("fleet.cli.history", "history"),
     "lab": ("fleet.cli.lab", "lab"),
     "lb": ("fleet.cli.lb", "lb"),

@@ -68,6 +68,7 @@ from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
+from fleet.gpuwatch.state import GpuWatchState, quarantine_of
 from fleet.inventory.spec import LoadedInventory
 from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
 from fleet.operations import host as host_deploy
@@ -243,10 +244,12 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> Pr
 
     with ctx_state.use(state):
         greenlets = [gevent.spawn(host_deploy.probe, h) for h in hosts]
-        gevent.joinall(greenlets)
+        watched = [gevent.spawn(h.get_fact, GpuWatchState) for h in hosts]  # quarantined GPUs
+        gevent.joinall(greenlets + watched)
     probes = {h.name: g.get() for h, g in zip(hosts, greenlets, strict=True)}
+    held = {h.name: quarantine_of(g.value) for h, g in zip(hosts, watched, strict=True) if g.successful()}
     these = dataclasses.replace(loaded, hosts=tuple(s for s in loaded.hosts if s.name in probes))
-    fleet_plan = build_fleet_plan(these, probes, deploy=True)
+    fleet_plan = build_fleet_plan(these, probes, deploy=True, quarantine=held)
     out = ProbePlans()
     for h in hosts:
         outcome = fleet_plan.host(h.name)

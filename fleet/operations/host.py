@@ -40,6 +40,7 @@ from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_inst
 from fleet.gpus import Fabric
 from fleet.inventory.spec import HostSpec, host_spec
 from fleet.operations import layout, nvidia, revisions, units, vllm
+from fleet.operations.gpuwatch import gpu_watcher
 from fleet.plan.gpu_source import GpusNotKnownYet, gpu_source
 from fleet.plan.planner import HostPlan
 from fleet.render.revision import Revision, revisions_of
@@ -353,5 +354,6 @@ def vllm_host() -> None:
     with contextlib.suppress(GpusNotKnownYet):  # the driver and release go on; vllm_units says why not units
         host_plan(host.name, _data(), probe())
     nvidia_driver()
+    gpu_watcher()
     vllm_release()
     vllm_units()

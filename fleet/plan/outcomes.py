@@ -23,7 +23,14 @@ from fleet.inventory.multinode import pools
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
 from fleet.plan.extra_args import extra_args_problems
-from fleet.plan.gpu_source import GpuDecision, GpusNotKnownYet, decide_gpus, gpus_for, planning_gpus_of
+from fleet.plan.gpu_source import (
+    AllGpusQuarantined,
+    GpuDecision,
+    GpusNotKnownYet,
+    decide_gpus,
+    gpus_for,
+    planning_gpus_of,
+)
 from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
 from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
 
@@ -319,6 +326,7 @@ def build_fleet_plan(
     *,
     deploy: bool = False,
     model_loader: Callable[[str, str | None], ModelArch] = load_model,
+    quarantine: Mapping[str, Mapping[int, str]] | None = None,
 ) -> FleetPlan:
     """The one function from inventory and facts to the fleet plan (pure given its inputs).
 
@@ -326,10 +334,12 @@ def build_fleet_plan(
     ``deploy``: plan as a deploy or rollout does (``fleet.plan.gpu_source``: an inventory entry the
     probe contradicts refuses the host; a host whose NVML does not answer yet and that declares
     nothing waits); otherwise as ``fleet plan`` does (the probe where it answered with GPUs, else the
-    declaration, and the difference shown).
+    declaration, and the difference shown). ``quarantine``: host -> GPU index -> why (the GPU
+    watcher's records, ``fleet.gpuwatch.state.read_quarantine``): planned around.
     """
     answers = {name: _answer(r) for name, r in (probes or {}).items()}
-    decisions = {s.name: decide_gpus(s, answers.get(s.name)) for s in loaded.hosts}
+    held = quarantine or {}
+    decisions = {s.name: decide_gpus(s, answers.get(s.name), held.get(s.name)) for s in loaded.hosts}
     if deploy:
 
         def gpus_of(spec: HostSpec) -> HostGpus:
@@ -343,7 +353,14 @@ def build_fleet_plan(
         return FleetPlan(_plan_all(loaded.hosts, gpus_of, model_loader, decisions), {}, loaded)
     probed = {name: d.probed for name, d in decisions.items() if d.probed is not None}
     notes = planning_gpus_of(probes)[1] if probes is not None else {}
-    outcomes = _plan_all(loaded.hosts, lambda spec: gpus_for(spec, probed), model_loader, decisions)
+
+    def plan_gpus(spec: HostSpec) -> HostGpus:
+        refusal = decisions[spec.name].refusal
+        if isinstance(refusal, AllGpusQuarantined):
+            raise refusal
+        return gpus_for(spec, probed)
+
+    outcomes = _plan_all(loaded.hosts, plan_gpus, model_loader, decisions)
     return FleetPlan(outcomes, notes, loaded)
 
 
@@ -358,10 +375,16 @@ def plan_fleet(
     loaded = load_for_planning(path, limit)
     if offline:
         return build_fleet_plan(loaded)
+    from fleet.facts.hostfacts import HostFacts
     from fleet.facts.probed import probe_hosts
+    from fleet.gpuwatch.state import read_quarantine
 
-    answers = probe_hosts(loaded, connect_timeout=PROBE_CONNECT_TIMEOUT if probe_timeout is None else probe_timeout)
-    return build_fleet_plan(loaded, answers)
+    connect = PROBE_CONNECT_TIMEOUT if probe_timeout is None else probe_timeout
+    answers = probe_hosts(loaded, connect_timeout=connect)
+    reachable = dataclasses.replace(
+        loaded, hosts=tuple(h for h in loaded.hosts if isinstance(answers.get(h.name), HostFacts))
+    )
+    return build_fleet_plan(loaded, answers, quarantine=read_quarantine(reachable, connect_timeout=connect))
 
 
 # -- data for --json --------------------------------------------------------------------------------

@@ -465,9 +465,9 @@ def utilization_for(spec: HostSpec, gpus: HostGpus, group: tuple[int, ...]) -> t
 
 def gpu_groups(gpus: HostGpus, tp: int, pcie_tp: bool) -> list[tuple[int, ...]]:
     """Split the host's GPUs into groups of ``tp`` that stay inside one NVLink island."""
-    islands = [frozenset(range(gpus.count))] if pcie_tp else list(gpus.islands)
+    islands = [gpus.usable] if pcie_tp else list(gpus.islands)
     groups: list[tuple[int, ...]] = []
-    for island in sorted(islands, key=min):
+    for island in sorted((i for i in islands if i), key=min):
         members = sorted(island)
         groups += [tuple(members[i : i + tp]) for i in range(0, len(members) - tp + 1, tp)]
     return sorted(groups)
@@ -483,7 +483,7 @@ def candidate_tps(arch: ModelArch, gpus: HostGpus, spec: HostSpec, pcie_tp: bool
     """TP sizes vLLM accepts for this model on these GPUs that fit inside an NVLink island, smallest first."""
     if spec.tensor_parallel_size is not None:
         return [spec.tensor_parallel_size]
-    largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
+    largest = len(gpus.usable) if pcie_tp else max((len(i) for i in gpus.islands), default=0)
     return [tp for tp in range(1, largest + 1) if is_power_of_two(tp) and tp_problem(arch, gpus, tp) is None]
 
 
@@ -616,7 +616,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
             f"workload p95 sequence {spec.workload.p95_sequence_tokens} tokens exceeds the model's maximum "
             f"{arch.max_model_len}; --max-model-len capped, longer requests will be rejected"
         )
-    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and len(gpus.usable) > 1
     pcie_tp = pcie_only and spec.allow_pcie_tensor_parallel
     if spec.tensor_parallel_size is not None:
         _check_pinned_tp(spec, gpus, arch, pcie_tp, ways_out)
@@ -645,7 +645,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
     notes += _defaults_notes(spec, arch)
     notes += _kv_notes(arch, chosen.memory[0])
     used = {i for g in chosen.groups for i in g}
-    idle = tuple(i for i in range(gpus.count) if i not in used)
+    idle = tuple(i for i in sorted(gpus.usable) if i not in used)
     if idle:
         warnings.append(
             f"GPUs {', '.join(map(str, idle))} stay idle: no group of {chosen.tp} there fits "
@@ -678,9 +678,9 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
 def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool) -> None:
     tp = spec.tensor_parallel_size
     assert tp is not None
-    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and len(gpus.usable) > 1
     problem = tp_problem(arch, gpus, tp)
-    largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
+    largest = len(gpus.usable) if pcie_tp else max((len(i) for i in gpus.islands), default=0)
     over_pcie = False
     if problem is None and tp > largest:
         over_pcie = pcie_only and tp <= gpus.count
@@ -983,7 +983,11 @@ def _no_fit(
         else:
             summary = "the weights do not fit in GPU memory"
     else:
-        largest = gpus.count if pcie_only and spec.allow_pcie_tensor_parallel else max(len(i) for i in gpus.islands)
+        largest = (
+            len(gpus.usable)
+            if pcie_only and spec.allow_pcie_tensor_parallel
+            else max((len(i) for i in gpus.islands), default=0)
+        )
         refused = [
             f"TP {t}: {why}" for t in range(1, largest + 1) if is_power_of_two(t) and (why := tp_problem(arch, gpus, t))
         ]
