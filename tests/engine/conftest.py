@@ -56,7 +56,8 @@ def real(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[
 def engine(request: pytest.FixtureRequest) -> Engine:
     kind: str = request.param
     found: Engine = request.getfixturevalue(kind)
-    found.stop_all()  # every scenario starts from no server of this kind
+    # every scenario starts from no server of this kind (a spare left for it aside)
+    found.stop_all(keep=found.spares)
     return found
 
 

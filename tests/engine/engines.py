@@ -245,6 +245,7 @@ class Engine:
         self.root = root
         self.model_dir = model_dir
         self.servers: list[Server] = []
+        self.spares: list[Server] = []  #: serving servers a later scenario may take
 
     @property
     def vllm(self) -> Path:
@@ -277,8 +278,12 @@ class Engine:
             server.wait_ready()
         return server
 
-    def stop_all(self) -> None:
+    def stop_all(self, keep: list[Server] | None = None) -> None:
+        """Kill every server this engine started (and its process group), except those in ``keep``."""
+        kept = [s for s in self.servers if any(s is k for k in keep or [])]
         for server in self.servers:
+            if any(server is k for k in kept):
+                continue
             pids = [server.proc.pid, *server.tree()]
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(server.proc.pid, signal.SIGKILL)
@@ -287,7 +292,22 @@ class Engine:
                     os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
                 server.proc.wait(timeout=10)
-        self.servers.clear()
+        self.servers = kept
+        self.spares = [s for s in self.spares if any(s is k for k in kept)]
+
+    def spare_or_start(self, *args: str) -> Server:
+        """A serving server left by an earlier scenario (``spares``), else a new one with ``args``.
+
+        A real engine's start is the suite's main cost: a server that came up although it was
+        sent a SIGTERM while loading (``ignored``) serves like any other, and a scenario that
+        ends its server anyway (an engine death) can take it."""
+        while self.spares:
+            server = self.spares.pop(0)
+            if server.proc.poll() is None and server.health() == 200:
+                self.stop_all(keep=[server, *self.spares])
+                return server
+        self.stop_all()
+        return self.start(*args)
 
 
 class StandinEngine(Engine):

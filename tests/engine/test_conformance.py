@@ -244,18 +244,24 @@ def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
     return f"exit {code}, streams " + ", ".join(f"{s.ended}/{len(s.error_events)} error" for s in streams)
 
 
-def _drain_with_open_streams(engine: Engine, faults: dict[str, Any] | None) -> str:
-    server = engine.start("--max-model-len", "2048", "--shutdown-timeout", "1", faults=faults)
-    streams = [open_stream(server.url, 2000) for _ in range(2)]
-    for s in streams:
+def _drain_with_open_streams(engine: Engine, faults: list[dict[str, Any] | None]) -> list[str]:
+    """One run per entry of ``faults``, the servers side by side (at most two at once)."""
+    servers = [engine.start("--max-model-len", "2048", "--shutdown-timeout", "1", faults=f, wait=False)
+               for f in faults]  # fmt: skip
+    for server in servers:
+        server.wait_ready()
+    streams = [[open_stream(server.url, 2000) for _ in range(2)] for server in servers]
+    for s in (s for group in streams for s in group):
         assert s.first.wait(60) and s.status == 200
-    server.proc.send_signal(signal.SIGTERM)
+    for server in servers:
+        server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
-    late = complete(server, 5, key=None)
-    assert (late.status, late.body) == (500, LATE_500)
-    outcome = drain_outcome(server, streams, 12)
+    for server in servers:
+        late = complete(server, 5, key=None)
+        assert (late.status, late.body) == (500, LATE_500)
+    outcomes = [drain_outcome(server, group, 12) for server, group in zip(servers, streams, strict=True)]
     engine.stop_all()
-    return outcome
+    return outcomes
 
 
 def test_drain_deadline_with_open_streams(engine: Engine) -> None:
@@ -265,9 +271,9 @@ def test_drain_deadline_with_open_streams(engine: Engine) -> None:
     (``serve_http`` in ``vllm/entrypoints/launchers/launcher.py``). Racy on the real engine: each
     run must be one of the two; the stand-in produces each on demand."""
     if engine.name == "real":
-        outcomes = [_drain_with_open_streams(engine, None) for _ in range(2)]
+        outcomes = _drain_with_open_streams(engine, [None, None])
     else:
-        outcomes = [_drain_with_open_streams(engine, {"drain_open_streams": o}) for o in DRAIN_OUTCOMES]
+        outcomes = _drain_with_open_streams(engine, [{"drain_open_streams": o} for o in DRAIN_OUTCOMES])
         assert outcomes == list(DRAIN_OUTCOMES)
     record(engine, "drain_open_streams_outcomes", sorted(set(outcomes)))
     assert set(outcomes) <= set(DRAIN_OUTCOMES), outcomes
@@ -276,31 +282,51 @@ def test_drain_deadline_with_open_streams(engine: Engine) -> None:
 def test_sigterm_while_loading(engine: Engine) -> None:
     """A SIGTERM while the server starts ends in one of three ways, by timing: killed by the
     signal (before ``run_server`` installs ``_interrupt_init``), deadlocked (never listens, never
-    exits), or ignored (loads and serves). The real engine is signalled early (importing) and
-    twice once its engine core exists; the stand-in produces each outcome on demand."""
+    exits), or ignored (loads and serves). The real engine is signalled early (importing), then
+    two servers side by side once their engine core exists (at once, and 5 s later); the stand-in
+    produces each outcome on demand. A server that ignored it is kept for a later scenario."""
+    outcomes = []
     if engine.name == "real":
-        runs = [("start", 0.5), ("core", 0.0), ("core", 5.0)]
-        outcomes = []
-        for when, delay in runs:
-            server = engine.start("--max-model-len", "2048", wait=False)
-            if when == "core":
-                assert wait_for(lambda s=server: "VLLM::EngineCore" in s.tree().values(), timeout=engine.start_s)
-            time.sleep(delay)
-            server.proc.send_signal(signal.SIGTERM)
-            outcomes.append(loading_outcome(server, 90))
-            engine.stop_all()
+        early = engine.start("--max-model-len", "2048", wait=False)
+        time.sleep(0.5)
+        early.proc.send_signal(signal.SIGTERM)
+        outcomes.append(loading_outcome(early, 60))
+        runs = [(engine.start("--max-model-len", "2048", wait=False), delay) for delay in (0.0, 5.0)]
+        signalled: list[tuple[Server, float]] = []
+        deadline = time.monotonic() + engine.start_s
+        while len(signalled) < len(runs) and time.monotonic() < deadline:
+            for server, delay in runs:
+                if any(server is s for s, _ in signalled):
+                    continue
+                cores = [pid for pid, t in server.tree().items() if t == "VLLM::EngineCore"]
+                if cores and time.monotonic() >= core_seen(server, cores[0]) + delay:
+                    server.proc.send_signal(signal.SIGTERM)
+                    signalled.append((server, time.monotonic()))
+            time.sleep(0.05)
+        assert len(signalled) == len(runs), [s.log()[-2000:] for s, _ in runs]
+        for server, _ in runs:
+            outcomes.append(loading_outcome(server, 120))
     else:
-        outcomes = []
         for wanted in LOADING_OUTCOMES:
             server = engine.start("--max-model-len", "2048", wait=False, faults={"sigterm_while_loading": wanted},
                                   env={"FLEET_LAB_LOAD_SECONDS": "3"})  # fmt: skip
             assert wait_for(lambda s=server: "VLLM::EngineCore" in s.tree().values(), timeout=engine.start_s)
             server.proc.send_signal(signal.SIGTERM)
             outcomes.append(loading_outcome(server, 10))
-            engine.stop_all()
         assert outcomes == list(LOADING_OUTCOMES)
     record(engine, "sigterm_while_loading_outcomes", sorted(set(outcomes)))
     assert set(outcomes) <= set(LOADING_OUTCOMES), outcomes
+    serving = [s for s in engine.servers if s.proc.poll() is None and s.health() == 200]
+    engine.spares = serving
+    engine.stop_all(keep=serving)
+
+
+_CORE_SEEN: dict[int, float] = {}
+
+
+def core_seen(server: Server, core: int) -> float:
+    """When this scenario first saw ``core`` (the server's engine core)."""
+    return _CORE_SEEN.setdefault(core, time.monotonic())
 
 
 def loading_outcome(server: Server, wait_s: float) -> str:
@@ -328,7 +354,7 @@ def test_engine_death_under_traffic(engine: Engine) -> None:
     """The engine core dies while a completion and a stream are in flight: the completion gets
     HTTP 500 and ``engine_error_handler`` stops the server at once (exit 0 within about a
     second, not the watchdog's 5 s); the stream gets an SSE ``{"error": ...}`` event, then ``[DONE]``."""
-    server = engine.start("--max-model-len", "2048")
+    server = engine.spare_or_start("--max-model-len", "2048")
     record(engine, "process_tree", descendants_titles(server))
     stream = open_stream(server.url, 2000)
     assert stream.first.wait(60)
@@ -358,7 +384,7 @@ def test_engine_death_under_traffic(engine: Engine) -> None:
 def test_engine_death_idle(engine: Engine) -> None:
     """The engine core dies with nothing in flight: ``/health`` 503 until the watchdog
     (``watchdog_loop``, every 5 s) stops the server; exit 0."""
-    server = engine.start("--max-model-len", "2048")
+    server = engine.spare_or_start("--max-model-len", "2048")
     t0 = time.monotonic()
     os.kill(_engine_core(server), signal.SIGKILL)
     assert wait_for(lambda: server.health() == 503, timeout=5)

@@ -12,7 +12,8 @@ tensor vLLM's ``LlamaForCausalLM.load_weights`` (``vllm/model_executor/models/ll
 and a byte-level BPE tokenizer trained here with ``tokenizers`` on a generated corpus
 (``tokenizer.json`` + ``tokenizer_config.json`` with a chat template).
 
-The tokenizer has no end-of-sequence token, so a completion never stops early on a token the
+Neither the tokenizer nor the config has an end-of-sequence token (``eos_token_id`` is null:
+``LlamaConfig``'s default of 2 would be one), so a completion never stops early on a token the
 random weights happen to pick: every answer runs to ``max_tokens`` (``finish_reason: "length"``),
 as the lab's stand-in answers. The model is deterministic for a seed (same files, same hash).
 """
@@ -45,6 +46,9 @@ CONFIG = {
     "torch_dtype": "bfloat16",
     "vocab_size": 1024,
     "bos_token_id": 0,
+    # explicitly none: LlamaConfig's default (2) would stop a completion wherever token 2 comes up
+    "eos_token_id": None,
+    "pad_token_id": None,
 }
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
