@@ -97,26 +97,19 @@ def descendants_titles(server: Server) -> list[str]:
 # ---- start-up refusals ------------------------------------------------------------------------
 
 
-def test_unknown_flag_exits_2(engine: Engine) -> None:
-    """argparse refuses a removed flag (``--swap-space``, gone since 0.18.0): exit 2."""
-    server = engine.start("--swap-space", "4", wait=False)
-    code = server.wait_exit(engine.start_s)
-    log = server.log()
-    assert code == 2, log[-2000:]
-    assert "vllm: error: unrecognized arguments: --swap-space 4" in log
-    record(engine, "unknown_flag", (code, "unrecognized arguments: --swap-space 4" in log))
-
-
-def test_too_long_max_model_len_exits_1(engine: Engine) -> None:
-    """``--max-model-len`` above the model's ``max_position_embeddings`` (2048): exit 1 with vLLM's
-    ``_get_and_verify_max_len`` message (``vllm/config/model.py``)."""
-    server = engine.start("--max-model-len", "100000", wait=False)
-    code = server.wait_exit(engine.start_s)
-    log = server.log()
+def test_startup_refusals(engine: Engine) -> None:
+    """Refused before anything loads, both started at once: argparse refuses a removed flag
+    (``--swap-space``, gone since 0.18.0) with exit 2; ``--max-model-len`` above the model's
+    ``max_position_embeddings`` (2048) is refused by ``_get_and_verify_max_len``
+    (``vllm/config/model.py``) with exit 1."""
+    flag = engine.start("--swap-space", "4", wait=False)
+    too_long = engine.start("--max-model-len", "100000", wait=False)
+    codes = (flag.wait_exit(engine.start_s), too_long.wait_exit(engine.start_s))
     message = "User-specified max_model_len (100000) is greater than the derived max_model_len"
-    assert code == 1, log[-2000:]
-    assert message in log
-    record(engine, "too_long_max_model_len", (code, message in log))
+    seen = ("vllm: error: unrecognized arguments: --swap-space 4" in flag.log(), message in too_long.log())
+    record(engine, "startup_refusals", (codes, seen))
+    assert codes == (2, 1), (flag.log()[-2000:], too_long.log()[-2000:])
+    assert seen == (True, True)
 
 
 # ---- serving ----------------------------------------------------------------------------------
@@ -259,7 +252,7 @@ def _drain_with_open_streams(engine: Engine, faults: list[dict[str, Any] | None]
     for server in servers:
         late = complete(server, 5, key=None)
         assert (late.status, late.body) == (500, LATE_500)
-    outcomes = [drain_outcome(server, group, 12) for server, group in zip(servers, streams, strict=True)]
+    outcomes = [drain_outcome(server, group, 10) for server, group in zip(servers, streams, strict=True)]
     engine.stop_all()
     return outcomes
 
@@ -385,7 +378,8 @@ def test_engine_death_under_traffic(engine: Engine) -> None:
 
 def test_engine_death_idle(engine: Engine) -> None:
     """The engine core dies with nothing in flight: ``/health`` 503 until the watchdog
-    (``watchdog_loop``, every 5 s) stops the server; exit 0."""
+    (``watchdog_loop``: every 5 s from the server's start) stops the server at its next tick,
+    0 to 5 s after the death; exit 0."""
     server = engine.spare_or_start("--max-model-len", "2048")
     t0 = time.monotonic()
     os.kill(_engine_core(server), signal.SIGKILL)
@@ -393,7 +387,7 @@ def test_engine_death_idle(engine: Engine) -> None:
     code = server.wait_exit(20)
     exit_s = time.monotonic() - t0
     record(engine, "death_idle", (code, "503 then exit"))
-    assert code == 0 and 2 < exit_s < 12, (code, exit_s)
+    assert code == 0 and exit_s < 12, (code, exit_s)
     print(f"\n{engine.name}: idle engine death, API server exit after {exit_s:.2f}s")
 
 

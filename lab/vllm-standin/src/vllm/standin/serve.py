@@ -272,7 +272,7 @@ class Serve:
         current = faults
         was_stalled = False
         fatal_sent = False
-        dead_since: float | None = None
+        next_tick = ready_at + watchdog
         next_fault_read = time.monotonic() + 1.0
         while True:
             if self.stop.event.wait(0.1):
@@ -307,9 +307,12 @@ class Serve:
             if not fatal_sent and plan.tp * plan.pp > 1 and engine.oldest_running_seconds() > execute_timeout:
                 core.inject_fatal("TimeoutError", "RPC call to execute_model timed out.")
                 fatal_sent = True
-            if dead_since is None and engine.dead:
-                dead_since = now
-            if dead_since is not None and now - dead_since >= watchdog:
+            # watchdog_loop: sleep 5 s, then terminate_if_errored, from the server's start, so
+            # a death is acted on at the next tick: 0 to 5 s after it, not 5 s after it.
+            tick = now >= next_tick
+            if tick:
+                next_tick += watchdog
+            if tick and engine.dead:
                 # terminate_if_errored only sets server.should_exit: the process then leaves
                 # serve_http and run_server normally, and exits 0.
                 logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
