@@ -370,7 +370,15 @@ class RealEngine(Engine):
         return {
             "VLLM_CPU_KVCACHE_SPACE": REAL_KV_GIB,
             "VLLM_CPU_OMP_THREADS_BIND": str(live % self.cores),
+            # Loopback only: no usage report to vLLM's stats server (is_usage_stats_enabled in
+            # vllm/usage/usage_lib.py is on by default), no hub, and no route lookup for the
+            # engine's own address (get_ip in vllm/utils/network_utils.py asks for one to 8.8.8.8).
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_DO_NOT_TRACK": "1",
+            "DO_NOT_TRACK": "1",
+            "VLLM_HOST_IP": "127.0.0.1",
             "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
             "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(Path.home() / ".cache" / "vllm"),
         }
 
