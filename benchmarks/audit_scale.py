@@ -169,4 +169,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+
+    with guarded("benchmarks/audit_scale.py"):
+        main()

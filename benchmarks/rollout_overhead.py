@@ -342,4 +342,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+
+    with guarded("benchmarks/rollout_overhead.py"):
+        main()

@@ -6,8 +6,9 @@ Each host's data drives it (see ``fleet.operations.host``); its GPUs come from i
 (a ``gpu`` entry the probe contradicts stops the run before anything is written). A host whose
 NVML does not answer yet and has no ``gpu`` entry gets its units from a run after its driver and
 release are in place (``fleet deploy`` does that second pass itself). Commands run with sudo. It installs
-and enables but does not start or restart the units: ``fleet deploy`` does that after its
-preflight, and the rolling engine on a fleet that is already serving.
+the units, enabled only when planned from the host's probe (units from a ``gpu`` entry would start
+at boot from a plan the probe replaces), and does not start or restart them: ``fleet deploy`` does
+that after its preflight, and the rolling engine on a fleet that is already serving.
 """
 
 from fleet.operations.host import vllm_host

@@ -24,6 +24,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from fleet.logs import route_library_logs
 from fleet.secrets import redact, redact_data
 
 EXIT_OK = 0
@@ -114,6 +115,7 @@ def internal_error(exc: BaseException, debug: bool) -> NoReturn:
 COMMANDS = {
     "audit": ("fleet.cli.audit", "audit"),
     "deploy": ("fleet.cli.deploy", "deploy"),
+    "drain": ("fleet.cli.drain", "drain"),
     "history": ("fleet.cli.history", "history"),
     "lab": ("fleet.cli.lab", "lab"),
     "lb": ("fleet.cli.lb", "lb"),
@@ -123,6 +125,7 @@ COMMANDS = {
     "rollback": ("fleet.cli.rollout", "rollback"),
     "rollout": ("fleet.cli.rollout", "rollout"),
     "status": ("fleet.cli.status", "status"),
+    "undrain": ("fleet.cli.drain", "undrain"),
 }
 
 
@@ -158,6 +161,7 @@ def main() -> None:
 
     Exit codes: 0 done; 1 some host could not be served; 2 invalid input; 3 internal error (a bug).
     """
+    route_library_logs()  # paramiko's tracebacks go to fleet's log file, not between fleet's lines
 
 
 def fail(

@@ -14,6 +14,7 @@ import click
 
 from fleet.cli import EXIT_INVALID, EXIT_OK, EXIT_SOME_HOSTS, console, debug_option, fail
 from fleet.errors import FleetError, InventoryError
+from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.secrets import redact_data
 
 
@@ -36,9 +37,24 @@ from fleet.secrets import redact_data
     help="Plan from observed traffic: read the serving instances (or this Prometheus) and show the change.",
 )
 @click.option("--offline", is_flag=True, help="Do not probe the hosts: plan from the inventory's gpu data.")
+@click.option(
+    "--probe-timeout",
+    type=click.FloatRange(min=0.1, max=600),
+    default=PROBE_CONNECT_TIMEOUT,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for each host's SSH port (all hosts at once); a host that does not answer is "
+    "planned from the inventory's gpu data.",
+)
 @debug_option
 def plan(
-    inventory: str, limit: tuple[str, ...], as_json: bool, render_dir: Path | None, observed: str | None, offline: bool
+    inventory: str,
+    limit: tuple[str, ...],
+    as_json: bool,
+    render_dir: Path | None,
+    observed: str | None,
+    offline: bool,
+    probe_timeout: float,
 ) -> None:
     """The serving plan per host: flags, memory math and reasons. Changes nothing on any host.
 
@@ -57,7 +73,7 @@ def plan(
     from fleet.render.units import host_render_dir, render_host, write_tree
 
     try:
-        fleet_plan = plan_fleet(inventory, list(limit) or None, offline)
+        fleet_plan = plan_fleet(inventory, list(limit) or None, offline, probe_timeout)
     except InventoryError as exc:
         fail(str(exc), as_json, EXIT_INVALID, [p.data() for p in exc.problems])
     except FleetError as exc:

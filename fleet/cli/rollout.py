@@ -11,11 +11,11 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console, Group
@@ -27,13 +27,17 @@ from rich.text import Text
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
+from fleet.facts.drain import DrainMarker
 from fleet.lb.traffic import BalancerDown, BalancerMisconfigured
-from fleet.rollout.advice import next_steps
+from fleet.rollout.advice import left_down, next_steps
+from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import TERMINAL, RolloutState, RolloutStatus, Target
 from fleet.rollout.errors import LockHeld
+from fleet.rollout.executor import ExecutorError
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import Observations
+from fleet.rollout.previous import back_to, last_changes, rollback_targets
 from fleet.rollout.runner import Runner
 from fleet.rollout.session import NothingToResume, open_journal, resume_rollout, run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
@@ -62,6 +66,12 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def exit_code_of(exc: FleetError) -> int:
+    """1 for a host that could not be asked (unreachable, a refused host key or login): a host
+    failed, the input is fine; 2 for everything else (bad input, a held lock)."""
+    return EXIT_SOME_HOSTS if isinstance(exc, ExecutorError) else EXIT_INVALID
+
+
 def _size(text: str) -> int | str:
     text = text.strip()
     return int(text) if text.lstrip("-").isdigit() else text
@@ -88,20 +98,31 @@ def overrides_of(opts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Stop:
-    """Ctrl-C (or SIGTERM) asks the runner to stop between steps; the step in progress finishes."""
+    """Ctrl-C (or SIGTERM) asks the runner to stop between steps; the step in progress finishes
+    (every step has a deadline: on a host that stopped answering it ends within the SSH layer's
+    ``SILENT_S``). A second one aborts at once (``_Abort``): the connections are closed, what is
+    left down is named, and the journal records the interruption."""
 
     def __init__(self) -> None:
         self.asked = False
+        self.signal = ""
         self.note: Callable[[str], None] = lambda _m: None
 
     def __call__(self) -> bool:
         return self.asked
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self.asked:
-            raise KeyboardInterrupt
-        self.asked = True
-        self.note(f"{signal.Signals(signum).name}: stopping after the step in progress (again to abort at once)")
+            for s in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(s, signal.SIG_IGN)  # the abort is quick; a third signal must not cut it short
+            raise _Abort(f"second signal ({self.signal}, then {name})")
+        self.asked, self.signal = True, name
+        self.note(f"{name}: stopping after the step in progress (again to abort at once)")
+
+
+class _Abort(KeyboardInterrupt):
+    """A second Ctrl-C/SIGTERM: stop in the middle of a step."""
 
 
 @contextmanager
@@ -163,6 +184,20 @@ def _run(
         what = "resuming" if resumed else "starting"
         n, b = len(state.instances), len(state.batches)
         err.print(f"{what} {state.kind} {state.id}: {n} instance(s) in {b} batch(es)")
+    try:
+        return _loop(runner, state, stop, live_on, event, err)
+    except KeyboardInterrupt as exc:  # a second signal (or a Ctrl-C that came before ours was set)
+        _abort(runner.state or state, executor, journal, as_json, str(exc) or "Ctrl-C")
+
+
+def _loop(
+    runner: LiveRunner,
+    state: RolloutState,
+    stop: _Stop,
+    live_on: bool,
+    event: Callable[[str], None],
+    err: Console,
+) -> RolloutState:
     with _signals(stop):
         if live_on:
             with Live(console=err, refresh_per_second=2, transient=True) as live:
@@ -184,11 +219,39 @@ def _run(
     return final
 
 
+def _abort(state: RolloutState, executor: SshExecutor, journal: RolloutJournal, as_json: bool, how: str) -> NoReturn:
+    """Stop in the middle of a step: close every SSH connection (a command in flight ends now, and
+    nothing more is sent), journal the interruption, say what is left down and how to resume."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)  # quick, and must not be cut short
+    executor.close()
+    down = left_down(state)
+    names = ", ".join(str(i.ref) for i in down) or "none"
+    detail = f"aborted during a step on a {how}; not serving (stopped by this rollout, not back): {names}"
+    journal.interrupted(state, detail, time.time())
+    lines = [
+        f"{state.kind} {state.id} aborted during a step ({how}); the journal records it",
+        *(f"{i.ref}: not serving: this rollout stopped it and it is not back (last step: {i.phase.value})"
+          for i in down),
+        *(["no instance was left stopped by this rollout"] if not down else []),
+        f"resume with: fleet rollout --resume {state.id}",
+    ]  # fmt: skip
+    if as_json:
+        body = {"id": state.id, "fleet": state.fleet, "kind": state.kind, "status": "interrupted",
+                "reason": detail, "down": [str(i.ref) for i in down], "next": lines}  # fmt: skip
+        click.echo(json.dumps(body, indent=2))
+    else:
+        out = console(stderr=True)
+        for line in lines:
+            out.print(escape(line), soft_wrap=True)
+    sys.exit(EXIT_STOPPED)
+
+
 def _live(runner: LiveRunner, initial: RolloutState) -> Group:
     return Group(_view(runner.last or initial, time.time()), Text(""))
 
 
-def _summary(state: RolloutState) -> dict[str, Any]:
+def _summary(state: RolloutState, skipped: Mapping[str, DrainMarker] | None = None) -> dict[str, Any]:
     return {
         "id": state.id,
         "fleet": state.fleet,
@@ -208,12 +271,15 @@ def _summary(state: RolloutState) -> dict[str, Any]:
             for ref, i in state.instances.items()
         ],
         "next": next_steps(state),
+        "skipped": [{"host": name, "drained": m.data()} for name, m in (skipped or {}).items()],
     }
 
 
-def _report(state: RolloutState, as_json: bool) -> None:
+def report_state(state: RolloutState, as_json: bool, skipped: Mapping[str, DrainMarker] | None = None) -> None:
+    """The result for people or ``--json``, then exit (0: every instance healthy; hosts skipped
+    because they are drained do not change that)."""
     if as_json:
-        click.echo(json.dumps(_summary(state), indent=2))
+        click.echo(json.dumps(_summary(state, skipped), indent=2))
     else:
         shown = "interrupted" if state.status is RolloutStatus.RUNNING else state.status.value
         table = Table(title=f"fleet {state.kind} {state.id}: {shown}", title_justify="left")
@@ -226,6 +292,8 @@ def _report(state: RolloutState, as_json: bool) -> None:
         out.print(table)
         for line in next_steps(state):
             out.print(escape(line), soft_wrap=True)
+        for name, m in (skipped or {}).items():
+            out.print(escape(f"skipped {name}: {m.describe()}"), soft_wrap=True)
     sys.exit(0 if state.status is RolloutStatus.DONE else EXIT_SOME_HOSTS)
 
 
@@ -236,7 +304,8 @@ def _start(
     opts: Mapping[str, Any],
 ) -> None:
     """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
-    _report(roll(fleet, kind, targets_of, opts), bool(opts["as_json"]))
+    skipped: dict[str, DrainMarker] = {}
+    report_state(roll(fleet, kind, targets_of, opts, on_skipped=skipped.update), bool(opts["as_json"]), skipped)
 
 
 def roll(
@@ -244,16 +313,31 @@ def roll(
     kind: str,
     targets_of: Callable[[SshExecutor], list[Target]],
     opts: Mapping[str, Any],
+    on_skipped: Callable[[Mapping[str, DrainMarker]], None] = lambda _d: None,
 ) -> RolloutState:
-    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here."""
+    """``run_rollout`` with the command line's live view; a bad input or a held lock exits here.
+    Hosts drained for maintenance are skipped (said on stderr, given to ``on_skipped``)."""
     as_json = bool(opts.get("as_json"))
-    try:
-        return run_rollout(
+    return guarded(
+        lambda: run_rollout(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
-            run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False),
-            lb=not opts.get("no_lb"), warn=_warn(as_json),
-        )  # fmt: skip
+            run=live_loop(as_json), lb=not opts.get("no_lb"), warn=warn_to_stderr(as_json), on_skipped=on_skipped,
+        ),
+        as_json,
+    )  # fmt: skip
+
+
+def live_loop(as_json: bool) -> Callable[[RolloutState, SshExecutor, RolloutJournal], RolloutState]:
+    """The runner with the command line's live view (and Ctrl-C between steps)."""
+    return lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False)
+
+
+def guarded(call: Callable[[], RolloutState], as_json: bool) -> RolloutState:
+    """``call()``; a held lock, a balancer that cannot be used or is down, or a bad input exits
+    here, saying that nothing was touched and the way out."""
+    try:
+        return call()
     except LockHeld as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)
     except BalancerMisconfigured as exc:
@@ -261,11 +345,13 @@ def roll(
     except BalancerDown as exc:
         fail(f"{exc}\nnothing was touched; bring the balancer back, or roll without it: --no-lb (clients will "
              "see failed requests)", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except ExecutorError as exc:  # a host could not be asked before anything started: not bad input
+        fail(f"{exc} (nothing was changed)", as_json, code=EXIT_SOME_HOSTS)
     except FleetError as exc:
         fail(str(exc), as_json)
 
 
-def _warn(as_json: bool) -> Callable[[str], None]:
+def warn_to_stderr(as_json: bool) -> Callable[[str], None]:
     """Warnings go to stderr (also with --json, whose document is stdout's)."""
 
     def say(line: str) -> None:
@@ -274,8 +360,11 @@ def _warn(as_json: bool) -> Callable[[str], None]:
     return say
 
 
-def _current_releases(executor: SshExecutor, hosts: Sequence[str]) -> dict[str, str | None]:
-    return {h: executor.links(h)[0] for h in hosts}
+def _running_releases(executor: SshExecutor, fleet: RolloutFleet) -> dict[InstanceRef, str | None]:
+    """The release each instance runs now (its process's; ``fleet.facts.releases.running_release``):
+    a restart keeps every instance on its own, whatever its host's ``current`` link says. Hosts the
+    rollout skips (drained, maybe down) are not asked."""
+    return {ref: executor.live(ref).release for ref in fleet.instances if ref.host not in executor.skipped}
 
 
 # ---- commands -------------------------------------------------------------------------------------
@@ -296,11 +385,12 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), bool(opts["as_json"]))
+        fail(str(exc), bool(opts["as_json"]), code=exit_code_of(exc))
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
-    _start(fleet, "restart", lambda ex: fleet.targets(_current_releases(ex, fleet.hosts), restart=True), opts)
+    _start(fleet, "restart", lambda ex: fleet.instance_targets(_running_releases(ex, fleet), restart=True,
+                                                               skip=ex.skipped), opts)  # fmt: skip
 
 
 @click.command()
@@ -354,7 +444,7 @@ def rollout(
     try:
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     chosen = release
     _start(fleet, "rollout", lambda _ex: fleet.targets(dict.fromkeys(fleet.hosts, chosen), restart=False), opts)
 
@@ -382,7 +472,7 @@ def _apply(
                 overrides=overrides,
             )  # fmt: skip
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     report(result, as_json, "fleet rollout")
 
 
@@ -393,6 +483,7 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
             resume_id or None, journal_path=opts["journal_path"], take_over=bool(opts["take_over"]),
             gates_over_ssh=opts["gates_over_ssh"] or (), lb=not opts.get("no_lb"),
             run=lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=True),
+            warn=warn_to_stderr(as_json),
         )  # fmt: skip
     except NothingToResume as exc:
         fail(str(exc), as_json, code=EXIT_SOME_HOSTS)
@@ -402,8 +493,8 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
     except BalancerMisconfigured as exc:
         fail(f"{exc}\nor resume without the balancer: --no-lb", as_json, code=EXIT_INVALID)
     except FleetError as exc:
-        fail(str(exc), as_json, code=EXIT_INVALID)
-    _report(final, as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
+    report_state(final, as_json)
 
 
 @click.command()
@@ -413,54 +504,62 @@ def _resume(resume_id: str, opts: Mapping[str, Any]) -> None:
 def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
     """Go back to the last good release: a link flip and a restart per instance, no reinstall.
 
-    TARGET is a rollout ID (every instance it changed goes back to the release it ran before) or
-    an INVENTORY (every host goes to its ``previous`` release link). Without TARGET: the last
-    rollout in the journal.
+    TARGET is a rollout ID (every instance it changed goes back to what it ran before it) or an
+    INVENTORY (each instance goes back to what it ran before the newest rollout that changed it,
+    as the journal recorded it for that instance; instances no rollout changed stay as they are).
+    Without TARGET: the last rollout in the journal.
     """
     as_json = bool(opts["as_json"])
     if target is not None and Path(target).is_file():
-        try:
-            fleet = load_fleet(target, limit)
-        except FleetError as exc:
-            fail(str(exc), as_json)
-
-        def previous(ex: SshExecutor) -> list[Target]:
-            links = {h: ex.links(h) for h in fleet.hosts}
-            none = [h for h, (_c, p) in links.items() if not p]
-            if none:
-                raise FleetError(f"no previous release on {', '.join(none)} (no previous link): nothing to go back to")
-            return fleet.targets({h: p for h, (_c, p) in links.items()}, restart=False)
-
-        _start(fleet, "rollback", previous, opts)
+        _rollback_inventory(target, limit, opts)
         return
     try:
         with open_journal(opts["journal_path"]) as journal:
             rid = target or next((r.id for r in journal.history(None, 200) if r.kind == "rollout"), None)
             if not rid:
-                fail("no rollout in the journal to roll back; give an INVENTORY to go to each host's previous release",
-                     as_json)  # fmt: skip
+                fail("no rollout in the journal to roll back; give an INVENTORY to send each instance back to what "
+                     "it ran before its last rollout", as_json)  # fmt: skip
             saved = journal.latest_state(rid)
     except FleetError as exc:
-        fail(str(exc), as_json)
+        fail(str(exc), as_json, code=exit_code_of(exc))
     back = {ref: i for ref, i in saved.instances.items() if i.touched and i.previous_release}
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
     try:
         fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
     except FleetError as exc:
+        fail(str(exc), as_json, code=exit_code_of(exc))
+    _start(fleet, "rollback", lambda _ex: [back_to(i) for ref, i in back.items() if ref in fleet.instances], opts)
+
+
+#: rollouts of a fleet read to find each instance's newest change (newest first)
+ROLLBACK_HISTORY = 200
+
+
+def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[str, Any]) -> None:
+    """``fleet rollback INVENTORY``: each instance back to what it ran before the newest rollout
+    that changed it (``fleet.rollout.previous``), from the journal; never the host's ``previous``
+    link, which one instance's switch flips for all of the host's."""
+    as_json = bool(opts["as_json"])
+    try:
+        fleet = load_fleet(inventory, limit)
+    except FleetError as exc:
+        fail(str(exc), as_json, code=exit_code_of(exc))
+    try:
+        with open_journal(opts["journal_path"]) as journal:
+            records = journal.history(fleet.name, ROLLBACK_HISTORY)
+            changes = last_changes(journal.latest_state(r.id) for r in records)
+    except ValueError as exc:
+        fail(f"rollout {exc} of {inventory} did not finish: resume it (fleet rollout --resume {exc}) or roll "
+             f"it back by its ID (fleet rollback {exc}) first", as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    except FleetError as exc:
         fail(str(exc), as_json)
-
-    def before(_ex: SshExecutor) -> list[Target]:
-        return [
-            Target(
-                ref,
-                str(i.previous_release),
-                i.previous_model or i.target.model,
-                i.target.port,
-                revision=i.previous_revision if i.target.revision else None,
-            )
-            for ref, i in back.items()
-            if ref in fleet.instances
-        ]
-
-    _start(fleet, "rollback", before, opts)
+    targets, untouched = rollback_targets(changes, fleet.instances)
+    if not targets:
+        fail(f"no rollout in the journal changed an instance of {inventory}: nothing to go back to "
+             "(fleet history lists the rollouts; fleet rollout INVENTORY --release R goes to a given release)",
+             as_json, code=EXIT_SOME_HOSTS)  # fmt: skip
+    if untouched and not as_json:
+        names = ", ".join(str(r) for r in untouched)
+        Console(stderr=True, highlight=False).print(f"no rollout changed {escape(names)}: left as they are")
+    _start(fleet, "rollback", lambda _ex: targets, opts)

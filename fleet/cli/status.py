@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Group
@@ -14,6 +15,11 @@ from rich.text import Text
 from fleet.cli import console, fail
 from fleet.cli.status_view import status_view
 from fleet.errors import FleetError
+
+if TYPE_CHECKING:
+    from fleet.inventory.spec import LoadedInventory
+    from fleet.lb.traffic import Traffic
+    from fleet.monitor.targets import Target
 
 
 @click.command()
@@ -48,8 +54,14 @@ def status(
     fits 80 columns, and under it why each instance that needs a look is not fine; --wide shows
     every column.
 
-    Exit status 1 when an instance is not ready, its unit is not active, its host is unreachable
-    or it breaks an alert threshold; 2 when the inventory is invalid.
+    A host drained for maintenance (`fleet drain`) shows its instances as `drained`, with who,
+    when and why under the table; --wide's `lb` column is what each instance's load balancer says
+    (UP/DRAIN/MAINT/DOWN and its current sessions; with --no-ssh only balancers on this machine are
+    asked).
+
+    Exit status 1 when an instance is not ready (and not drained), its unit is not active, its host
+    is unreachable, it serves but is held out of its balancer's traffic, or it breaks an alert
+    threshold; 2 when the inventory is invalid.
     """
     from fleet.inventory.spec import load_inventory
     from fleet.monitor.hoststate import observe, ssh_targets
@@ -64,6 +76,7 @@ def status(
         outcomes = plan_inventory(loaded)
         targets = targets_from_outcomes(outcomes, loaded)
         hosts = ssh_targets(loaded.pyinfra, targets) if ssh else []
+        traffic = _traffic(loaded, targets, ssh)
     except FleetError as exc:
         fail(str(exc), as_json)
     unplanned = [o.spec.name for o in outcomes if o.plan is None]
@@ -73,17 +86,23 @@ def status(
         fail("--watch is for people; use --json without it (or call it in a loop)", as_json)
     if watch:
         out = console()
-        rows, latest = observe(targets, hosts, thresholds, interval, timeout)
+        rows, latest = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
         try:
             with Live(status_view(rows, interval, wide), console=out, auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
-                    rows, latest = observe(targets, hosts, thresholds, interval, timeout, previous=latest)
+                    rows, latest = observe(
+                        targets, hosts, thresholds, interval, timeout, previous=latest, traffic=traffic
+                    )
                     stamp = Text(time.strftime("%H:%M:%S") + "  Ctrl-C to stop", style="dim")
                     live.update(Group(status_view(rows, interval, wide), stamp), refresh=True)
         except KeyboardInterrupt:
             return
-    rows, _ = observe(targets, hosts, thresholds, interval, timeout)
+    try:
+        rows, _ = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
+    finally:
+        if traffic is not None:
+            traffic.close()
     if as_json:
         data = {"instances": [status_data(r) for r in rows], "hosts_without_plan": unplanned}
         click.echo(json.dumps(data, indent=2))
@@ -92,3 +111,13 @@ def status(
         if unplanned:
             console().print(f"[yellow]not observed (no valid plan, so no instances):[/] {', '.join(unplanned)}")
     sys.exit(0 if all(r.ok for r in rows) and not unplanned else 1)
+
+
+def _traffic(loaded: LoadedInventory, targets: list[Target], ssh: bool) -> Traffic | None:
+    """The balancers in front of the targets (without SSH: only those on this machine)."""
+    from fleet.lb.traffic import Traffic, traffic_of
+
+    traffic = traffic_of(loaded, [(t.host, f"vllm-{t.index}") for t in targets])
+    if not ssh:
+        traffic = Traffic({k: v for k, v in traffic.seats.items() if v.balancer.spec.local})
+    return traffic or None

@@ -62,16 +62,21 @@ def short_models(names: Iterable[str]) -> dict[str, str]:
 
 
 def reasons(row: InstanceStatus) -> list[str]:
-    """Why the row is not fine: why it is not ready, then each threshold it breaks."""
+    """Why the row is not fine: why it is not ready, then each threshold it breaks (for a drained
+    instance: who drained its host, when and why)."""
+    if row.drained is not None:
+        return [row.drained.describe(), *row.problems]
     out = [row.detail] if row.state is not State.READY and row.detail else []
     return out + [p for p in row.problems if p not in out]
 
 
 def summary(rows: list[InstanceStatus]) -> str:
-    """``3/4 ready, 1 with problems`` (the title)."""
+    """``3/4 ready, 1 drained, 1 with problems`` (the title)."""
     ready = sum(1 for r in rows if r.state is State.READY)
-    troubled = sum(1 for r in rows if reasons(r))
-    return f"{ready}/{len(rows)} ready" + (f", {troubled} with problems" if troubled else "")
+    drained = sum(1 for r in rows if r.state is State.DRAINED)
+    troubled = sum(1 for r in rows if r.problems or (r.state is not State.DRAINED and reasons(r)))
+    return (f"{ready}/{len(rows)} ready" + (f", {drained} drained" if drained else "")
+            + (f", {troubled} with problems" if troubled else ""))  # fmt: skip
 
 
 def _num(v: float | None, fmt: str = "{:g}") -> str:
@@ -94,11 +99,20 @@ def state_cell(row: InstanceStatus) -> Text:
     state = row.state
     if state is State.READY:
         style = "yellow" if row.problems else "green"
-    elif state in TRANSITIONAL:
+    elif state in TRANSITIONAL or state is State.DRAINED:
         style = "yellow"
     else:
         style = "red"
     return Text(state.value, style=style)
+
+
+def _lb_cell(row: InstanceStatus) -> Text:
+    """What the instance's load balancer says: UP/DRAIN/MAINT/DOWN and its sessions ("-": none)."""
+    if row.lb_error:
+        return Text("?", style="red")
+    if row.lb is None:
+        return Text("-", style="dim")
+    return Text(f"{row.lb.view} {row.lb.sessions}", style="green" if row.lb.in_traffic else "yellow")
 
 
 def _red_if(text: str, row: InstanceStatus, word: str) -> Text:
@@ -218,6 +232,7 @@ def _columns(rows: list[InstanceStatus], wide: bool) -> tuple[list[Column], list
         col("restarts", lambda r: _red_if(_num(r.unit.restarts if r.unit else None), r, "restarted")),
         col("release", _release_cell, "left"),
         col("GPU mem", gpu),
+        col("lb", _lb_cell, "left"),
     ]
     return main, extra
 
@@ -292,7 +307,7 @@ def notes(rows: list[InstanceStatus]) -> Table | None:
     for row in rows:
         why = reasons(row)
         if why:
-            style = "yellow" if row.state is State.READY or row.state in TRANSITIONAL else "red"
+            style = "yellow" if row.state in (State.READY, State.DRAINED) or row.state in TRANSITIONAL else "red"
             grid.add_row(Text(row.target.instance + ":", style=style), Text("; ".join(why), style=style))
     return grid if grid.row_count else None
 

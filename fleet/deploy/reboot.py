@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from fleet.errors import FleetError
 from fleet.facts.runner import SshTarget, connect, run_command
+from fleet.facts.sshlink import HostKeyError, SshError
 from fleet.render.escape import ssh_command
 
 REBOOT_TIMEOUT_S = 900.0
@@ -41,9 +40,9 @@ def _lab(data: Mapping[str, Any]) -> tuple[str, Path] | None:
 def _ssh_answers(target: SshTarget) -> bool:
     try:
         client = connect(target, timeout=5.0)
-    except paramiko.BadHostKeyException as exc:
-        raise RebootError(f"host {target.name}: came back with another host key ({exc}); refusing it") from exc
-    except (paramiko.SSHException, OSError, EOFError):
+    except HostKeyError as exc:
+        raise RebootError(f"host {target.name}: came back with another host key: {exc.reason}") from None
+    except SshError:
         return False
     client.close()
     return True
@@ -58,7 +57,7 @@ def reboot(target: SshTarget, data: Mapping[str, Any], timeout: float = REBOOT_T
 
         restart_host(lab[0], target.name, lab[1])
         return time.monotonic() - t0
-    with contextlib.suppress(paramiko.SSHException, OSError, EOFError):  # the connection may drop
+    with contextlib.suppress(SshError):  # the connection may drop
         run_command(target, ssh_command(["sudo", "-n", "systemctl", "reboot"]), timeout=30.0)
     deadline = t0 + timeout
     while _ssh_answers(target):  # still up: wait for it to go down

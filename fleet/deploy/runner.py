@@ -1,7 +1,9 @@
 """Run the deploy of ``fleet.operations.host`` on an inventory through pyinfra's API.
 
 Order: validate every selected host's data and plan (errors for all hosts at once, before any
-host is touched); connect (strict host keys, as the inventory says); probe each host's GPUs
+host is touched); connect (strict host keys, as the inventory says); skip the hosts drained for
+maintenance (``fleet drain``'s marker on the host, ``fleet.facts.drain``: reported ``skipped``,
+which is no failure); probe each host's GPUs
 (the ``NvmlProbe`` fact, once per host) and plan it from what it has (``fleet.plan.gpu_source``:
 an inventory ``gpu`` entry the probe contradicts refuses the host before anything is written; a
 host whose NVML does not answer yet and has no entry waits: its units are rendered once the
@@ -20,6 +22,14 @@ configuration revision (``fleet.operations.revisions``). Those instances are the
 rolling engine (``fleet.rollout``): batches with a canary, drain, stop, GPUs free, switch, start,
 health gates, soak, and a rollback of the failed batch, journaled like any ``fleet rollout``.
 
+Which running instances the engine takes is decided per instance, by the release its own process
+runs (``fleet.facts.releases``), never by the host's ``current`` link. After starting and
+rolling, every host where something changed is read again: an instance not on the inventory's
+release and configuration fails its host, named (``fleet.deploy.converge``). On a first run, units
+are written only once the host is probed again after this run's release, driver or reboot, and
+enabled only when planned from the probe: the reboot starts nothing, and instances that never
+served are started, not rolled.
+
 Failures (unreachable, a failing operation, a preflight refusal) name the host, the cause and the
 failed command (redacted). ``fail_percent`` (like Ansible's ``max_fail_percentage``; default 0):
 once more than that share of the selected hosts failed, nothing more is scheduled: no further
@@ -35,7 +45,7 @@ from typing import Any
 
 import paramiko
 from pyinfra.api.config import Config
-from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.connect import disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
@@ -43,15 +53,19 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from fleet.deploy import factcache, prefetch
+from fleet.deploy import factcache, prefetch, sshwatch
+from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError
+from fleet.facts.drain import read_markers
 from fleet.facts.packages import RebootRequired
-from fleet.facts.runner import SshTarget, run_command, run_fact_on_hosts
+from fleet.facts.revisions import InstanceRevisionsAsRoot
+from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory
+from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
@@ -79,7 +93,8 @@ class HostResult:
     #: "changed", "unchanged", "would change", "no change", "failed", "unreachable", "refused"
     #: (preflight, or GPUs that differ from the inventory's), "stopped" (not finished: the deploy
     #: stopped at the fail-percent), "waiting" (installed, but NVML does not answer yet: its units
-    #: are rendered by a deploy after the driver loads)
+    #: are rendered by a deploy after the driver loads), "skipped" (drained for maintenance,
+    #: ``fleet drain``: nothing is done to it, and it is no failure)
     status: str
     operations: list[str] = field(default_factory=list)  #: changed (or, dry, would change)
     error: str | None = None
@@ -87,6 +102,8 @@ class HostResult:
     endpoints: list[Endpoint] = field(default_factory=list)
     restarted: bool = False
     note: str | None = None  #: why the host's units wait for its driver
+    #: each instance not on the inventory's release and configuration after the deploy, and why
+    drift: list[str] = field(default_factory=list)
 
     def data(self) -> dict[str, Any]:
         return {
@@ -98,6 +115,7 @@ class HostResult:
             "reboot_required": self.reboot_required,
             "endpoints": [e.__dict__ for e in self.endpoints],
             "restarted": self.restarted,
+            "drift": self.drift,
         }
 
 
@@ -277,26 +295,37 @@ def deploy(
     results: dict[str, HostResult] = {}
     staged = host_deploy.staged_of(state)  #: filled in while the operations are prepared
 
-    def finish(error: str | None = None) -> DeployResult:
-        return DeployResult(dry, [results[h.name] for h in selected], time.monotonic() - t0, error)
+    balancer_results: list[HostResult] = []
 
+    def finish(error: str | None = None) -> DeployResult:
+        hosts = [results[h.name] for h in selected] + balancer_results
+        return DeployResult(dry, hosts, time.monotonic() - t0, error)
+
+    conn = sshwatch.Connected()
     try:
         progress(f"connecting to {len(selected)} host(s)")
         for h in selected:
             step(h.name, "connecting")
         try:
-            connect_all(state)
+            conn = sshwatch.connect(state)
         except PyinfraError as exc:
             raise FleetError(f"no host could be reached ({exc}); check ssh settings and known_hosts") from exc
         for h in selected:
             if h not in state.activated_hosts:
-                results[h.name] = HostResult(h.name, "unreachable", error="could not connect over SSH (see the log)")
+                why = conn.failed.get(h.name, "could not connect over SSH")
+                results[h.name] = HostResult(h.name, "unreachable", error=why)
                 step(h.name, "unreachable")
         active = [h for h in selected if h.name not in results]
         if not dry and _over(len(results), len(selected), fail_percent):
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
             return finish(_stop_message(results, fail_percent))
+        for name, marker in read_markers([_target(loaded, h.name) for h in active]).items():
+            results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
+            step(name, "skipped: drained")
+        active = [h for h in active if h.name not in results]
+        if not active:
+            return finish()
         progress(f"probing the GPUs of {len(active)} host(s)")
         for h in active:
             step(h.name, "probing GPUs")
@@ -315,6 +344,8 @@ def deploy(
         for h in active:
             step(h.name, "checking what to change")
         caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
+        if not dry:  # their units come from the second probe (_units_once_probed), not the gpu entry now
+            host_deploy.units_later([h for h in active if h.name in unprobed and h.name not in waiting])
         _add_deploy(state, host_deploy.vllm_host, active)
         if dry:
             for h in active:
@@ -333,7 +364,11 @@ def deploy(
             progress(f"pyinfra: {exc}")
         for h in active:
             if h in state.failed_hosts:
-                results[h.name] = HostResult(h.name, "failed", error=_failure(state, h))
+                silent = conn.silent(h.name)
+                if silent:
+                    results[h.name] = HostResult(h.name, "unreachable", error=f"{silent}; {_failure(state, h)}")
+                else:
+                    results[h.name] = HostResult(h.name, "failed", error=_failure(state, h))
                 step(h.name, "failed")
                 continue
             ops = _op_names(state, h, will=False)
@@ -341,8 +376,11 @@ def deploy(
             results[h.name].reboot_required = h.get_fact(RebootRequired)
             if h.name in waiting:
                 results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
+            elif h.name in unprobed and results[h.name].reboot_required is not None:
+                results[h.name].note = "its units are installed once NVML answers, after the reboot (--reboot)"
         progress(factcache.summary(caches))
     finally:
+        conn.release()
         _close(state)
     failed = sum(r.status in FAILED for r in results.values())
     if failed:
@@ -378,10 +416,106 @@ def deploy(
     for name in [*quiet, *serving]:
         if not _to_roll(name, states, staged):
             _check_serving(loaded, plans, results, name, health_timeout, step)
+    balancer_results.extend(_balancers(loaded, plans, progress, step))
     _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
     rolling = [n for n in serving if _to_roll(n, states, staged)]
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
+    _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
     return finish(error)
+
+
+def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
+    """fleet's HAProxy configuration on every balancer in front of the planned hosts
+    (``fleet.deploy.balancers``); one result per balancer, beside the hosts'."""
+    from fleet.deploy import balancers
+
+    for spec in {s.balancer.on for s in loaded.hosts if s.balancer is not None}:
+        step(spec, "configuring the balancer")
+    done = balancers.configure(loaded, plans, lambda *a: _balancer_host(loaded, *a), _drain_timeout(loaded), progress)
+    for b in done:
+        step(b.name, b.status)
+    return [HostResult(b.name, b.status, b.operations, error=b.error, note=b.note) for b in done]
+
+
+def _drain_timeout(loaded: LoadedInventory) -> float:
+    """The rollout policy's ``drain_timeout_s`` (the same wait as a restart's)."""
+    from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
+
+    datas = {s.name: loaded.pyinfra.get_host(s.name).data.dict() for s in loaded.hosts}  # type: ignore[no-untyped-call]
+    try:
+        return policy_from_hosts(loaded.path, datas).drain_timeout_s
+    except FleetError:
+        return RolloutPolicy().drain_timeout_s  # a bad rollout policy is reported where it is used
+
+
+def _balancer_host(loaded: LoadedInventory, name: str, path: str, text: str, dropin: str) -> tuple[bool, list[str]]:
+    """``fleet.operations.balancer`` on one balancer host (its own pyinfra run); raises
+    ``FleetError`` naming the failed operation."""
+    from fleet.inventory.load import read_inventory
+    from fleet.operations import balancer as balancer_ops
+
+    inventory = read_inventory(loaded.path, loaded.overrides).pyinfra
+    h = inventory.get_host(name)
+    state = State(inventory, _config(), initial_limit=[h])
+    conn = sshwatch.Connected()
+    try:
+        try:
+            conn = sshwatch.connect(state)
+        except PyinfraError as exc:
+            raise FleetError(f"balancer host {name}: could not connect over SSH ({exc})") from exc
+        if h not in state.activated_hosts:
+            why = conn.failed.get(name, "could not connect over SSH")
+            raise FleetError(f"balancer host {name}: {why}")
+        _add_deploy(state, lambda: balancer_ops.balancer_host(path=path, text=text, dropin=dropin), [h])
+        try:
+            run_ops(state)
+        except PyinfraError as exc:
+            raise FleetError(f"balancer host {name}: {_failure(state, h)} ({exc})") from exc
+        if h in state.failed_hosts:
+            raise FleetError(f"balancer host {name}: {_failure(state, h)}")
+        ops = _op_names(state, h, will=False)
+        return bool(ops), ops
+    finally:
+        conn.release()
+        _close(state)
+
+
+def _converged(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    names: list[str],
+    staged: Mapping[str, host_deploy.Staged],
+) -> None:
+    """Read again, on each host this run started or rolled instances on, what every instance runs
+    and has in place; a host with an instance not on the inventory's release and configuration
+    fails, naming each such instance (``fleet.deploy.converge``). Hosts where nothing changed were
+    read at the start of this run and found converged (``_quiet``)."""
+    names = [n for n in names if n in plans and staged.get(n) is not None and staged[n].revisions]
+    if not names:
+        return
+    paths = _paths()
+
+    def instances(name: str) -> dict[str, object]:
+        return {
+            "instances": tuple(
+                (i.unit_name, f"fleet-{i.unit_name}.service", f"{paths.unit_dir}/fleet-{i.unit_name}.service",
+                 f"{paths.env_dir}/{i.unit_name}.env")
+                for i in plans[name].instances
+            )
+        }  # fmt: skip
+
+    answers = run_fact_on_hosts([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
+    for name, answer in answers.items():
+        r = results[name]
+        if isinstance(answer, HostUnreachable):
+            lines = [f"{name}: could not read its instances after the deploy: {answer.reason}"]
+        else:
+            lines = drift(name, staged[name].release, staged[name].revisions, answer, vllm_ops.DEFAULT_ROOT)
+        if lines:
+            r.status, r.drift = "failed", lines
+            r.error = "; ".join(x for x in (r.error, "not on the inventory's release and configuration: "
+                                           + "; ".join(lines)) if x)  # fmt: skip
 
 
 def _join_balancers(
@@ -395,7 +529,6 @@ def _join_balancers(
     server its load balancer holds out of traffic (written ``disabled``: a new host) goes ``ready``;
     one that does not serve stays out. A balancer that cannot be asked is said on the host's line."""
     from fleet.lb.runtime import AdminState
-    from fleet.lb.traffic import BalancerError, traffic_of
 
     members = [
         (name, e.unit.removeprefix("fleet-").removesuffix(".service"))
@@ -447,15 +580,15 @@ def _units_once_probed(
     fresh = loaded.reload(names)
     hosts = [fresh.pyinfra.get_host(n) for n in names]
     state = State(fresh.pyinfra, _config(), initial_limit=hosts)
+    conn = sshwatch.Connected()
     try:
         for name in names:
             step(name, "probing GPUs")
-        connect_all(state)
+        conn = sshwatch.connect(state)
         probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
         for name, why in probed.refused.items():  # its driver answers only now
-            written = "units written from the gpu entry before NVML answered, none started"
             results[name].status = "refused"
-            results[name].error = f"{why} ({written if name in plans else 'no unit was written'})"
+            results[name].error = f"{why} (no unit was written)"
         for name, why in probed.waiting.items():
             results[name].status, results[name].note = "waiting", why
         ready = [h for h in hosts if h.name in probed.plans]
@@ -478,12 +611,14 @@ def _units_once_probed(
             if second is not None:  # what this pass found and stored is what the engine rolls
                 first = staged.setdefault(h.name, host_deploy.Staged())
                 first.revisions, first.running, first.live = second.revisions, second.running, second.live
+                first.runs = second.runs
             ops = _op_names(state, h, will=False)
             r.operations += ops
             r.note = None
             if ops or r.status == "waiting":
                 r.status = "changed"
     finally:
+        conn.release()
         _close(state)
 
 
@@ -537,43 +672,96 @@ def _reboot(
 ) -> None:
     """Reboot, one at a time, the hosts whose driver change needs it; then they go on with the deploy.
 
-    A host that was serving (one of its units active before the reboot) must serve again, its
-    units started at boot and healthy, before the next host goes down: a reboot takes a whole
-    host's capacity, and two at once would take two."""
+    A host that was serving (one of its units active before the reboot) goes through the same drain
+    as a restart: its instances leave their load balancer's traffic first (``drain``, then their
+    sessions end, bounded by ``drain_timeout_s``: ``fleet.lb.traffic.take_out``), so the reboot
+    aborts no request; after the reboot its units, started at boot, must serve (``/health``,
+    ``/v1/models``, a completion) and are put back ``ready`` before the next host goes down: a
+    reboot takes a whole host's capacity, and two at once would take two. A balancer that cannot be
+    used stops the host's reboot (it stays pending, reported)."""
+    drain_timeout = _drain_timeout(loaded)
     for r in results.values():
         if r.status in FAILED or r.reboot_required is None:
             continue
-        target = _target(loaded, r.host)
         plan = plans.get(r.host)  # none yet: the host waits for its driver to plan from the probe
-        units = [f"fleet-{i.unit_name}.service" for i in plan.instances] if plan else []
-        progress(f"{r.host}: rebooting ({', '.join(r.reboot_required)})")
-        step(r.host, "rebooting")
+        members = [(r.host, i.unit_name) for i in plan.instances] if plan else []
+        traffic = traffic_of(loaded, members)
         try:
-            active = ssh_command(["systemctl", "is-active", "--quiet", "--", *units])
-            was_serving = bool(units) and run_command(target, active)[0] == 0
-            seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
-            rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
-        except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
-            r.status, r.error = "failed", redact(f"reboot: {exc}")
-            step(r.host, "reboot failed")
-            continue
-        if rc == 0:
-            r.status, r.error = "failed", "rebooted, but /var/run/reboot-required is still there; check the driver"
-            continue
-        r.reboot_required, r.status = None, "changed"
-        r.operations.append(f"reboot ({seconds:.0f} s)")
-        if was_serving:
-            step(r.host, "rebooted: waiting until it serves again")
-            endpoints = _endpoints_of(loaded, plans, r.host)
-            wait_healthy(endpoints, _api_key(loaded, r.host), timeout)
-            r.endpoints = endpoints
-            bad = [e for e in endpoints if not e.healthy]
-            if bad:
-                r.status = "failed"
-                r.error = "rebooted, but not serving again: " + "; ".join(f"{e.unit}: {e.detail}" for e in bad)
-                r.error += "; no further host was rebooted"
-                step(r.host, "not serving after the reboot")
+            if not _reboot_one(loaded, plans, r, members, traffic, timeout, drain_timeout, progress, step):
                 return  # the others keep their pending reboot (reported), their capacity intact
+        finally:
+            traffic.close()
+
+
+def _reboot_one(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    r: HostResult,
+    members: list[tuple[str, str]],
+    traffic: Traffic,
+    timeout: float,
+    drain_timeout: float,
+    progress: Progress,
+    step: Step,
+) -> bool:
+    """One host of ``_reboot``; False when the deploy must reboot no further host."""
+    target = _target(loaded, r.host)
+    units = [f"fleet-{i}.service" for _h, i in members]
+    progress(f"{r.host}: rebooting ({', '.join(r.reboot_required or ())})")
+    step(r.host, "rebooting")
+    try:
+        active = ssh_command(["systemctl", "is-active", "--quiet", "--", *units])
+        was_serving = bool(units) and run_command(target, active)[0] == 0
+        if was_serving and traffic:
+            step(r.host, "out of traffic before the reboot")
+            busy = take_out(traffic, members, drain_timeout, progress=progress)
+            where = ", ".join(sorted({s.balancer.name for s in traffic.seats.values()}))
+            r.operations.append(
+                f"out of traffic on {where}"
+                + (f" (still busy after {drain_timeout:g}s: {'; '.join(busy)})" if busy else "")
+            )
+        seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
+        rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
+    except BalancerError as exc:
+        r.status, r.error = "failed", redact(f"not rebooted: its instances could not be taken out of traffic: {exc}")
+        step(r.host, "not rebooted: balancer")
+        return True
+    except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
+        r.status, r.error = "failed", redact(f"reboot: {exc}")
+        step(r.host, "reboot failed")
+        return True
+    if rc == 0:
+        r.status, r.error = "failed", "rebooted, but /var/run/reboot-required is still there; check the driver"
+        return True
+    r.reboot_required, r.status = None, "changed"
+    r.operations.append(f"reboot ({seconds:.0f} s)")
+    if not was_serving:
+        return True
+    step(r.host, "rebooted: waiting until it serves again")
+    endpoints = _endpoints_of(loaded, plans, r.host)
+    wait_healthy(endpoints, _api_key(loaded, r.host), timeout)
+    r.endpoints = endpoints
+    bad = [e for e in endpoints if not e.healthy]
+    if bad:
+        r.status = "failed"
+        r.error = "rebooted, but not serving again: " + "; ".join(f"{e.unit}: {e.detail}" for e in bad)
+        if traffic:
+            out = " ".join(f"{h}/{i}" for h, i in members)
+            r.error += f"; its instances stay out of traffic: once they serve, fleet lb ready {loaded.path} {out}"
+        r.error += "; no further host was rebooted"
+        step(r.host, "not serving after the reboot")
+        return False
+    if traffic:
+        try:
+            put_back(traffic, members)
+        except BalancerError as exc:
+            r.status = "failed"
+            r.error = redact(
+                f"rebooted and serving, but not put back into traffic: {exc}; no further host was rebooted"
+            )
+            return False
+        r.operations.append("back into traffic")
+    return True
 
 
 def _preflight(
@@ -640,10 +828,11 @@ def _start(
     state = State(fresh.pyinfra, _config(), initial_limit=hosts)
     serving: list[str] = []
     started: list[str] = []
+    conn = sshwatch.Connected()
     try:
         for name in ready:
             step(name, "starting units")
-        connect_all(state)
+        conn = sshwatch.connect(state)
         _add_deploy(state, host_deploy.vllm_start, hosts)
         run_ops(state)
         for h in hosts:
@@ -651,13 +840,17 @@ def _start(
             if h in state.failed_hosts:
                 results[h.name].status = "failed"
                 results[h.name].error = _failure(state, h)
-            elif names:
+            elif any(n.startswith("start ") for n in names):
                 results[h.name].operations += names
                 results[h.name].status = "changed"
                 started.append(h.name)
-            else:
+            else:  # its units ran already (at most they were enabled now)
+                if names:
+                    results[h.name].operations += names
+                    results[h.name].status = "changed"
                 serving.append(h.name)
     finally:
+        conn.release()
         _close(state)
     for name in started:
         endpoints = _endpoints_of(loaded, plans, name)
@@ -672,7 +865,10 @@ def _start(
 def _unit_states(
     loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
 ) -> dict[str, list[UnitState] | None]:
-    """Each host's units: active? restart pending (files newer than the process)? None: no answer."""
+    """Each host's units: active? restart pending (its unit or env file newer than the process)?
+    None: no answer. Not the ``current`` link: it is one per host, and any instance's switch (a
+    canary, a rollback) touches it; whether an instance runs the release it should is read from
+    its own process (``Staged.runs``)."""
     if not names:
         return {}
     paths = _paths()
@@ -680,13 +876,11 @@ def _unit_states(
     def units(name: str) -> dict[str, object]:
         return {
             "units": [
-                (
-                    f"fleet-{i.unit_name}.service",
-                    [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env", paths.venv],
-                )
+                (f"fleet-{i.unit_name}.service",
+                 [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"])
                 for i in plans[name].instances
             ]
-        }
+        }  # fmt: skip
 
     answers = run_fact_on_hosts([_target(loaded, n) for n in names], UnitStates, args_for=units)
     return {n: a if isinstance(a, list) else None for n, a in answers.items()}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, run_fact_on_hosts, targets_from_inventory
@@ -19,12 +20,20 @@ from fleet.plan.gpu_source import planning_gpus
 
 
 def probe_host_gpus(
-    loaded: LoadedInventory, timeout: float = 20.0, python: str | None = None
+    loaded: LoadedInventory,
+    timeout: float = 20.0,
+    python: str | None = None,
+    connect_timeout: float = PROBE_CONNECT_TIMEOUT,
 ) -> tuple[dict[str, HostGpus], dict[str, str]]:
-    """``({host: probed HostGpus}, {host: why it was not probed})`` for every host of ``loaded``."""
+    """``({host: probed HostGpus}, {host: why it was not probed})`` for every host of ``loaded``.
+
+    Every host's SSH port is connected to at once, each waited for ``connect_timeout`` seconds
+    (``runner.open_connections``): hosts that do not answer cost that, together, and are planned
+    from the inventory.
+    """
     targets = targets_from_inventory(loaded.pyinfra, [h.name for h in loaded.hosts])
     kwargs: dict[str, Any] = {"python": python} if python else {}
-    results = run_fact_on_hosts(targets, NvmlProbe, timeout=timeout, **kwargs)
+    results = run_fact_on_hosts(targets, NvmlProbe, timeout=timeout, connect_timeout=connect_timeout, **kwargs)
     gpus: dict[str, HostGpus] = {}
     notes: dict[str, str] = {}
     for name, result in results.items():

@@ -4,6 +4,15 @@
 A release counts as complete only once its marker file (written last by
 ``fleet.operations.vllm.release``) exists; a directory without it is a half-built release that
 the next deploy removes and builds again.
+
+What release an *instance* runs is one definition here, read the same way by the rolling engine
+(``fleet.rollout.ssh_executor``), ``fleet status`` (``fleet.facts.units``) and ``fleet deploy``
+(``fleet.facts.revisions``): a running instance runs the release its process was started from,
+the interpreter in ``/proc/<MainPID>/cmdline`` (the ``vllm`` console script's shebang names the
+release's own venv, ``<root>/releases/<id>/bin/python``, as pip writes it: ``main_exe_sh``,
+``release_from_exe``); a stopped one will run what ``current`` names (``running_release``). The
+``current`` link alone cannot say it: it is one per host, so after a canary (or a halted
+rollout) it names a release some of the host's instances do not run.
 """
 
 from __future__ import annotations
@@ -29,10 +38,36 @@ class ReleasesDict(TypedDict):
     previous: str | None
 
 
-def _link_name(target: str) -> str | None:
-    """``releases/<id>`` (what our links point at) -> ``<id>``."""
-    target = target.strip().rstrip("/")
+def release_of(link_target: str) -> str | None:
+    """``releases/<id>`` (what our links point at) -> ``<id>``; None for no link."""
+    target = link_target.strip().rstrip("/")
     return target.rsplit("/", 1)[-1] or None if target else None
+
+
+def release_from_exe(exe: str, root: str) -> str | None:
+    """``<root>/releases/<id>/bin/python3`` -> ``<id>``; None for a path outside ``<root>/releases``."""
+    prefix = root.rstrip("/") + "/releases/"
+    if not exe.startswith(prefix):
+        return None
+    release = exe[len(prefix) :].split("/", 1)[0]
+    return release or None
+
+
+def running_release(exe: str | None, current: str | None, root: str) -> str | None:
+    """The release an instance runs (see the module docstring): the release of its main process's
+    interpreter ``exe`` (``main_exe_sh``'s answer: None or empty when the unit has no main
+    process); otherwise (stopped, or an interpreter outside ``<root>/releases``) ``current``, the
+    release its unit starts next."""
+    return release_from_exe(exe or "", root) or current
+
+
+def main_exe_sh(unit: str) -> str:
+    """Shell that prints the first word of the command line of ``unit``'s main process (its
+    interpreter), nothing when it has none. ``unit`` is a shell word (quoted, or ``"$1"``)."""
+    return (
+        f"pid=$(systemctl show -p MainPID --value -- {unit} 2>/dev/null); "
+        'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then tr "\\000" "\\n" < /proc/$pid/cmdline 2>/dev/null | head -n 1; fi'
+    )
 
 
 class VllmReleases(FactBase[ReleasesDict]):
@@ -77,8 +112,8 @@ class VllmReleases(FactBase[ReleasesDict]):
                 if len(parts) == 3 and parts[0].isdigit():
                     result["releases"].append({"name": parts[2], "mtime": int(parts[0]), "complete": parts[1] == "1"})
             elif kind == "current":
-                result["current"] = _link_name(rest)
+                result["current"] = release_of(rest)
             elif kind == "previous":
-                result["previous"] = _link_name(rest)
+                result["previous"] = release_of(rest)
         result["releases"].sort(key=lambda r: (r["mtime"], r["name"]))
         return result

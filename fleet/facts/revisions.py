@@ -1,5 +1,6 @@
 """The configuration revisions of a host's vLLM instances (``fleet.render.revision``): which one is
-live (the id of the unit and env file in place now), which are stored, and whether the unit runs.
+live (the id of the unit and env file in place now), which are stored, whether the unit runs, and
+the interpreter its main process runs (``fleet.facts.releases``: the release the instance runs).
 
 Needs root: env files and the revision store are root-only (pyinfra runs facts under ``sudo``
 with ``fleet deploy``'s config, ``--sudo`` on the plain CLI).
@@ -15,6 +16,8 @@ from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from fleet.errors import FleetError
+from fleet.facts.releases import main_exe_sh
+from fleet.render.escape import ssh_command
 from fleet.render.revision import LIVE_ID_SH, META, ROOT, Revision
 
 
@@ -27,6 +30,7 @@ class InstanceRevision(TypedDict):
     state: str  #: ``systemctl is-active``: active, activating, inactive, failed...
     live: str | None  #: id of the files in place; None when either is missing
     stored: list[StoredRevision]
+    exe: str | None  #: the interpreter of the unit's main process (``releases.running_release``)
 
 
 #: ``(instance, unit name, unit file path, env file path)``
@@ -40,6 +44,7 @@ def revisions_command(instances: Sequence[Instance], root: str = ROOT) -> str:
         parts.append(
             f"U={shlex.quote(unit_path)}; E={shlex.quote(env_path)}; "
             f'echo "state {name} $(systemctl is-active -- {shlex.quote(unit)} 2>/dev/null)"; '
+            f'echo "runs {name} $({main_exe_sh(shlex.quote(unit))})"; '
             f'if [ -f "$U" ] && [ -f "$E" ]; then echo "live {name} $({LIVE_ID_SH})"; fi; '
             f'for d in {q}/*/; do [ -f "${{d}}{META}" ] || continue; d=${{d%/}}; '
             f'echo "stored {n} $(stat -c %Y "$d") ${{d##*/}}"; done'
@@ -69,6 +74,15 @@ class InstanceRevisions(FactBase[dict[str, InstanceRevision]]):
         return parse_revisions(output)
 
 
+class InstanceRevisionsAsRoot(InstanceRevisions):
+    """``InstanceRevisions`` for a caller that runs commands as the SSH user, not under pyinfra's
+    sudo (``fleet.facts.runner.run_fact_on_hosts``): the same command under ``sudo -n``."""
+
+    @override
+    def command(self, instances: Sequence[Instance], root: str = ROOT) -> str:
+        return ssh_command(["sudo", "-n", "sh", "-c", revisions_command(instances, root)])
+
+
 def parse_revisions(output: Sequence[str]) -> dict[str, InstanceRevision]:
     out: dict[str, InstanceRevision] = {}
     for line in output:
@@ -76,9 +90,11 @@ def parse_revisions(output: Sequence[str]) -> dict[str, InstanceRevision]:
         if not words:
             continue
         kind, name = words[0], words[1] if len(words) > 1 else ""
-        entry = out.setdefault(name, {"state": "unknown", "live": None, "stored": []})
+        entry = out.setdefault(name, {"state": "unknown", "live": None, "stored": [], "exe": None})
         if kind == "state":
             entry["state"] = words[2] if len(words) > 2 else "unknown"
+        elif kind == "runs":
+            entry["exe"] = line.split(" ", 2)[2].strip() or None if len(words) > 2 else None
         elif kind == "live" and len(words) == 3:
             entry["live"] = words[2]
         elif kind == "stored" and len(words) == 4 and words[2].isdigit():

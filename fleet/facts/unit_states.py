@@ -1,11 +1,13 @@
 """The state of a host's vLLM units: active or not, and whether a restart is pending.
 
-A deploy writes a unit's files (unit, env file, the release's ``current`` link) atomically and
-restarts serving units only after preflight; if it stops in between (a refusal, a failure), the
-next run finds the files unchanged yet the processes still old. This fact makes that visible
-without any state kept by fleet: an active unit whose ``ActiveEnterTimestamp`` (systemd,
-``systemctl show --timestamp=unix``) is older than the newest modification time (``stat -c %Y``,
-of the link itself for ``current``) of its files is stale.
+A deploy writes a unit's files (unit, env file) atomically and restarts serving units only after
+preflight; if it stops in between (a refusal, a failure), the next run finds the files unchanged
+yet the processes still old. This fact makes that visible without any state kept by fleet: an
+active unit whose ``ActiveEnterTimestamp`` (systemd, ``systemctl show --timestamp=unix``) is older
+than the newest modification time (``stat -c %Y``, of a link itself) of the files given is stale.
+(``fleet deploy`` gives each unit its unit and env file; the host's ``current`` link is not one
+instance's file, and the release each instance runs is read from its process instead:
+``fleet.facts.releases``.)
 """
 
 from __future__ import annotations

@@ -12,7 +12,11 @@ One shell command per host (pyinfra fact style: ``command()`` and a pure ``proce
   between the control machine and the host;
 * ``readlink <root>/current`` and the release's marker file (``.fleet-release.json``, written last
   by ``fleet.operations.vllm.release``: it names the vLLM version), or, for a release without a
-  marker, ``<root>/current/bin/vllm --version``.
+  marker, ``<root>/current/bin/vllm --version``;
+* per unit, the interpreter of its main process (``/proc/<MainPID>/cmdline``) and the marker of
+  the release that interpreter belongs to: the release each instance *runs*
+  (``fleet.facts.releases.running_release``, the one definition the rolling engine reads too),
+  which after a canary or a halted rollout is not what ``current`` names.
 
 Reading unit properties needs no privileges, so the fact runs as the SSH login user.
 
@@ -35,7 +39,7 @@ from typing import TypedDict
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
-from fleet.facts.releases import MARKER
+from fleet.facts.releases import MARKER, main_exe_sh, release_from_exe, running_release
 from fleet.facts.systemctl_show import ShownUnit, show_blocks, show_int, show_unix, shown_unit
 
 DEFAULT_ROOT = "/opt/fleet/vllm"
@@ -62,6 +66,9 @@ class UnitInfo(TypedDict):
     restarts: int | None
     main_pid: int | None
     uptime_seconds: float | None  #: since the main process started (active units only)
+    exe: str | None  #: the main process's interpreter (None: no main process, or not read)
+    release: str | None  #: the release the instance runs (``running_release``)
+    vllm_version: str | None  #: that release's vLLM version, from its marker (None: not read)
 
 
 class UnitsDict(TypedDict):
@@ -69,6 +76,9 @@ class UnitsDict(TypedDict):
     current: str | None  #: what ``<root>/current`` points at, as the link says
     release: str | None  #: the release id (last path element of ``current``)
     vllm_version: str | None  #: from the release marker, else ``vllm --version``
+
+
+_EXE = main_exe_sh('"$u"')  #: the interpreter of the main process of unit ``$u`` (the loop below)
 
 
 def units_command(root: str = DEFAULT_ROOT) -> str:
@@ -82,10 +92,15 @@ def units_command(root: str = DEFAULT_ROOT) -> str:
         f'echo "marker $(tr -d "\\n" < {r}/current/{MARKER})"; '
         f'elif [ -x {r}/current/bin/vllm ]; then echo "version $(timeout 20 {r}/current/bin/vllm --version 2>/dev/null '
         f'| tail -n1)"; fi; '
+        f"printf 'root %s\\n' {r}; "
         f"for u in $( {{ systemctl list-unit-files --no-legend --plain {glob} 2>/dev/null; "
         f"systemctl list-units --all --no-legend --plain {glob} 2>/dev/null; }} | cut -d' ' -f1 | sort -u); do "
-        f'systemctl show --timestamp=unix -p {props} "$u" 2>/dev/null '
-        f'|| systemctl show -p {props} "$u"; echo "end"; done | sed "s/^/unit /"'
+        f'{{ systemctl show --timestamp=unix -p {props} "$u" 2>/dev/null '
+        f'|| systemctl show -p {props} "$u"; }} | sed "s/^/unit /"; '
+        f'exe=$({_EXE}); printf "exe %s %s\\n" "$u" "$exe"; '
+        f"case $exe in {r}/releases/*/*) rel=${{exe#{r}/releases/}}; rel=${{rel%%/*}}; "
+        f'[ -f {r}/releases/"$rel"/{MARKER} ] && printf "exe-marker %s %s\\n" "$u" '
+        f'"$(head -c 4096 {r}/releases/"$rel"/{MARKER} | tr -d "\\n")";; esac; echo "unit end"; done'
     )
 
 
@@ -114,6 +129,9 @@ def _unit(shown: ShownUnit, now_unix: float | None, now_mono: float | None) -> U
         "restarts": shown.n_restarts,
         "main_pid": shown.main_pid,
         "uptime_seconds": unit_uptime(shown.props, now_unix, now_mono),
+        "exe": None,
+        "release": None,
+        "vllm_version": None,
     }
 
 
@@ -124,11 +142,25 @@ def _float(text: str) -> float | None:
         return None
 
 
+def _marker_version(text: str) -> str | None:
+    """The ``vllm_version`` of a release marker's JSON; None when it is not one."""
+    try:
+        marker = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(marker, dict) and isinstance(marker.get("vllm_version"), str):
+        return str(marker["vllm_version"])[:64]
+    return None
+
+
 def process_units(output: list[str]) -> UnitsDict:
     """Parse the command's output (pure; unknown lines are ignored)."""
     result: UnitsDict = {"units": {}, "current": None, "release": None, "vllm_version": None}
     now_unix = now_mono = None
+    root = DEFAULT_ROOT
     shown: list[str] = []  # the ``systemctl show`` lines, "end" as the empty line between units
+    exes: dict[str, str] = {}  # unit -> its main process's interpreter
+    versions: dict[str, str] = {}  # unit -> the vLLM version of the release that interpreter is in
     for line in output:
         kind, _, rest = line.partition(" ")
         if kind == "now":
@@ -140,20 +172,32 @@ def process_units(output: list[str]) -> UnitsDict:
             result["current"] = link or None
             result["release"] = link.rsplit("/", 1)[-1] if link else None
         elif kind == "marker":
-            try:
-                marker = json.loads(rest)
-            except ValueError:
-                marker = None
-            if isinstance(marker, dict) and isinstance(marker.get("vllm_version"), str):
-                result["vllm_version"] = marker["vllm_version"][:64]
+            result["vllm_version"] = _marker_version(rest) or result["vllm_version"]
         elif kind == "version" and rest.strip():
             result["vllm_version"] = rest.strip().split()[-1][:64]
+        elif kind == "root" and rest.strip():
+            root = rest.strip()
+        elif kind == "exe":
+            name, _, path = rest.partition(" ")
+            if path.strip():
+                exes[name] = path.strip()
+        elif kind == "exe-marker":
+            name, _, text = rest.partition(" ")
+            version = _marker_version(text)
+            if version is not None:
+                versions[name] = version
         elif kind == "unit":
             shown.append("" if rest == "end" else rest)
     for block in show_blocks(shown):
         unit = shown_unit(block)
         if unit is not None and unit.id is not None and _UNIT.match(unit.id):
-            result["units"][unit.id] = _unit(unit, now_unix, now_mono)
+            info = _unit(unit, now_unix, now_mono)
+            exe: str | None = exes.get(unit.id) if unit.main_pid else None
+            info["exe"] = exe
+            info["release"] = running_release(exe, result["release"], root)
+            runs_its_own = exe is not None and release_from_exe(exe, root) is not None
+            info["vllm_version"] = versions.get(unit.id) if runs_its_own else result["vllm_version"]
+            result["units"][unit.id] = info
     return result
 
 

@@ -50,6 +50,9 @@ Which top-level keys an inventory may hold (``spec.py`` enforces it, with "did y
 * the operator's own data: any key starting with ``x_`` (``USER_PREFIX``), and the keys listed
   in ``user_keys`` (so an inventory whose keys other pyinfra deploys read keeps their names).
 
+Not inventory data, but text that lands on hosts all the same: ``fleet drain --reason`` (written
+into the host's drain marker, shown by ``fleet status``): ``drain_reason``.
+
 Values given on pyinfra's command line (``pyinfra --data releases_kept=2``) reach fleet already
 converted by pyinfra (``pyinfra_cli.util.parse_cli_arg``: ``true``/``false``, integers, JSON,
 else the string), so the same strict grammar applies to them: ``releases_kept=2`` is the integer
@@ -68,7 +71,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
-from fleet.secrets import SECRET_REF_HELP, parse_secret_ref
+from fleet.secrets import SECRET_REF_HELP, looks_like_secret, parse_secret_ref
 
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
@@ -125,6 +128,20 @@ def _served_name(value: str) -> str:
             "not starting with '-' or a space, not ending with a space"
         )
     return value
+
+
+DRAIN_REASON_RULE = "1 to 500 printable characters (no line breaks, tabs or control characters), not a secret"
+
+
+def drain_reason(value: str) -> str:
+    """``fleet drain --reason``: why a host is out of service, for the next person who looks.
+
+    Raises ``ValueError`` (with ``DRAIN_REASON_RULE``) for an empty, multi-line, unprintable or
+    secret-shaped text (it is shown by ``fleet status`` and kept on the host)."""
+    text = value.strip()
+    if not text or len(text) > 500 or not _printable(text) or looks_like_secret(text):
+        raise ValueError(DRAIN_REASON_RULE)
+    return text
 
 
 def _path(value: str) -> str:

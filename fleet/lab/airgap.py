@@ -158,16 +158,29 @@ def host_cgroup(machine: str, nspawn_pid: int | None) -> Path | None:
     return None
 
 
-def host_rule(name: str, address: str, cgroup: Path) -> HostRule:
+def cgroup_match(cgroup: Path) -> tuple[str, int]:
+    """How ``socket cgroupv2 level N "path"`` names a v2 cgroup: (path relative to
+    ``NFT_CGROUP_BASE``, its depth in the v2 hierarchy)."""
     root = cgroup2_root()
     assert root is not None
-    return HostRule(
-        name, address, str(cgroup.relative_to(NFT_CGROUP_BASE)), len(cgroup.relative_to(root).parts)
-    )  # fmt: skip
+    return str(cgroup.relative_to(NFT_CGROUP_BASE)), len(cgroup.relative_to(root).parts)
 
 
-def _nft(script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+def host_rule(name: str, address: str, cgroup: Path) -> HostRule:
+    path, level = cgroup_match(cgroup)
+    return HostRule(name, address, path, level)
+
+
+def nft(script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``nft ARGS`` (with ``script`` on its stdin); the caller reads the return code."""
     return subprocess.run(["nft", *args], input=script, capture_output=True, text=True, timeout=30, check=False)
+
+
+def delete_table(table: str) -> None:
+    """Delete ``inet <table>`` (a no-op when there is none, or no nft)."""
+    if shutil.which("nft") is None:
+        return
+    nft(f"table inet {table}\ndelete table inet {table}\n", "-f", "-")
 
 
 def apply(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) -> None:
@@ -175,7 +188,7 @@ def apply(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) -> N
     why = unavailable()
     if why is not None:
         raise LabError(f"cannot cut lab {lab!r} off the network: {why}; install it " + NO_AIR_GAP_HINT)
-    done = _nft(ruleset(lab, hosts, allowed), "-f", "-")
+    done = nft(ruleset(lab, hosts, allowed), "-f", "-")
     if done.returncode != 0:
         why = done.stderr.strip()[-500:]
         raise LabError(f"nft refused the air gap rules of lab {lab!r}: {why}; " + NO_AIR_GAP_HINT)
@@ -183,15 +196,12 @@ def apply(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) -> N
 
 def remove(lab: str) -> None:
     """Delete the lab's table (a no-op when there is none, or no nft)."""
-    if shutil.which("nft") is None:
-        return
-    table = table_name(lab)
-    _nft(f"table inet {table}\ndelete table inet {table}\n", "-f", "-")
+    delete_table(table_name(lab))
 
 
 def listed(lab: str) -> str | None:
     """The lab's table as nft lists it now, or None when it is not loaded."""
     if shutil.which("nft") is None:
         return None
-    done = _nft(None, "list", "table", "inet", table_name(lab))
+    done = nft(None, "list", "table", "inet", table_name(lab))
     return done.stdout if done.returncode == 0 else None

@@ -7,9 +7,10 @@ that inventory and its plan (the hosts' ``gpu`` entries), and runs HAProxy in ma
 index. It listens on ``127.0.<octet>.1:8080`` (the lab's own address range; no lab host has ``.1``);
 its admin socket, configuration, state file, pid file and log live in ``<lab>/lb/``.
 
-Running ``up`` again re-renders the configuration and reloads HAProxy the way fleet keeps runtime
-state across reloads: ``show servers state`` into the state file, then ``SIGUSR2`` to the master
-(HAProxy's management guide, "Stopping and restarting HAProxy"). ``fleet lab down`` stops it.
+Running ``up`` again re-renders the configuration and, when it changed, reloads HAProxy the way
+fleet keeps runtime state across reloads (``fleet.lb.local``, as ``fleet deploy`` does for any
+balancer on this machine: ``show servers state`` into the state file, then ``SIGUSR2`` to the
+master). ``fleet lab down`` stops it.
 Servers start ``disabled``: ``fleet deploy`` sets each ``ready`` once its instance serves.
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -75,13 +75,17 @@ def _answers(socket_path: str) -> bool:
 def ensure(lab: LabDir, inventory: Path) -> str:
     """Render the configuration from the lab's inventory and start (or reload) HAProxy; its URL."""
     from fleet.inventory.spec import load_inventory
+    from fleet.lb import local
     from fleet.lb.config import fleet_configs, render_config
-    from fleet.lb.transport import LocalSocket
+    from fleet.lb.transport import BalancerError
     from fleet.plan.outcomes import plan_inventory
 
-    haproxy = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
-    if haproxy is None:
-        raise LabError("--lb needs HAProxy on this machine: apt-get install haproxy (scripts/install.sh does)")
+    try:
+        haproxy = local.haproxy_binary()
+    except BalancerError:
+        raise LabError(
+            "--lb needs HAProxy on this machine: apt-get install haproxy (scripts/install.sh does)"
+        ) from None
     loaded = load_inventory(inventory)
     outcomes = plan_inventory(loaded)
     configs = fleet_configs(loaded, {o.spec.name: o.plan for o in outcomes})
@@ -91,22 +95,15 @@ def ensure(lab: LabDir, inventory: Path) -> str:
     d = lb_dir(lab)
     d.mkdir(parents=True, exist_ok=True)
     cfg = Path(config.spec.config)
-    tmp = cfg.with_name(cfg.name + ".tmp")
-    tmp.write_text(render_config(config, str(inventory), written_by="fleet lab up --lb"))
-    check = subprocess.run([haproxy, "-c", "-q", "-f", str(tmp)], capture_output=True, text=True, check=False)
-    if check.returncode != 0:
-        raise LabError(f"haproxy -c refused the lab's configuration: {(check.stderr or check.stdout).strip()[-800:]}")
-    os.replace(tmp, cfg)
     sock = config.spec.admin_socket
-    pid = _pid(lab)
-    if pid is not None and _answers(sock):
-        state_text = LocalSocket(sock, 5.0).send("show servers state")
-        state_tmp = Path(config.state_file + ".tmp")
-        state_tmp.write_text(state_text)
-        os.replace(state_tmp, config.state_file)
-        os.kill(pid, signal.SIGUSR2)  # master-worker: reload with the new configuration
-        time.sleep(0.5)
-    else:
+    try:
+        changed = local.write_config(config, render_config(config, str(inventory), written_by="fleet lab up --lb"))
+        running = _pid(lab) is not None and _answers(sock)
+        if running and changed:
+            local.reload(config)  # keeps every server's runtime state (the state file, SIGUSR2)
+    except BalancerError as exc:
+        raise LabError(f"the lab's HAProxy: {exc}") from None
+    if not running:
         with contextlib.suppress(FileNotFoundError):
             Path(sock).unlink()
         with open(d / "haproxy.log", "ab") as log:

@@ -70,7 +70,7 @@ def kill_all(paths: list[Path], timeout: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def _rmdir_tree(path: Path) -> bool:
+def rmdir_tree(path: Path) -> bool:
     """rmdir ``path`` and its sub-cgroups, deepest first; True once it is gone."""
     subdirs = sorted((d for d in path.rglob("*") if d.is_dir()), key=lambda d: len(d.parts), reverse=True)
     for d in [*subdirs, path]:
@@ -79,14 +79,22 @@ def _rmdir_tree(path: Path) -> bool:
     return not path.exists()
 
 
-def remove(paths: list[Path], timeout: float = 5.0) -> None:
-    """Remove the cgroups (deepest first) and the shared parent once it is empty.
+def remove_tree(path: Path, timeout: float = 5.0) -> bool:
+    """Remove one cgroup and its sub-cgroups (deepest first); its parent stays. True once gone.
 
-    A cgroup whose last process was just killed can stay busy (EBUSY) for a moment, so retry.
+    A cgroup whose last process was just killed or moved can stay busy (EBUSY) for a moment, so retry.
     """
     deadline = time.monotonic() + timeout
+    while path.is_dir() and not rmdir_tree(path):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def remove(paths: list[Path], timeout: float = 5.0) -> None:
+    """Remove the cgroups (deepest first) and the shared parent once it is empty."""
     for p in paths:
-        while p.is_dir() and not _rmdir_tree(p) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        remove_tree(p, timeout)
         with contextlib.suppress(OSError):
             p.parent.rmdir()

@@ -30,11 +30,12 @@ The API key is never written here: clients send it, HAProxy passes the header th
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleet.inventory.spec import BalancerSpec, HostSpec, LoadedInventory
+from fleet.lb.runtime import ServerState
 from fleet.plan.planner import HostPlan
 from fleet.render.escape import comment_text, haproxy_word
 from fleet.render.units import RenderedFile, _environment
@@ -146,13 +147,17 @@ def state_dump_command(admin_socket: str, state_file: str) -> str:
     )
 
 
-def systemd_dropin(admin_socket: str, state_file: str) -> str:
-    """A drop-in for Debian's ``haproxy.service``: every ``systemctl reload`` dumps the servers'
-    runtime state first, then checks the configuration and reloads (its own two ``ExecReload=``)."""
+def systemd_dropin(admin_socket: str, state_file: str, config: str = "/etc/haproxy/haproxy.cfg") -> str:
+    """A drop-in for Debian's ``haproxy.service``: the unit reads ``config`` (Debian's unit takes its
+    path from ``CONFIG``), and every ``systemctl reload`` checks the configuration, dumps the
+    servers' runtime state, then reloads (Debian's own two ``ExecReload=`` replaced)."""
+    from fleet.render.escape import systemd_assignment
+
     dump = state_dump_command(admin_socket, state_file).replace("%", "%%").replace("$", "$$")
     return (
         "# Written by fleet: keep HAProxy's runtime server states across `systemctl reload haproxy`\n"
         "[Service]\n"
+        f"Environment={systemd_assignment('CONFIG', config)}\n"
         "ExecReload=\n"
         "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS\n"
         f"ExecReload=/bin/sh -c {_systemd_quote(dump)}\n"
@@ -172,7 +177,7 @@ def export_files(configs: Sequence[BalancerConfig], inventory: str) -> list[Rend
         where = export_dir(c)
         files.append(RenderedFile(f"{where}/{c.spec.config.rsplit('/', 1)[-1]}", render_config(c, inventory), 0o644))
         if c.system:
-            dropin = systemd_dropin(c.spec.admin_socket, c.state_file)
+            dropin = systemd_dropin(c.spec.admin_socket, c.state_file, c.spec.config)
             files.append(RenderedFile(f"{where}/fleet-server-state.conf", dropin, 0o644))
     return files
 
@@ -205,3 +210,45 @@ def fleet_configs(loaded: LoadedInventory, plans: Mapping[str, HostPlan | None])
         address = server_address(spec, data)
         entries += [(spec.balancer, Server(spec.name, i.unit_name, address, i.port)) for i in plan.instances]
     return group_balancers(entries)
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """What a deploy writes to one balancer, against what HAProxy runs now."""
+
+    config: BalancerConfig  #: the configuration to write
+    added: tuple[tuple[str, str], ...]  #: (backend, server) HAProxy does not have yet: written disabled
+    kept: tuple[tuple[str, str], ...]  #: servers of hosts this deploy did not plan, kept as HAProxy has them
+    retired: tuple[tuple[str, str], ...]  #: servers HAProxy has that the new configuration drops
+
+
+def reconfigure(
+    config: BalancerConfig, running: Sequence[ServerState], inventory_hosts: Collection[str]
+) -> Reconfiguration:
+    """The configuration a deploy writes, from the planned servers and what HAProxy runs (pure).
+
+    A server this deploy planned is written as planned. One HAProxy has for an inventory host this
+    deploy did not plan (left out by ``--limit``, drained, waiting for its driver) is kept with the
+    address and port HAProxy has, so a partial deploy never drops it. Any other (its host left the
+    inventory, or its host's plan no longer has that instance or that backend) is retired: the
+    caller takes it out of traffic before the new configuration drops it."""
+    planned_hosts = {s.host for b in config.backends for s in b.servers}
+    servers = {b.name: list(b.servers) for b in config.backends}
+    have = {(st.backend, st.server) for st in running}
+    planned = [(b.name, s.name) for b in config.backends for s in b.servers]
+    kept: list[tuple[str, str]] = []
+    retired: list[tuple[str, str]] = []
+    for st in running:
+        if (st.backend, st.server) in planned:
+            continue
+        host, sep, instance = st.server.partition(":")
+        keep = sep and host in inventory_hosts and host not in planned_hosts and st.backend in servers and st.port
+        if keep:
+            servers[st.backend].append(Server(host, instance, st.address, st.port))
+            kept.append((st.backend, st.server))
+        else:
+            retired.append((st.backend, st.server))
+    backends = tuple(replace(b, servers=tuple(servers[b.name])) for b in config.backends)
+    return Reconfiguration(
+        replace(config, backends=backends), tuple(k for k in planned if k not in have), tuple(kept), tuple(retired)
+    )

@@ -64,6 +64,7 @@ class ServerState:
     address: str
     op_state: int
     admin_mask: int
+    port: int = 0  #: srv_port (0 when the line has none)
 
     @property
     def admin(self) -> AdminState:
@@ -176,7 +177,7 @@ def parse_servers_state(text: str) -> list[ServerState]:
             out.append(
                 ServerState(
                     row["be_name"], row["srv_name"], row.get("srv_addr", ""), int(row["srv_op_state"]),
-                    int(row["srv_admin_state"]),
+                    int(row["srv_admin_state"]), _int(row.get("srv_port")),
                 )
             )  # fmt: skip
         except (KeyError, ValueError) as exc:

@@ -6,6 +6,9 @@ socket, shared by every instance behind it), the backend and the server name
 its servers (``fleet.lb.runtime.SNAPSHOT_COMMAND``), reused for ``fresh_s`` so a rollout tick that
 observes every instance of a batch asks each balancer once.
 
+``retire`` takes servers a new configuration drops (a host removed from the inventory) out the
+same way before ``fleet deploy`` reloads without them, then leaves them in ``maint``.
+
 ``preflight`` is what a rollout checks before anything is touched: every balancer answers
 (``BalancerDown`` otherwise: exit 1) and has every server fleet will steer
 (``BalancerMisconfigured`` otherwise, listing them: exit 2). ``take_out``/``put_back`` are the
@@ -27,10 +30,13 @@ from fleet.lb.runtime import (
     SNAPSHOT_COMMAND,
     AdminState,
     AnswerError,
+    ServerState,
     ServerView,
     check_set_answer,
+    parse_servers_state,
     parse_snapshot,
     set_state_command,
+    split_answers,
 )
 from fleet.lb.transport import BalancerDown, BalancerError, BalancerMisconfigured, LocalSocket, SshSocket, Transport
 
@@ -72,6 +78,13 @@ class Balancer:
                 f"(`fleet deploy`, or `fleet lb export` and reload)"
             )
         return found
+
+    def servers_state(self) -> list[ServerState]:
+        """``show servers state``: every server HAProxy has now, with its address and port."""
+        try:
+            return parse_servers_state(split_answers(self.transport.send("show servers state"), 1)[0])
+        except AnswerError as exc:
+            raise BalancerMisconfigured(f"{self.name}: {exc}") from None
 
     def set_state(self, backend: str, server: str, state: AdminState) -> None:
         command = set_state_command(backend, server, state)
@@ -211,24 +224,54 @@ def take_out(
 ) -> list[str]:
     """``drain`` the members' servers and wait until none has a session or a queued request, for
     up to ``timeout_s``; returns what was still busy then (empty: drained). Raises ``BalancerError``."""
-    seated = [m for m in members if traffic.seat(*m) is not None]
-    for m in seated:
-        traffic.set_state(*m, AdminState.DRAIN)
+    seats = [(f"{m[0]}/{m[1]}", seat) for m in members if (seat := traffic.seat(*m)) is not None]
+    for _name, seat in seats:
+        seat.balancer.set_state(seat.backend, seat.server, AdminState.DRAIN)
+    return _wait_idle(seats, timeout_s, progress, sleep, clock)
+
+
+def _wait_idle(
+    seats: Sequence[tuple[str, Seat]],
+    timeout_s: float,
+    progress: Callable[[str], None],
+    sleep: Callable[[float], None],
+    clock: Callable[[], float],
+) -> list[str]:
+    """Until no seat has a session or a queued request (``[]``), or what is still busy at the deadline."""
     deadline = clock() + timeout_s
     while True:
         busy = []
-        for m in seated:
-            seat = traffic.seat(*m)
-            assert seat is not None
+        for name, seat in seats:
             v = seat.balancer.snapshot(fresh=True).get((seat.backend, seat.server))
             if v is not None and v.busy:
-                busy.append(f"{m[0]}/{m[1]}: {v.describe()}")
+                busy.append(f"{name}: {v.describe()}")
         if not busy:
             return []
         if clock() >= deadline:
             return busy
         progress("waiting for the balancer to finish: " + "; ".join(busy))
         sleep(0.5)
+
+
+def retire(
+    balancer: Balancer,
+    servers: Sequence[tuple[str, str]],
+    timeout_s: float,
+    *,
+    progress: Callable[[str], None] = lambda _m: None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[str]:
+    """Servers a new configuration drops, taken out first: ``drain``, wait (bounded) until they
+    have no session or queued request, then ``maint``; returns what was still busy at the deadline.
+    Raises ``BalancerError``."""
+    seats = [(f"{b}/{s}", Seat(balancer, b, s)) for b, s in servers]
+    for _name, seat in seats:
+        balancer.set_state(seat.backend, seat.server, AdminState.DRAIN)
+    busy = _wait_idle(seats, timeout_s, progress, sleep, clock)
+    for _name, seat in seats:
+        balancer.set_state(seat.backend, seat.server, AdminState.MAINT)
+    return busy
 
 
 def put_back(traffic: Traffic, members: Sequence[tuple[str, str]]) -> None:
@@ -245,6 +288,7 @@ __all__ = [
     "Seat",
     "Traffic",
     "put_back",
+    "retire",
     "take_out",
     "traffic_of",
 ]

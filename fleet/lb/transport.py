@@ -9,7 +9,8 @@
   and ``fleet deploy`` installs it with ``haproxy`` on balancer hosts (Debian's ``haproxy``
   package brings no client of its own). ``sudo``: Debian's socket is ``mode 660`` for group
   ``haproxy``, which the SSH user is not in. One SSH connection per balancer host, opened
-  lazily, opened again once when it broke (strict host keys, ``fleet.facts.runner.connect``).
+  lazily, opened again once when it broke (strict host keys, ``fleet.facts.runner.connect``);
+  every command has its deadline also when the host stops answering (``fleet.facts.sshlink``).
 
 Failures are sorted for the caller: ``BalancerDown`` (nothing answers: no socket, refused, the
 host unreachable, no answer in time: exit 1, "the balancer is down") and ``BalancerMisconfigured``
@@ -25,9 +26,8 @@ import threading
 import time
 from typing import Protocol
 
-import paramiko
-
 from fleet.errors import FleetError
+from fleet.facts import sshlink
 from fleet.facts.runner import SshTarget, connect
 from fleet.render.escape import ssh_command
 
@@ -125,7 +125,7 @@ class SshSocket:
         self.path = path
         self.timeout_s = timeout_s
         self.name = name or f"haproxy on host {target.name} ({path})"
-        self._client: paramiko.SSHClient | None = None
+        self._link: sshlink.Link | None = None
         self._lock = threading.Lock()
 
     def command(self) -> str:
@@ -134,14 +134,13 @@ class SshSocket:
             ["sudo", "-n", "timeout", "-k", "2", t, "socat", "-t", t, "STDIO", f"UNIX-CONNECT:{self.path}"]
         )
 
-    def _connected(self, fresh: bool) -> paramiko.SSHClient:
-        transport = self._client.get_transport() if self._client is not None else None
-        if self._client is not None and (fresh or transport is None or not transport.is_active()):
-            self._client.close()
-            self._client = None
-        if self._client is None:
-            self._client = connect(self.target, timeout=min(10.0, self.timeout_s + 5))
-        return self._client
+    def _connected(self, fresh: bool) -> sshlink.Link:
+        if self._link is not None and (fresh or not self._link.active):
+            self._link.close()
+            self._link = None
+        if self._link is None:
+            self._link = sshlink.Link(self.target.name, connect(self.target, timeout=min(10.0, self.timeout_s + 5)))
+        return self._link
 
     def send(self, line: str) -> str:
         payload = _line(line)
@@ -149,21 +148,20 @@ class SshSocket:
         with self._lock:
             for attempt in range(2):
                 try:
-                    client = self._connected(fresh=attempt > 0)
-                    chan_in, out, err = client.exec_command(self.command(), timeout=self.timeout_s + 10)
-                    chan_in.write(payload)
-                    chan_in.channel.shutdown_write()
-                    stdout = out.read().decode(errors="replace")
-                    stderr = err.read().decode(errors="replace")
-                    rc = out.channel.recv_exit_status()
+                    link = self._connected(fresh=attempt > 0)
+                    rc, stdout, stderr = link.run(
+                        self.command(), self.timeout_s + 10, stdin=payload, label=f"socat to {self.path}"
+                    )
                     break
-                except paramiko.BadHostKeyException as exc:
-                    raise BalancerMisconfigured(f"{self.name}: host key changed ({exc}): refusing it") from None
-                except (paramiko.SSHException, OSError, EOFError) as exc:
+                except sshlink.HostKeyError as exc:
+                    raise BalancerMisconfigured(f"{self.name}: {exc.reason}") from None
+                except sshlink.ConnectionLost as exc:
                     last = exc  # reads only: sending again is harmless, and a `set` of the same state too
+                except sshlink.SshError as exc:  # unreachable (silent, refused), a login refused, no answer in time
+                    raise BalancerDown(f"{self.name}: {exc.reason}") from None
             else:
                 raise BalancerDown(f"{self.name}: SSH to {self.target.hostname}:{self.target.port} failed: "
-                                   f"{last or 'no answer'}")  # fmt: skip
+                                   f"{last.reason if isinstance(last, sshlink.SshError) else 'no answer'}")  # fmt: skip
         if rc == 0:
             return stdout
         tail = (stderr or stdout).strip()[-300:]
@@ -181,7 +179,6 @@ class SshSocket:
         raise BalancerMisconfigured(f"{self.name}: socat exited {rc}: {tail}")
 
     def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        link = self._link  # not under the lock: closing ends a command in flight at once
+        if link is not None:
+            link.close()

@@ -9,6 +9,10 @@ GPU memory in use by an instance is the sum of NVML's per-process ``usedGpuMemor
 (``nvmlDeviceGetComputeRunningProcesses``) over the instance's GPUs, counting only processes in
 that instance's systemd unit when the probe could read the process's cgroup (so another
 process on the same GPU is not charged to it).
+
+Beside them, each host's drain marker (``fleet.facts.drain``, one more round trip per host, at the
+same time) and each instance's server on its load balancer (``fleet.lb.traffic``: one read per
+balancer).
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from fleet.facts.drain import read_markers
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.hoststatus import HostStatus, HostStatusProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.facts.units import UnitsDict
+from fleet.lb.runtime import ServerView
+from fleet.lb.traffic import BalancerError, Traffic
 from fleet.monitor.scrape import Scrape
-from fleet.monitor.status import InstanceStatus, UnitFacts, attach_units, collect
+from fleet.monitor.status import InstanceStatus, UnitFacts, attach_host_state, attach_units, collect
 from fleet.monitor.targets import Target
 from fleet.monitor.thresholds import Thresholds
 
@@ -59,11 +66,15 @@ def _state(info: Mapping[str, Any] | None) -> str:
     return f"{info.get('active_state') or '?'}/{info.get('sub_state') or '?'}"
 
 
-def _venv(units: UnitsDict, root: str) -> str | None:
-    link = units["current"]
-    if not link:
+def _venv(units: UnitsDict, release: str | None, root: str) -> str | None:
+    """The release directory the instance runs (``current``'s target, spelled as the link is, when
+    that is the release it runs)."""
+    if release is None:
         return None
-    return link if link.startswith("/") else f"{root.rstrip('/')}/{link}"
+    link = units["current"]
+    if link and units["release"] == release:
+        return link if link.startswith("/") else f"{root.rstrip('/')}/{link}"
+    return f"{root.rstrip('/')}/releases/{release}"
 
 
 def unit_facts(
@@ -81,14 +92,15 @@ def unit_facts(
         units = answer.units
         info = units["units"].get(t.unit)
         state = _state(info)
+        release = info["release"] if info else units["release"]  # what it runs; not installed: current
         out[t.instance] = UnitFacts(
             state=state,
             uptime_seconds=info["uptime_seconds"] if info else None,
             restarts=info["restarts"] if info else None,
-            venv=_venv(units, root),
+            venv=_venv(units, release, root),
             gpu_memory_used=gpu_memory_of(t, answer.gpus),
-            release=units["release"],
-            vllm_version=units["vllm_version"],
+            release=release,
+            vllm_version=info["vllm_version"] if info else units["vllm_version"],
             main_pid=info["main_pid"] if info else None,
             detail=answer.gpu_error or "",
         )
@@ -107,6 +119,21 @@ def read_hosts(hosts: list[SshTarget], timeout: float = 20.0, root: str = "/opt/
     return run_fact_on_hosts(hosts, HostStatusProbe, timeout=timeout, root=root)
 
 
+def balancer_views(traffic: Traffic, targets: Iterable[Target]) -> dict[str, ServerView | str]:
+    """What each instance's load balancer says about it (by ``host/vllm-N``), or why it could not
+    be asked; one read per balancer (``Balancer.snapshot``). Never raises."""
+    out: dict[str, ServerView | str] = {}
+    for t in targets:
+        try:
+            view = traffic.view(t.host, f"vllm-{t.index}")
+        except BalancerError as exc:
+            out[t.instance] = str(exc)
+            continue
+        if view is not None:
+            out[t.instance] = view
+    return out
+
+
 def observe(
     targets: list[Target],
     hosts: list[SshTarget],
@@ -115,12 +142,20 @@ def observe(
     timeout: float = 3.0,
     previous: Mapping[str, Scrape] | None = None,
     ssh_timeout: float = 20.0,
+    traffic: Traffic | None = None,
 ) -> tuple[list[InstanceStatus], dict[str, Scrape]]:
-    """``collect`` over HTTP and :func:`read_hosts` over SSH at the same time, merged into rows."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    """``collect`` over HTTP, :func:`read_hosts` and the hosts' drain markers over SSH and the
+    balancers' views (``traffic``), all at the same time, merged into rows."""
+    with ThreadPoolExecutor(max_workers=3) as pool:
         ssh = pool.submit(read_hosts, hosts, ssh_timeout) if hosts else None
+        marks = pool.submit(read_markers, hosts) if hosts else None
+        views = pool.submit(balancer_views, traffic, targets) if traffic else None
         rows, latest = collect(targets, thresholds, interval, timeout, previous=previous)
         answers = ssh.result() if ssh is not None else {}
-    if ssh is None:
-        return rows, latest
-    return attach_units(rows, unit_facts(targets, answers), thresholds), latest
+        drained = marks.result() if marks is not None else {}
+        lb = views.result() if views is not None else {}
+    if ssh is not None:
+        rows = attach_units(rows, unit_facts(targets, answers), thresholds)
+    if drained or lb:
+        rows = attach_host_state(rows, drained, lb, thresholds)
+    return rows, latest

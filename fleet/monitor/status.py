@@ -6,9 +6,12 @@ refused while loading or stopped: vLLM does not listen until loaded), ``/version
 difference: ``fleet.monitor.intervals``). All instances are read in parallel; an instance or host
 that cannot be reached is a row that says so, never an exception.
 
-The SSH side (unit state and uptime from systemd, the installed release, GPU memory in use from
+The SSH side (unit state and uptime from systemd, the release each instance runs, GPU memory in use from
 NVML) comes from ``fleet.monitor.hoststate`` as :class:`UnitFacts` per instance; without it (a
-library caller passing no ``units``) those fields are ``None`` and shown as such.
+library caller passing no ``units``) those fields are ``None`` and shown as such. So do a host's
+drain marker (``fleet drain``: a drained instance is stopped on purpose, which is no problem) and
+what its load balancer says about the instance (``fleet.lb``: UP/DRAIN/MAINT/DOWN and sessions;
+an instance that serves but is left out of traffic, not drained, is a problem).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from fleet.facts.drain import DrainMarker
+from fleet.lb.runtime import ServerView
 from fleet.monitor.intervals import IntervalStats, interval_stats
 from fleet.monitor.metric_names import MetricNames, names_for
 from fleet.monitor.scrape import Scrape, ScrapeError, get_json, http_get, parse_metrics
@@ -57,6 +62,7 @@ class State(StrEnum):
     NOT_LISTENING = "not listening"  #: connection refused, and no unit facts to say why
     UNREACHABLE = "unreachable"  #: neither HTTP nor (when asked) SSH reaches the host
     ERROR = "error"  #: answered, but not like vLLM
+    DRAINED = "drained"  #: its host is out of service for maintenance (``fleet drain``'s marker)
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,12 @@ class UnitFacts:
     state: str  #: systemd ActiveState/SubState ("active/running"), "not installed" or "unreachable"
     uptime_seconds: float | None
     restarts: int | None  #: systemd NRestarts
-    venv: str | None  #: what the host's ``current`` release link points at
+    venv: str | None  #: the release directory the instance runs
     gpu_memory_used: int | None  #: bytes, summed over the instance's processes on its GPUs
-    release: str | None = None  #: the release id ``current`` selects
-    vllm_version: str | None = None  #: the installed release's vLLM version
+    #: the release the instance runs: its main process's (a stopped one: what ``current`` selects,
+    #: the release it starts next); ``fleet.facts.releases.running_release``
+    release: str | None = None
+    vllm_version: str | None = None  #: that release's vLLM version
     main_pid: int | None = None
     detail: str = ""  #: why a value is missing (SSH or NVML error)
 
@@ -90,14 +98,18 @@ class InstanceStatus:
     interval: IntervalStats | None = None
     unit: UnitFacts | None = None
     problems: tuple[str, ...] = field(default=())
+    drained: DrainMarker | None = None  #: its host is drained for maintenance (``fleet drain``)
+    lb: ServerView | None = None  #: what its load balancer says (None: none in front of it, or not asked)
+    lb_error: str = ""  #: why its load balancer could not be asked
 
     @property
     def ok(self) -> bool:
-        return self.health is Health.READY and not self.problems
+        """Serving as it should; a drained instance is out of service on purpose."""
+        return (self.health is Health.READY or self.drained is not None) and not self.problems
 
     @property
     def state(self) -> State:
-        return state_of(self.health, self.unit)
+        return state_of(self.health, self.unit, drained=self.drained is not None)
 
 
 # -- pure pieces ------------------------------------------------------------------------------------
@@ -115,7 +127,7 @@ def classify_error(exc: BaseException) -> tuple[Health, str]:
     return Health.UNREACHABLE, str(reason)
 
 
-def state_of(health: Health, unit: UnitFacts | None) -> State:
+def state_of(health: Health, unit: UnitFacts | None, drained: bool = False) -> State:
     """The state column's word (pure, table-tested): ``/health`` first, systemd to say why not.
 
     vLLM binds its port before it loads the model but calls ``listen()`` only once the engine is
@@ -125,8 +137,11 @@ def state_of(health: Health, unit: UnitFacts | None) -> State:
     means just that (systemd's ActiveState/SubState, org.freedesktop.systemd1(5)). A unit that is
     stopping is "stopping" even while ``/health`` still answers 200: vLLM keeps it 200 during its
     ``--shutdown-timeout`` drain (``AsyncLLM.shutdown`` in ``vllm/v1/engine/async_llm.py``) while new
-    requests fail.
+    requests fail. An instance of a host drained for maintenance (``fleet drain``) is "drained",
+    whatever it does: it is out of service on purpose.
     """
+    if drained:
+        return State.DRAINED
     if unit is not None and unit.state.startswith("deactivating/"):
         return State.STOPPING
     if health is Health.READY:
@@ -176,10 +191,19 @@ def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
     if unit is not None:
         if unit.state == "unreachable":
             out.append(f"host unreachable over SSH: {unit.detail}")
-        elif not unit.active:
+        elif not unit.active and status.drained is None:
             out.append(f"unit {status.target.unit} is {unit.state}")
         if unit.restarts is not None and unit.restarts > th.restarts:
             out.append(f"unit restarted {unit.restarts} times")
+    if status.lb_error:
+        out.append(f"load balancer: {status.lb_error}")
+    elif (
+        status.lb is not None and status.drained is None and status.health is Health.READY and not status.lb.in_traffic
+    ):
+        out.append(
+            f"serving but out of its balancer's traffic ({status.lb.view}, {status.lb.admin.value}): "
+            f"fleet lb ready INVENTORY {status.target.instance}"
+        )
     return tuple(out)
 
 
@@ -212,6 +236,28 @@ def from_scrapes(
 
 def _with_problems(status: InstanceStatus, th: Thresholds) -> InstanceStatus:
     return replace(status, problems=problems_of(status, th))
+
+
+def attach_host_state(
+    rows: list[InstanceStatus],
+    drained: Mapping[str, DrainMarker],
+    lb: Mapping[str, ServerView | str],
+    thresholds: Mapping[str, Thresholds] | None = None,
+) -> list[InstanceStatus]:
+    """The rows with their host's drain marker (by host) and their balancer's view (by instance,
+    ``host/vllm-N``; a string: why the balancer could not be asked) filled in, problems recomputed (pure)."""
+    thresholds = thresholds or {}
+    out = []
+    for r in rows:
+        seen = lb.get(r.target.instance)
+        row = replace(
+            r,
+            drained=drained.get(r.target.host),
+            lb=seen if isinstance(seen, ServerView) else None,
+            lb_error=seen if isinstance(seen, str) else "",
+        )
+        out.append(_with_problems(row, thresholds.get(r.target.host, Thresholds())))
+    return out
 
 
 def attach_units(
@@ -372,6 +418,19 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
             "main_pid": row.unit.main_pid,
             "gpu_memory_used_bytes": row.unit.gpu_memory_used,
             "detail": row.unit.detail,
+        },
+        "drained": None if row.drained is None else row.drained.data(),
+        "balancer": None
+        if row.lb is None and not row.lb_error
+        else {
+            "view": row.lb.view if row.lb else None,
+            "admin": row.lb.admin.value if row.lb else None,
+            "status": row.lb.status if row.lb else None,
+            "sessions": row.lb.sessions if row.lb else None,
+            "queued": row.lb.queued if row.lb else None,
+            "backend": row.lb.backend if row.lb else None,
+            "server": row.lb.server if row.lb else None,
+            "error": row.lb_error or None,
         },
         "problems": list(row.problems),
         "ok": row.ok,

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.host import Host
@@ -35,7 +35,7 @@ from fleet.errors import FleetError
 from fleet.facts.driver import PythonVersion
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
-from fleet.facts.releases import VllmReleases
+from fleet.facts.releases import VllmReleases, running_release
 from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_instances
 from fleet.gpus import Fabric
 from fleet.inventory.spec import HostSpec, host_spec
@@ -197,17 +197,32 @@ class Staged:
     revisions: dict[str, str] = field(default_factory=dict)  #: instance -> revision it should run
     running: set[str] = field(default_factory=set)  #: instances whose unit ran: their files wait
     live: dict[str, str | None] = field(default_factory=dict)  #: instance -> revision in place
+    #: instance -> the release it runs (its process's; ``fleet.facts.releases.running_release``)
+    runs: dict[str, str | None] = field(default_factory=dict)
     current: str | None = None  #: the release ``current`` named before this deploy
     found: dict[str, InstanceRevision] | None = None  #: the InstanceRevisions fact, gathered once
 
     @property
     def waiting(self) -> list[str]:
-        """Running instances whose release or configuration this deploy changed (not yet live)."""
-        moved = self.current != self.release
-        return sorted(i for i in self.running if moved or self.live.get(i) != self.revisions.get(i))
+        """Running instances not on the release or configuration the host's data asks for: each
+        instance by what its own process runs, not by the host's ``current`` link (after a canary
+        or a halted rollout, instances of one host run different releases)."""
+        return sorted(
+            i for i in self.running if self.runs.get(i) != self.release or self.live.get(i) != self.revisions.get(i)
+        )
 
 
 _STAGED: WeakKeyDictionary[State, dict[str, Staged]] = WeakKeyDictionary()
+#: hosts of a pyinfra run whose units wait for a second probe later in the same run (``units_later``)
+_LATER: WeakSet[Host] = WeakSet()
+
+
+def units_later(hosts: Sequence[Host]) -> None:
+    """``vllm_units`` writes nothing on these hosts in this pyinfra run: their NVML does not answer
+    yet, and ``fleet deploy`` probes them again once this run's release, driver or reboot lets it
+    and writes their units then (from the probe, or the gpu entry if NVML still does not answer).
+    Writing them now from the gpu entry would only be written over."""
+    _LATER.update(hosts)
 
 
 def staged_of(state: State) -> dict[str, Staged]:
@@ -248,18 +263,26 @@ def _paths() -> HostPaths:
     return HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
 
 
-def _any_running() -> bool:
+def instance_release(found: InstanceRevision | None, current: str | None, root: str = vllm.DEFAULT_ROOT) -> str | None:
+    """The release an instance runs, from its InstanceRevisions entry (``running_release``)."""
+    return running_release(found.get("exe") if found is not None else None, current, root)
+
+
+def _runs_another(release_id: str, current: str | None) -> bool:
+    """An instance of the host runs a release other than ``release_id``: ``current`` must stay as it
+    is (a crash-restart by systemd starts what ``current`` names: it must be what ran before)."""
     try:
         revs = host_revisions(host.name, _data(), _paths(), probe())
     except GpusNotKnownYet:
         return False  # no units can be there yet
-    return any(running(f) for f in _revisions_found(revs).values())
+    found = _revisions_found(revs).values()
+    return any(running(f) and instance_release(f, current) != release_id for f in found)
 
 
 @deploy("vLLM release")
 def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
-    """Build the release; make it ``current`` unless an instance runs (then the engine does, per
-    instance, between its stop and its start)."""
+    """Build the release; make it ``current`` unless an instance runs another release (then the
+    engine does, per instance, between its stop and its start)."""
     data = _data()
     python_version = host.get_fact(PythonVersion)
     if python_version is None:
@@ -270,17 +293,28 @@ def vllm_release(root: str = vllm.DEFAULT_ROOT) -> None:
     staged.current = host.get_fact(VllmReleases, root=root)["current"]
     vllm.service_user(name="vLLM system user")
     vllm.release(name=f"vLLM release {spec.release_id}", spec=spec, root=root)
-    if not _any_running():
+    if not _runs_another(spec.release_id, staged.current):
         vllm.activate(name="current release", release_id=spec.release_id, root=root)
     vllm.prune(name="prune old releases", keep=releases_kept(host.name, data), root=root)
 
 
 @deploy("vLLM units")
 def vllm_units(paths: HostPaths | None = None) -> None:
-    """Store every instance's configuration as a revision; write it in place for idle units only."""
+    """Store every instance's configuration as a revision; write it in place for idle units only.
+
+    Idle units are enabled (started at boot) only when the host is planned from its NVML probe: a
+    unit written from the inventory's ``gpu`` entry while NVML does not answer yet (no driver, or
+    one not loaded until the reboot) would start at boot from a plan the probe is about to
+    replace, and a fleet deploy would then roll every such instance through the engine although
+    none ever served anyone. ``vllm_start`` enables the units it starts."""
     data = _data()
+    if ctx_host.get() in _LATER:  # type: ignore[no-untyped-call]
+        host.noop("units: written once NVML is probed again, later in this run")
+        return
+    probed = probe()
     try:
-        revs = host_revisions(host.name, data, paths or _paths(), probe())
+        revs = host_revisions(host.name, data, paths or _paths(), probed)
+        from_probe = host_plan(host.name, data, probed).gpus_source == "probe"
     except GpusNotKnownYet as exc:
         host.noop(str(exc))
         return
@@ -289,17 +323,26 @@ def vllm_units(paths: HostPaths | None = None) -> None:
     staged.revisions = {r.instance: r.id for r in revs}
     staged.running = {r.instance for r in revs if running(found.get(r.instance))}
     staged.live = {r.instance: _live(found.get(r.instance)) for r in revs}
+    current = staged.current
+    if not staged.release and staged.running:  # a pass without vllm_release: read the link here
+        current = host.get_fact(VllmReleases, root=vllm.DEFAULT_ROOT)["current"]
+    staged.runs = {r.instance: instance_release(found.get(r.instance), current) for r in revs}
     keep = releases_kept(host.name, data)
     revisions.stored(name="configuration revisions", revisions=revs, keep=keep, found=found)
     idle = [f for r in revs if r.instance not in staged.running for f in (r.unit, r.env)]
-    units.installed(name="vLLM units and env files", files=idle)
+    units.installed(name="vLLM units and env files", files=idle, enable=from_probe)
 
 
 @deploy("vLLM start")
 def vllm_start() -> None:
-    """Start (first deploy) the host's units that are not running; running ones are left alone."""
+    """Start (first deploy) the host's units that are not running, and enable them (they start at
+    boot from now on: they passed preflight); running ones are left alone."""
     paths = HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
-    for unit in unit_names(rendered_files(host.name, _data(), paths, probe())):
+    names = unit_names(rendered_files(host.name, _data(), paths, probe()))
+    # first: pyinfra orders operations by their place in the code, and hosts with fewer units
+    # would run this one in the place of another host's next start
+    units.enabled(name="enable the vLLM units", units=names)
+    for unit in names:
         systemd.service(name=f"start {unit}", service=unit, running=True)
 
 

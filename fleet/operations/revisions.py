@@ -40,7 +40,8 @@ def stored(
         found = host.get_fact(InstanceRevisions, instances=fact_instances(revisions), root=root)
     changed = False
     for rev in revisions:
-        have = found.get(rev.instance) or {"state": "unknown", "live": None, "stored": []}
+        none: InstanceRevision = {"state": "unknown", "live": None, "stored": [], "exe": None}
+        have = found.get(rev.instance) or none
         names = [s["id"] for s in have["stored"]]
         if rev.id not in names:
             d = rev.directory(root)

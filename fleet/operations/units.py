@@ -2,8 +2,10 @@
 
 Each file is written atomically with its owner and mode (``files.atomic_file``; env files hold
 the API key: root-only 0600). ``systemctl daemon-reload`` runs only when a unit file changed,
-and each unit is enabled unless it already is. Starting and restarting is the deploy's job
-(first deploy) or the rolling engine's (a fleet already serving), not this operation's.
+and each unit is enabled unless it already is (``installed(enable=False)`` leaves that to
+``enabled``, which ``fleet deploy`` runs when it starts them). Starting and restarting is the
+deploy's job (first deploy) or the rolling engine's (a fleet already serving), not this
+operation's.
 """
 
 from __future__ import annotations
@@ -42,13 +44,28 @@ def installed(files: Sequence[RenderedFile], enable: bool = True) -> Commands:
         yield from commands
     if unit_changed:
         yield "systemctl daemon-reload"
-    if not enable:
-        return
-    units = unit_names(files)
-    # these units only (not every unit on the host); none: nothing to ask
-    enabled = host.get_fact(SystemdEnabled, services=units) if units else {}
-    todo = [u for u in units if not enabled.get(u)]
+    todo = _not_enabled(unit_names(files)) if enable else []
     if todo:
         yield shlex.join(["systemctl", "enable", *todo])
     elif not file_changed:
-        host.noop("units up to date and enabled")
+        host.noop("units up to date" + (" and enabled" if enable else ""))
+
+
+def _not_enabled(units: Sequence[str]) -> list[str]:
+    """Those of ``units`` that are not enabled (asked of these units only, not every unit on the host)."""
+    enabled = host.get_fact(SystemdEnabled, services=list(units)) if units else {}
+    return [u for u in units if not enabled.get(u)]
+
+
+@operation()
+def enabled(units: Sequence[str]) -> Commands:
+    """
+    Enable ``units`` (``WantedBy=``: they start at boot) unless they are.
+
+    + units: unit names
+    """
+    todo = _not_enabled(units)
+    if todo:
+        yield shlex.join(["systemctl", "enable", *todo])
+    else:
+        host.noop("units enabled")

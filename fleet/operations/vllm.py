@@ -6,7 +6,8 @@ vLLM version, the host's Python, extras, pinned companions, the package index), 
 inputs always give the same directory and a change gives a new one beside it. It is built in
 place (a venv cannot move) and counts only once its marker file is written, last. ``current``
 and ``previous`` are symlinks flipped atomically (``ln -sfn`` to a temporary name, then
-``mv -T``: one ``rename(2)``), so going back is one flip, no reinstall. Old releases are pruned
+``mv -T``: one ``rename(2)``) under a per-host lock (``SWITCH_SH``, shared with the rollout's
+``flip_release``), so going back is one flip, no reinstall. Old releases are pruned
 beyond a count, never the current or the previous one.
 """
 
@@ -15,13 +16,14 @@ from __future__ import annotations
 import json
 import shlex
 
+from pyinfra.api.command import StringCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.operations import server
 
 from fleet.facts.releases import MARKER, VllmReleases
 from fleet.operations import layout
-from fleet.operations.files import Commands, atomic_file
+from fleet.operations.files import Commands
 
 DEFAULT_ROOT = "/opt/fleet/vllm"
 PIP_TIMEOUT_S = 60
@@ -45,10 +47,90 @@ def release_dir(root: str, release_id: str) -> str:
     return f"{root}/releases/{release_id}"
 
 
+#: Margin over the measured size of the largest release already on the host: a new release pins
+#: the same packages but for what changed (the vLLM version, an extra), so its size is close.
+SIZE_MARGIN = 1.10
+#: What a release needs at least where the host has none to measure: a venv with pip and its
+#: metadata (``python3 -m venv`` with ``ensurepip`` wrote 24 MiB on Debian 12's Python 3.11), plus
+#: a third. A first build that needs more (the real vLLM 0.33 with torch and the CUDA wheels is
+#: several GB installed: ``pip install --no-cache-dir vllm`` left 6.9 GB in site-packages in
+#: vllm-project/vllm#13112) and runs out of space stops with ``No space left on device (ENOSPC)``
+#: and the numbers, its half-built directory removed; the next build is measured from this one.
+FIRST_RELEASE_KIB = 32 * 1024
+
+#: Builds one release, checked and cleaned up: ``sh -s -- ROOT ID PYTHON FLOOR_KIB MARGIN_PERCENT
+#: MARKER MARKER_JSON PIP_ARGS...`` with this script on stdin (so an error shows the arguments, not
+#: the script; what it runs reads ``/dev/null``, never the script). Before anything is written it compares the space
+#: needed (the largest complete release here, measured with ``du``, plus the margin; ``FLOOR_KIB``
+#: where there is none) with what ``df`` says is free on the releases' filesystem, and refuses with
+#: both numbers, the filesystem and its mount point (exit 28, ENOSPC's errno). A step that fails
+#: removes the half-built release directory and says why in its last line: ``No space left on
+#: device (ENOSPC)`` when its output says so or the filesystem has no MiB left (``ensurepip`` hides
+#: the cause: ``venv`` prints only its exit status), with the numbers; otherwise the step and its
+#: last output lines. The marker is written last (a temporary name, then ``mv -T``): a build cut
+#: short by a lost connection leaves a directory without it, which the next run removes.
+BUILD = r"""
+set -u
+root=$1; id=$2; py=$3; floor=$4; margin=$5; marker=$6; marker_json=$7; shift 7
+rel=$root/releases; target=$rel/$id; tmp=${TMPDIR:-/tmp}
+mib() { echo $(( ($1 + 1023) / 1024 )); }
+fs() { df -Pk -- "$1" | awk 'NR == 2 { print $1 " mounted at " $6 }'; }
+avail() { df -Pk -- "$1" | awk 'NR == 2 { print $4 }'; }
+mkdir -p -- "$rel" || exit 1
+rm -rf -- "$target"
+largest=0; from=
+for d in "$rel"/*/; do
+  [ -f "$d$marker" ] || continue
+  k=$(du -sk -- "$d" | cut -f1)
+  if [ "$k" -gt "$largest" ]; then largest=$k; from=${d%/}; from=${from##*/}; fi
+done
+if [ "$largest" -gt 0 ]; then
+  need=$(( largest * margin / 100 ))
+  basis="the largest release here, $from, is $(mib "$largest") MiB, +$((margin - 100))%"
+else
+  need=$floor; basis="no release here to measure: a venv with pip"
+fi
+free=$(avail "$rel")
+if [ "$free" -lt "$need" ]; then
+  echo "release $id: No space left on device (ENOSPC): needs $(mib "$need") MiB ($basis), \
+$(mib "$free") MiB free on $(fs "$rel"); nothing was written" >&2
+  exit 28
+fi
+fail() {
+  step=$1; out=$2; full=
+  case "$out" in *"No space left on device"*|*"Errno 28"*) full=1 ;; esac
+  left=$(avail "$rel"); where=$(fs "$rel")
+  [ "$left" -lt 1024 ] && full=1
+  rm -rf -- "$target"
+  printf '%s\n' "$out" | tail -n 4 >&2
+  if [ -n "$full" ]; then
+    also=
+    [ "$(fs "$tmp")" = "$where" ] || \
+      also="; $(mib "$(avail "$tmp")") MiB free in $tmp (pip's temporary files) on $(fs "$tmp")"
+    echo "release $id: No space left on device (ENOSPC) during $step: needed more than the \
+$(mib "$need") MiB checked for ($basis); $(mib "$left") MiB were free on $where when it failed$also; \
+the half-built release was removed" >&2
+    exit 28
+  fi
+  echo "release $id: $step failed; the half-built release was removed" >&2
+  exit 1
+}
+out=$("$py" -m venv -- "$target" 2>&1 </dev/null) || fail "python3 -m venv (ensurepip)" "$out"
+out=$("$target/bin/pip" "$@" 2>&1 </dev/null) || fail "pip install" "$out"
+m=$target/$marker
+out=$( { umask 022 && printf '%s\n' "$marker_json" > "$m.fleet-tmp" && mv -fT -- "$m.fleet-tmp" "$m"; } 2>&1) \
+  || fail "writing the marker" "$out"
+"""
+
+
 @operation()
 def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "python3") -> Commands:
     """
     Build the release ``spec`` names under ``root`` unless it is there and complete.
+
+    One command (``BUILD``): the space it needs checked against what is free on the releases'
+    filesystem first, the venv, pip from the inventory's index only, the marker last; a failed
+    step removes what it wrote, and a full disk is named as such, with the numbers.
 
     + spec: what goes into the venv (its ``release_id`` names the directory)
     + root: where releases live
@@ -60,17 +142,10 @@ def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "p
     if found is not None and found["complete"]:
         host.noop(f"release {name} is there")
         return
-    target = release_dir(root, name)
-    if found is not None:  # half-built by an earlier run: start again
-        yield shlex.join(["rm", "-rf", "--", target])
-    yield shlex.join(["mkdir", "-p", "--", f"{root}/releases"])
-    yield shlex.join([python, "-m", "venv", target])
-    yield shlex.join(
-        [
-            f"{target}/bin/pip", "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir",
-            "--timeout", str(PIP_TIMEOUT_S), "--index-url", spec.index_url, *spec.requirements(),
-        ]
-    )  # fmt: skip
+    pip = [
+        "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir",
+        "--timeout", str(PIP_TIMEOUT_S), "--index-url", spec.index_url, *spec.requirements(),
+    ]  # fmt: skip
     marker = {
         "id": name,
         "vllm_version": spec.vllm_version,
@@ -78,18 +153,36 @@ def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "p
         "index_url": spec.index_url,
         "requirements": spec.requirements(),
     }
-    yield from atomic_file._inner(path=f"{target}/{MARKER}", content=json.dumps(marker, indent=2) + "\n", mode=0o644)
+    margin = str(round(SIZE_MARGIN * 100))
+    argv = ["sh", "-s", "--", root, name, python, str(FIRST_RELEASE_KIB), margin, MARKER, json.dumps(marker), *pip]
+    yield StringCommand(shlex.join(argv), _stdin=BUILD)
 
 
-def _flip(root: str, link: str, release_id: str) -> str:
-    """``ln -sfn`` to a temporary link, then ``mv -T`` over ``link``: one atomic rename."""
-    tmp = f"{root}/.{link}.fleet-tmp"
-    return " && ".join(
-        [
-            shlex.join(["ln", "-sfn", f"releases/{release_id}", tmp]),
-            shlex.join(["mv", "-fT", tmp, f"{root}/{link}"]),
-        ]
-    )
+#: Every switch of a host's release links takes this lock on the host (util-linux ``flock(1)``)
+#: for as long as it runs, so two switches on one host never interleave: two instances of one
+#: batch switching at once, or a deploy's ``activate`` beside a rollout's ``flip_release``.
+SWITCH_LOCK = ".fleet-switch.lock"
+SWITCH_LOCK_WAIT_S = 60
+#: The exit status of a switch that did not get the lock in ``SWITCH_LOCK_WAIT_S`` (EX_TEMPFAIL).
+SWITCH_LOCK_BUSY = 75
+
+#: Shell that points ``$r/current`` at ``releases/$rel`` (``$r``, ``$rel`` set by the caller), the
+#: release it pointed at becoming ``previous``: under the host's switch lock (held until the
+#: calling script ends), each link replaced by one ``rename(2)`` (``ln -sfn`` to a temporary link
+#: named for this process, then ``mv -T``); a no-op when ``current`` already names the release.
+SWITCH_SH = (
+    f'exec 9>>"$r/{SWITCH_LOCK}"; flock -w {SWITCH_LOCK_WAIT_S} 9 || {{ echo "another switch of $r held '
+    f'its lock ($r/{SWITCH_LOCK}) for {SWITCH_LOCK_WAIT_S}s" >&2; exit {SWITCH_LOCK_BUSY}; }}; '
+    'cur=$(readlink "$r/current" || true); if [ "$cur" != "releases/$rel" ]; then '
+    'if [ -n "$cur" ]; then ln -sfn "$cur" "$r/.previous.fleet-tmp.$$"; mv -fT "$r/.previous.fleet-tmp.$$" '
+    '"$r/previous"; fi; ln -sfn "releases/$rel" "$r/.current.fleet-tmp.$$"; '
+    'mv -fT "$r/.current.fleet-tmp.$$" "$r/current"; fi'
+)
+
+
+def switch_command(root: str, release_id: str) -> str:
+    """The command that makes ``release_id`` current under ``root`` (``SWITCH_SH``)."""
+    return shlex.join(["sh", "-c", f"set -e; r=$1; rel=$2; {SWITCH_SH}", "fleet-activate", root, release_id])
 
 
 @operation()
@@ -104,9 +197,7 @@ def activate(release_id: str, root: str = DEFAULT_ROOT) -> Commands:
     if facts["current"] == release_id:
         host.noop(f"current is {release_id}")
         return
-    if facts["current"] is not None:
-        yield _flip(root, "previous", facts["current"])
-    yield _flip(root, "current", release_id)
+    yield switch_command(root, release_id)
 
 
 @operation()

@@ -53,12 +53,13 @@ def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> Ho
 
 
 def planning_inputs(spec: HostSpec) -> HostSpec:
-    """The part of a host spec its plan depends on: everything but the host's name and place.
+    """The part of a host spec its plan depends on: everything but the host's name and place
+    (where it is written, its groups, the machine's address and SSH port: ``plan_host`` reads none).
 
     Hosts whose planning inputs (this, their GPU facts and their model) are equal get equal
     plans, so a fleet of identical hosts costs one plan (``plan_inventory``).
     """
-    return dataclasses.replace(spec, name="", inventory="", groups=())
+    return dataclasses.replace(spec, name="", inventory="", groups=(), ssh_hostname=None, ssh_port=22)
 
 
 def _renamed(
@@ -141,14 +142,23 @@ class FleetPlan:
     not_probed: dict[str, str]  #: host -> why its GPU facts come from the inventory
 
 
-def plan_fleet(path: str | Path, limit: list[str] | None = None, offline: bool = False) -> FleetPlan:
-    """Plan an inventory from probed GPU facts where hosts answer (read-only), else its ``gpu`` data."""
+def plan_fleet(
+    path: str | Path, limit: list[str] | None = None, offline: bool = False, probe_timeout: float | None = None
+) -> FleetPlan:
+    """Plan an inventory from probed GPU facts where hosts answer (read-only), else its ``gpu`` data.
+
+    ``probe_timeout``: seconds to wait for each host's SSH port (all hosts at once); None: the
+    probe's default (``fleet.facts.PROBE_CONNECT_TIMEOUT``).
+    """
     loaded = load_for_planning(path, limit)
     if offline:
         return FleetPlan(plan_inventory(loaded), {})
     from fleet.facts.probed import probe_host_gpus
 
-    probed, notes = probe_host_gpus(loaded)
+    if probe_timeout is None:
+        probed, notes = probe_host_gpus(loaded)
+    else:
+        probed, notes = probe_host_gpus(loaded, connect_timeout=probe_timeout)
     return FleetPlan(plan_inventory(loaded, probed), notes)
 
 

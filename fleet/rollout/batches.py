@@ -198,7 +198,9 @@ def admit(
                 f"max_unavailable is {budget} and {len(down_elsewhere)} instance(s) are already not serving"
                 + (f" ({shown})" if down_elsewhere else "")
             )
-        if ok and not whole_host and len(u) == 1:
+        # a host keeps one serving instance; restarting one that is already down takes none away
+        # (every instance of a host is "down" when, e.g., a balancer holds them all out of traffic)
+        if ok and not whole_host and len(u) == 1 and not set(u) <= out:
             ref = u[0]
             n = host_instances.get(ref.host, 1)
             if n > 1 and n - sum(1 for r in after if r.host == ref.host) <= 0:

@@ -34,6 +34,7 @@ rollout halted with what to do next. Instances of later batches are never touche
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -62,9 +63,10 @@ class Phase(StrEnum):
     FAILED = "failed"
     ROLLED_BACK = "rolled_back"
     ROLLBACK_FAILED = "rollback_failed"
+    SKIPPED = "skipped"  #: never touched: its host stayed unreachable when its turn came
 
 
-TERMINAL = (Phase.DONE, Phase.FAILED, Phase.ROLLED_BACK, Phase.ROLLBACK_FAILED)
+TERMINAL = (Phase.DONE, Phase.FAILED, Phase.ROLLED_BACK, Phase.ROLLBACK_FAILED, Phase.SKIPPED)
 
 
 class RolloutStatus(StrEnum):
@@ -310,12 +312,37 @@ def decide(state: RolloutState, obs: Observations, now: float) -> Decision:
 def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
     p = state.policy
     if state.batch_index >= len(state.batches):
-        return Decision(replace(state, status=RolloutStatus.DONE, reason="every batch is healthy", waiting=""))
+        return _finished(state)
     batch = state.batches[state.batch_index]
+    # Members of the batch on a host that does not answer: wait up to unreachable_timeout_s for
+    # it, then skip them (never touched) and go on with the rest, if the budget allows.
+    silent = {ref: obs.of(ref) for u in batch for ref in u if obs.of(ref).unreachable}
+    young = [(ref, f) for ref, f in silent.items() if unreachable_for(f, now) < p.unreachable_timeout_s]
+    if young:
+        ref, f = young[0]
+        line = f"batch {state.batch_index + 1}: {_unreachable_note(ref, f, p, now)}"
+        return Decision(replace(state, waiting=line), waits=(line,))
+    if silent:
+        state = _skip(state, silent, now)
+        kept = tuple(u for u in batch if not any(ref in silent for ref in u))
+        batches = list(state.batches)
+        if kept:
+            batches[state.batch_index] = kept
+            state = replace(state, batches=tuple(batches))
+        else:
+            del batches[state.batch_index]
+            return _next_batch(replace(state, batches=tuple(batches)), obs, now)
+        batch = kept
     unavailable = [ref for ref in state.instances if not obs.of(ref).available]
     budget = budget_of(p.max_unavailable, len(state.instances))
     a = admit(batch, unavailable, budget, state.host_sizes(), p.whole_host)
     if a.blocked:
+        gone = _silent_hosts(state, obs, now)
+        if gone:
+            # Waiting would not help: the budget is spent on instances fleet cannot reach.
+            hosts = "; ".join(f"host {h} unreachable{for_how_long(s)} ({why})" for h, (s, why) in gone.items())
+            reason = f"batch {state.batch_index + 1} cannot start: {hosts}; {a.reason}"
+            return Decision(replace(state, status=RolloutStatus.HALTED, reason=reason, waiting=""))
         waited = now - state.last_progress_at
         if waited > p.progress_deadline_s:
             reason = f"batch {state.batch_index + 1} could not start for {waited:.0f}s: {a.reason}"
@@ -328,6 +355,65 @@ def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
     current = tuple(ref for u in a.admitted for ref in u)
     state = replace(state, batches=tuple(batches), current=current, waiting="", last_progress_at=now)
     return decide(state, obs, now)
+
+
+def unreachable_for(f: InstanceFacts, now: float) -> float:
+    """Seconds the instance's host has not been heard from: 0 when it answered; infinite when the
+    executor does not say since when (the engine then decides at once)."""
+    if not f.unreachable:
+        return 0.0
+    if f.unreachable_since is None:
+        return math.inf
+    return max(0.0, now - f.unreachable_since)
+
+
+def for_how_long(seconds: float) -> str:
+    """`` for 12s`` (nothing when not known)."""
+    return "" if math.isinf(seconds) else f" for {seconds:.0f}s"
+
+
+def _unreachable_note(ref: InstanceRef, f: InstanceFacts, p: RolloutPolicy, now: float) -> str:
+    gone = unreachable_for(f, now)
+    return (
+        f"{ref}: host {ref.host} unreachable{for_how_long(gone)} (deciding at {p.unreachable_timeout_s:g}s, "
+        f"unreachable_timeout_s): {f.unreachable}"
+    )
+
+
+def _silent_hosts(state: RolloutState, obs: Observations, now: float) -> dict[str, tuple[float, str]]:
+    """Hosts observed unreachable for at least ``unreachable_timeout_s``: seconds and why."""
+    out: dict[str, tuple[float, str]] = {}
+    for ref in state.instances:
+        f = obs.instances.get(ref)
+        if f is None or not f.unreachable or ref.host in out:
+            continue
+        gone = unreachable_for(f, now)
+        if gone >= state.policy.unreachable_timeout_s:
+            out[ref.host] = (gone, f.unreachable)
+    return out
+
+
+def _skip(state: RolloutState, silent: Mapping[InstanceRef, InstanceFacts], now: float) -> RolloutState:
+    """Instances whose host stayed unreachable when their batch came: skipped, never touched."""
+    instances = dict(state.instances)
+    for ref, f in silent.items():
+        gone = unreachable_for(f, now)
+        why = f"skipped: host {ref.host} unreachable{for_how_long(gone)} when its batch came ({f.unreachable})"
+        instances[ref] = replace(instances[ref], phase=Phase.SKIPPED, phase_since=now, failure=why, note=why)
+    return replace(state, instances=instances)
+
+
+def _finished(state: RolloutState) -> Decision:
+    """Every batch went: done, unless instances were skipped (their host was unreachable)."""
+    skipped = [i for i in state.instances.values() if i.phase is Phase.SKIPPED]
+    if not skipped:
+        return Decision(replace(state, status=RolloutStatus.DONE, reason="every batch is healthy", waiting=""))
+    hosts = sorted({i.ref.host for i in skipped})
+    reason = (
+        f"{len(skipped)} instance(s) skipped, never touched: host(s) {', '.join(hosts)} unreachable "
+        f"({', '.join(str(i.ref) for i in skipped)}); every other instance is done"
+    )
+    return Decision(replace(state, status=RolloutStatus.HALTED, reason=reason, waiting=""))
 
 
 def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
@@ -388,6 +474,8 @@ def _bake(state: RolloutState, obs: Observations, now: float) -> Decision:
         if inst.phase is not Phase.DONE:
             continue
         f = obs.of(ref)
+        if f.unreachable and unreachable_for(f, now) < p.unreachable_timeout_s:
+            continue  # not observed yet; decided once unreachable_timeout_s has passed
         probe = f.probe if not f.unreachable else Probe(now, unreachable=f.unreachable)
         if probe is None:
             continue
@@ -438,10 +526,20 @@ def _instance_step(
             # Another rollout holds the host (its claim replaced this one's): never touch it again.
             changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
             return _fail(inst, f"host {inst.ref.host} is claimed {changed} by {f.claimed_by}", now), None
-        if f.unreachable and inst.phase is not Phase.GATES:
-            # The executor retries SSH itself before it reports a host unreachable; here it is final.
+        if f.unreachable:
+            # The executor reports a host unreachable once it stopped answering (its SSH layer
+            # waits for a silent connection, and retries a broken one, first); the engine gives
+            # it unreachable_timeout_s since it was last heard from, then decides: an instance
+            # not touched yet is skipped, one in the middle of its restart fails its batch.
+            gone = unreachable_for(f, now)
+            if gone < p.unreachable_timeout_s:
+                return replace(inst, note=_unreachable_note(inst.ref, f, p, now)), None
+            if inst.phase is Phase.PENDING and not inst.rolling_back:
+                why = f"skipped: host {inst.ref.host} unreachable{for_how_long(gone)} before any change"
+                why += f" ({f.unreachable})"
+                return _to(inst, Phase.SKIPPED, now, failure=why, note=why), None
             changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
-            return _fail(inst, f"host unreachable {changed}: {f.unreachable}", now), None
+            return _fail(inst, f"host unreachable{for_how_long(gone)} {changed}: {f.unreachable}", now), None
         new, action = _phase_step(inst, f, p, now)
         if action is not None or new.phase is inst.phase:
             return new, action
@@ -507,17 +605,19 @@ def _phase_step(
         if f.lb_error:
             return _fail(inst, f"load balancer not reachable while draining: {f.lb_error}", now), None
         if f.lb is not None and not inst.lb_drained:
-            # first the balancer: no session or queued request for the server any more
+            # first the balancer: no session or queued request for the server any more; then, in
+            # the same observation, vLLM's own count (not a probe interval later)
             if f.lb.busy == 0:
-                return replace(inst, lb_drained=True, phase_since=now, note=""), None
-            if waited > p.drain_timeout_s:
+                inst, waited = replace(inst, lb_drained=True, phase_since=now, note=""), 0.0
+            elif waited > p.drain_timeout_s:
                 note = f"balancer still has {f.lb.describe()} after {waited:.0f}s; going on"
                 return replace(inst, lb_drained=True, phase_since=now, note=note), None
-            return replace(
-                inst,
-                note=f"draining on the balancer: {f.lb.sessions} session(s), {f.lb.queued} queued, "
-                f"{waited:.0f}s of {p.drain_timeout_s:g}s",
-            ), None
+            else:
+                return replace(
+                    inst,
+                    note=f"draining on the balancer: {f.lb.sessions} session(s), {f.lb.queued} queued, "
+                    f"{waited:.0f}s of {p.drain_timeout_s:g}s",
+                ), None
         if f.in_flight == 0:
             return _to(inst, Phase.STOP, now), None
         if waited > p.drain_timeout_s:

@@ -12,7 +12,7 @@ the file, host and field.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
-from fleet.facts.runner import SshTarget, run_fact_on_hosts
+from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations import host as host_deploy
@@ -28,6 +28,7 @@ from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.plan.outcomes import load_for_planning
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
+from fleet.rollout.executor import ExecutorError
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
 from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
 
@@ -64,23 +65,53 @@ class RolloutFleet:
             http_timeout_s=http_timeout_s, traffic=self.traffic() if lb else None,
         )  # fmt: skip
 
-    def targets(self, releases: Mapping[str, str | None], *, restart: bool) -> list[Target]:
-        """Every instance heading for its host's entry in ``releases`` (a host without one is refused)."""
-        missing = [h for h in self.hosts if not releases.get(h)]
+    def targets(self, releases: Mapping[str, str | None], *, restart: bool, skip: Collection[str] = ()) -> list[Target]:
+        """Every instance heading for its host's entry in ``releases`` (a host without one is
+        refused), except those of the hosts in ``skip`` (drained: ``SshExecutor.skipped``)."""
+        missing = [h for h in self.hosts if not releases.get(h) and h not in skip]
         if missing:
             raise FleetError(
                 f"no vLLM release is active on {', '.join(missing)} (no {DEFAULT_ROOT}/current "
                 "link): run `fleet deploy` on it first"
             )
         return [
-            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart) for ref, s in self.instances.items()
+            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart)
+            for ref, s in self.instances.items()
+            if ref.host not in skip
+        ]
+
+    def instance_targets(
+        self, releases: Mapping[InstanceRef, str | None], *, restart: bool, skip: Collection[str] = ()
+    ) -> list[Target]:
+        """Every instance heading for its own entry in ``releases`` (an instance without one is
+        refused), except those of the hosts in ``skip`` (drained: ``SshExecutor.skipped``)."""
+        missing = [str(ref) for ref in self.instances if not releases.get(ref) and ref.host not in skip]
+        if missing:
+            raise FleetError(
+                f"no vLLM release runs or is active for {', '.join(missing)} (no {DEFAULT_ROOT}/current "
+                "link): run `fleet deploy` on its host first"
+            )
+        return [
+            Target(ref, str(releases[ref]), s.model, s.port, restart=restart)
+            for ref, s in self.instances.items()
+            if ref.host not in skip
         ]
 
 
 def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:
-    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer)."""
+    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer).
+
+    A host that cannot be reached at all is an ``ExecutorError`` naming it (a host that failed,
+    not bad input): its instances cannot be planned, so nothing is touched."""
     targets = [ssh[s.name] for s in specs if s.gpu is None]
     answers = run_fact_on_hosts(targets, NvmlProbe)
+    down = [a for a in answers.values() if isinstance(a, HostUnreachable) and a.ssh_failed]
+    if down:
+        raise ExecutorError(
+            "; ".join(f"host {a.host}: SSH failed: {a.reason}" for a in down)
+            + ": its GPUs cannot be probed to plan its instances (bring it back, give it a gpu entry, or leave it "
+            "out with --limit)"
+        )
     return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
 
 

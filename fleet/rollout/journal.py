@@ -52,10 +52,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
 
+from fleet.facts.drain import MARKER_PRESENT, DrainMarker, parse_marker
 from fleet.inventory.schema import JournalSettings, journal_url_problem
 from fleet.rollout.engine import Action, RolloutState, state_from_dict, state_to_dict
 from fleet.rollout.errors import JournalDamaged, JournalError, LockHeld, NoJournal
 from fleet.secrets import REDACTED, SecretRef, parse_secret_ref, redact
+
+#: The step (and its outcome) that records a rollout stopped by a signal before its end.
+INTERRUPTED = "interrupted"
 
 #: The schema this fleet writes. 1: the first journal (no ``schema_version`` table); 2: the
 #: version table and an index for ``fleet history --fleet``.
@@ -525,11 +529,59 @@ class RolloutJournal(ABC):
 
         return self._write(write)
 
+    def record(
+        self, state: RolloutState, what: str, detail: str, ok: bool, outcome: str, now: float, host: str | None = None
+    ) -> None:
+        """A step taken around the engine (``fleet drain`` writing a host's marker, enabling units),
+        written with its outcome at once: ``what`` is its name in ``fleet history ID``."""
+        row = (state.id, now, host, what, detail, "{}", json.dumps(state_to_dict(state)), "ok" if ok else "failed",
+               outcome, now)  # fmt: skip
+        self._write(
+            lambda x: x("INSERT INTO steps (rollout_id, at, instance, action, detail, before, state, outcome, "
+                        "outcome_detail, outcome_at) VALUES (?,?,?,?,?,?,?,?,?,?)", row)
+        )  # fmt: skip
+
+    def drained_hosts(self, fleet: str) -> dict[str, DrainMarker]:
+        """The hosts of ``fleet`` whose last marker step in this journal wrote a drain marker (a
+        ``fleet drain``), not removed since (``fleet undrain``): what was written, by host."""
+        rows = self._query(
+            "SELECT s.instance, s.action, s.outcome_detail FROM steps s JOIN rollouts r ON r.id = s.rollout_id "
+            "WHERE r.fleet = ? AND s.action IN ('marker:drained', 'marker:removed') AND s.outcome = 'ok' "
+            "ORDER BY s.at, s.seq",
+            (fleet,),
+        )
+        last: dict[str, tuple[str, str]] = {}
+        for host, action, detail in rows:
+            last[str(host)] = (str(action), str(detail or ""))
+        out = {}
+        for host, (action, detail) in last.items():
+            marker = parse_marker([MARKER_PRESENT, detail]) if action == "marker:drained" else None
+            if marker is not None and not marker.unreadable:
+                out[host] = marker
+        return out
+
     def outcome(self, seq: int, state: RolloutState, ok: bool, detail: str, now: float) -> None:
         def write(x: Exec) -> None:
             x(
                 "UPDATE steps SET outcome = ?, outcome_detail = ?, outcome_at = ? WHERE seq = ?",
                 ("ok" if ok else "failed", detail, now, seq),
+            )
+            self._save(x, state, now)
+
+        self._write(write)
+
+    def interrupted(self, state: RolloutState, detail: str, now: float) -> None:
+        """Record that this process stopped the rollout before its end (Ctrl-C, SIGTERM): a step
+        ``interrupted`` (no instance) saying how and what it left, and the state as it was. The
+        status stays ``running``: ``fleet rollout --resume ID`` picks it up from here."""
+        row = (state.id, now, None, INTERRUPTED, detail, "{}", json.dumps(state_to_dict(state)), INTERRUPTED, detail,
+               now)  # fmt: skip
+
+        def write(x: Exec) -> None:
+            x(
+                "INSERT INTO steps (rollout_id, at, instance, action, detail, before, state, outcome, outcome_detail, "
+                "outcome_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                row,
             )
             self._save(x, state, now)
 

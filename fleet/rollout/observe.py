@@ -45,6 +45,8 @@ class InstanceFacts:
     in_flight: float | None = None  #: vllm:num_requests_running + waiting; None when /metrics gave nothing
     serving: bool = False  #: unit active and /health 200 (for the availability budget)
     unreachable: str = ""  #: why the host could not be asked; empty when it answered
+    #: with ``unreachable``: when the host was last heard from (wall clock), when the executor knows
+    unreachable_since: float | None = None
     probe: Probe | None = None  #: gate probes, made only for instances waiting on their gates
     #: another rollout holds the host's claim (``fleet.rollout.claims``): who; fleet must not touch it
     claimed_by: str = ""

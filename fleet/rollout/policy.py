@@ -28,6 +28,7 @@ Inventory data, under the key ``rollout`` (group or host data)::
         "gpu_free_timeout_s": 30,
         "probe_interval_s": 2,
         "probe_timeout_s": 10,
+        "unreachable_timeout_s": 10,
         "orphans": "stop",               # or "fail"
         "on_failure": "rollback",        # or "halt"
         "timeouts": {"unit": 60, "health": 1200, "models": 60, "completion": 120, "metrics": 120},
@@ -156,6 +157,10 @@ class RolloutPolicy:
     gpu_free_timeout_s: float = 30.0
     probe_interval_s: float = 2.0
     probe_timeout_s: float = 10.0
+    #: seconds a host may stay unreachable (since it was last heard from) before the engine decides
+    #: for its instances: fail one it is restarting, skip one it has not touched, or halt when the
+    #: budget cannot spare them
+    unreachable_timeout_s: float = 10.0
     orphans: OrphanPolicy = OrphanPolicy.STOP
     on_failure: OnFailure = OnFailure.ROLLBACK
     timeouts: GateTimeouts = field(default_factory=GateTimeouts)
@@ -178,6 +183,8 @@ POLICY_KEYS: dict[str, str] = {
     "gpu_free_timeout_s": "seconds after stop for the instance's GPUs to be free",
     "probe_interval_s": "seconds between gate probes",
     "probe_timeout_s": "seconds one HTTP probe may take",
+    "unreachable_timeout_s": "seconds a host may stay unreachable (since last heard from) before the engine "
+    "decides: fail the instance it restarts there, skip ones it has not touched, or halt",
     "orphans": '"stop" (stop engines left holding the GPUs by the stopped unit) or "fail"',
     "on_failure": '"rollback" (the failed batch, then halt) or "halt"',
     "timeouts": "{unit, health, models, completion, metrics}: seconds per gate",
@@ -383,6 +390,9 @@ def _validate(raw: Mapping[str, Any], c: _Checker, ordering: bool = True) -> Rol
         gpu_free_timeout_s=c.seconds("gpu_free_timeout_s", raw.get("gpu_free_timeout_s", d.gpu_free_timeout_s)),
         probe_interval_s=c.seconds("probe_interval_s", raw.get("probe_interval_s", d.probe_interval_s), 0.05, 600),
         probe_timeout_s=c.seconds("probe_timeout_s", raw.get("probe_timeout_s", d.probe_timeout_s), 0.1, 600),
+        unreachable_timeout_s=c.seconds(
+            "unreachable_timeout_s", raw.get("unreachable_timeout_s", d.unreachable_timeout_s), 0, 3600
+        ),
         orphans=c.choice("orphans", raw.get("orphans", d.orphans.value), OrphanPolicy),
         on_failure=c.choice("on_failure", raw.get("on_failure", d.on_failure.value), OnFailure),
         timeouts=GateTimeouts(**{g: c.seconds(f"timeouts.{g}", t.get(g, d.timeouts.of(g)), 0.1) for g in GATE_NAMES}),
@@ -445,6 +455,7 @@ def policy_to_raw(p: RolloutPolicy) -> dict[str, Any]:
         "gpu_free_timeout_s": p.gpu_free_timeout_s,
         "probe_interval_s": p.probe_interval_s,
         "probe_timeout_s": p.probe_timeout_s,
+        "unreachable_timeout_s": p.unreachable_timeout_s,
         "orphans": p.orphans.value,
         "on_failure": p.on_failure.value,
         "timeouts": {g: p.timeouts.of(g) for g in GATE_NAMES},

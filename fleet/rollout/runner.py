@@ -1,20 +1,23 @@
 """The loop around the engine: observe → decide → journal → act → record, until done or halted.
 
 Each action is journaled (with what was there before) before the executor takes it. Ctrl-C (or
-``should_stop``) is honoured between steps: the state stays ``running`` in the journal and
-``fleet rollout --resume ID`` picks it up. A journal that cannot be written (a full disk, a
-shared database gone) ends the loop the same way, at once: no step is taken that was not
-journaled first, and the returned state (still ``running``: interrupted) names every instance
-the rollout left mid-way (``engine.left_midway``).
+``should_stop``) is honoured between steps: the state stays ``running`` in the journal, an
+``interrupted`` step records the stop, and ``fleet rollout --resume ID`` picks it up. Every
+executor call has its own deadline (the SSH layer's, ``fleet.facts.sshlink``), so the step in
+progress ends in bounded time even when a host stops answering. ``Runner.state`` is the latest
+state at every point, for a caller that aborts in the middle of a step (a second Ctrl-C). A
+journal that cannot be written (a full disk, a shared database gone) ends the loop the same way,
+at once: no step is taken that was not journaled first, and the returned state (still
+``running``: interrupted) names every instance the rollout left mid-way (``engine.left_midway``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet.errors import FleetError
 from fleet.rollout.engine import (
@@ -35,6 +38,26 @@ from fleet.rollout.executor import Executor
 from fleet.rollout.gates import Probe
 from fleet.rollout.journal import RolloutJournal
 from fleet.rollout.observe import InstanceFacts, Observations
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def parallel(fn: Callable[[T], R], items: Iterable[T], max_workers: int) -> list[R]:
+    """``fn`` over ``items`` on up to ``max_workers`` threads, results in order. An exception in
+    the calling thread (a second Ctrl-C) does not wait for calls still running: it leaves them to
+    end on their own deadlines (the caller closes the executor's connections to hurry them)."""
+    items = list(items)
+    if len(items) <= 1 or max_workers <= 1:
+        return [fn(i) for i in items]
+    pool = ThreadPoolExecutor(max_workers=min(len(items), max_workers))
+    try:
+        results = list(pool.map(fn, items))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    return results
 
 
 def before_of(facts: InstanceFacts | None) -> dict[str, Any]:
@@ -70,6 +93,8 @@ class Runner:
     on_event: Callable[[str], None] = lambda _line: None
     max_parallel: int = 64  #: actions of one tick taken at once (one per instance of the batch)
     ticks: int = field(default=0)
+    #: the latest state: as decided (before its actions are taken) and after each outcome
+    state: RolloutState | None = None
 
     def observe(self, state: RolloutState) -> Observations:
         # Between batches every instance is observed (the budget counts them all); during a batch
@@ -83,11 +108,7 @@ class Runner:
                 f = _with_probe(f, self.executor.probe(ref, state.policy, state.inst(ref).model))
             return f
 
-        if len(refs) <= 1 or self.max_parallel <= 1:
-            found = [one(r) for r in refs]
-        else:
-            with ThreadPoolExecutor(max_workers=min(len(refs), self.max_parallel)) as pool:
-                found = list(pool.map(one, refs))
+        found = parallel(one, refs, self.max_parallel)
         return Observations(self.clock(), dict(zip(refs, found, strict=True)))
 
     def execute(self, action: Action, state: RolloutState) -> str:
@@ -115,17 +136,15 @@ class Runner:
             except FleetError as exc:
                 return False, str(exc)
 
-        if len(actions) <= 1 or self.max_parallel <= 1:
-            return [one(a) for a in actions]
-        with ThreadPoolExecutor(max_workers=min(len(actions), self.max_parallel)) as pool:
-            return list(pool.map(one, actions))
+        return parallel(one, actions, self.max_parallel)
 
     def run(self, state: RolloutState) -> RolloutState:
         shape = _shape(state)
+        self.state = state
         while state.status is RolloutStatus.RUNNING:
             if self.should_stop():
                 try:
-                    self.journal.save(state, self.clock())
+                    self.journal.interrupted(state, "stopped between steps on request", self.clock())
                 except JournalError as exc:
                     return self._unjournaled(state, exc)
                 self.on_event(f"stopped between steps; resume with: fleet rollout --resume {state.id}")
@@ -133,7 +152,7 @@ class Runner:
             self.ticks += 1
             obs = self.observe(state)
             decision = decide(state, obs, self.clock())
-            state = decision.state
+            state = self.state = decision.state
             # Every action of this tick is journaled first, then they run side by side (one per
             # instance of the batch: a batch restarts together), then their outcomes are recorded.
             seqs = []
@@ -147,7 +166,7 @@ class Runner:
             results = self._execute_all(decision.actions, state)
             outcomes = []
             for action, (ok, detail) in zip(decision.actions, results, strict=True):
-                state = after(state, action, ok, detail, self.clock())
+                state = self.state = after(state, action, ok, detail, self.clock())
                 outcomes.append((ok, detail, state))
             try:
                 for seq, (ok, detail, then) in zip(seqs, outcomes, strict=True):

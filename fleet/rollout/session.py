@@ -15,6 +15,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from fleet.facts.drain import DrainMarker, drained_view, read_marker_answers, read_markers
+from fleet.facts.runner import HostUnreachable
 from fleet.rollout.claims import ClaimRequest, HostClaims
 from fleet.rollout.engine import RolloutState, RolloutStatus, Target, new_rollout, resume
 from fleet.rollout.errors import JournalError
@@ -60,8 +62,15 @@ def run_rollout(
     run: RunLoop = headless,
     lb: bool = True,
     warn: Callable[[str], None] = lambda _m: None,
+    skip_drained: bool = True,
+    on_skipped: Callable[[Mapping[str, DrainMarker]], None] = lambda _d: None,
 ) -> RolloutState:
     """Run one rollout of ``kind`` over ``targets_of(executor)``; its final (or stopped) state.
+
+    With ``skip_drained`` (not for ``fleet drain``/``undrain`` themselves), the instances of hosts
+    drained for maintenance are left out (their marker, ``fleet.facts.drain``, read once the journal
+    is open and the lock held; for a host that does not answer, this journal's word), each said by
+    ``warn`` and all given to ``on_skipped``; ``executor.skipped`` names them for ``targets_of``.
 
     Raises ``FleetError`` for a bad policy or targets (nothing touched), ``LockHeld`` when another
     rollout holds the fleet's lock (``HostClaimed`` when another rollout holds one of its hosts),
@@ -82,13 +91,28 @@ def run_rollout(
             rollout_id = new_rollout_id(now)
             journal.acquire(fleet.name, rollout_id, takeover=take_over)
             try:
-                state = new_rollout(rollout_id, fleet.name, kind, targets_of(executor), policy, now)
+                drained = find_drained(fleet, journal) if skip_drained else {}
+                executor.skipped = frozenset(drained)
+                for name, marker in drained.items():
+                    warn(f"host {name} skipped: {marker.describe()}; `fleet undrain {fleet.inventory} {name}` puts "
+                         "it back")  # fmt: skip
+                on_skipped(drained)
+                targets = [t for t in targets_of(executor) if t.ref.host not in drained]
+                state = new_rollout(rollout_id, fleet.name, kind, targets, policy, now)
                 with claimed(executor, state):
                     return run(open_rollout(journal, state), executor, journal)
             finally:
                 _release(journal, fleet.name, rollout_id)
         finally:
             executor.close()
+
+
+def find_drained(fleet: RolloutFleet, journal: RolloutJournal) -> dict[str, DrainMarker]:
+    """The fleet's hosts drained for maintenance: their markers (all hosts at once), and for a host
+    that does not answer, whether this journal drained it (``fleet.facts.drain.drained_view``)."""
+    answers = read_marker_answers(fleet.ssh[h] for h in fleet.hosts)
+    down = [h for h, a in answers.items() if isinstance(a, HostUnreachable)]
+    return drained_view(answers, journal.drained_hosts(fleet.name) if down else {})
 
 
 def resume_rollout(
@@ -99,9 +123,11 @@ def resume_rollout(
     gates_over_ssh: Sequence[str] = (),
     run: RunLoop = headless,
     lb: bool = True,
+    warn: Callable[[str], None] = lambda _m: None,
 ) -> RolloutState:
     """``--resume``: the journaled rollout ``rollout_id`` (None: the newest unfinished one), under
-    the fleet's lock, with its clocks restarted; the runner re-observes every instance.
+    the fleet's lock, with its clocks restarted; the runner re-observes every instance. Its own
+    instances are its to finish, on a host drained since too (``warn`` says so).
 
     Raises ``JournalError`` (no such rollout, nothing to resume, the journal cannot be opened),
     ``LockHeld`` and ``BalancerMisconfigured``/``BalancerDown`` before any host is touched."""
@@ -113,6 +139,8 @@ def resume_rollout(
         if saved.status is not RolloutStatus.RUNNING:
             raise JournalError(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume")
         fleet = load_fleet(saved.fleet, sorted({r.host for r in saved.instances}))
+        for name, marker in read_markers(fleet.ssh[h] for h in fleet.hosts).items():
+            warn(f"host {name} is {marker.describe()}; rollout {rid} began before that, and goes on with it")
         executor = fleet.executor(gates_over_ssh, lb=lb)
         try:
             executor.traffic.preflight()

@@ -2,22 +2,30 @@
 
 One paramiko connection per host, opened on first use and reused for every step (strict host
 keys, as ``fleet.facts.runner.connect`` checks them); a broken connection is opened again once
-before the host is reported unreachable. Every remote command is an argv list joined with
-``fleet.render.escape.ssh_command``; commands that change the host run under ``sudo -n``.
+before the host is reported unreachable. Every command has a deadline that holds when the host
+stops answering (``fleet.facts.sshlink``: a heartbeat, and a watchdog that closes a connection
+silent for ``SILENT_S``); a host found unreachable is not asked again for ``RETRY_AFTER_S``, and
+``InstanceFacts.unreachable_since`` says when it was last heard from, for the engine's
+``unreachable_timeout_s``. Every remote command is an argv list joined with
+``fleet.render.escape.ssh_command``; commands that change the host run under ``sudo -n``; an
+error names a script by its name (``the fleet-switch script``), never by its text.
 
 What each step reads or does on a host:
 
 * unit state: ``systemctl show -p ActiveState,SubState,NRestarts,MainPID <unit>`` (systemd's
   own names, systemd.exec(5)/org.freedesktop.systemd1(5));
-* the release an instance runs: the target of ``<root>/current`` (the link ``fleet deploy``'s
-  ``vllm.activate`` flips; ``previous`` is the one before);
+* the release an instance runs: its main process's interpreter, or for a stopped one the target
+  of ``<root>/current`` (``fleet.facts.releases.running_release``: one definition, which
+  ``fleet status`` and ``fleet deploy`` read too);
 * GPU processes: the NVML probe (``fleet.facts.nvml``), run only while the unit is not active;
   a process on one of the instance's GPUs whose ``/proc/<pid>/cgroup`` names the instance's
   unit is ours (vLLM's ``VLLM::EngineCore`` and ``VLLM::Worker_TP*`` processes survive a
   SIGKILLed API server, vLLM ``vllm/v1/engine/utils.py``, issue vllm#55510), anything else is
   not fleet's to stop;
 * ``flip_release``: the same two atomic ``ln -sfn`` + ``mv -T`` renames as the deploy (``previous``
-  becomes what ``current`` named), refused for a release whose marker file is missing;
+  becomes what ``current`` named), under the host's switch lock and with temporary links named
+  for the process (``fleet.operations.vllm.SWITCH_SH``: two instances of one host switching in
+  one batch run one after the other), refused for a release whose marker file is missing;
 * the gates: HTTP from this machine (``fleet.rollout.probe``), or, for hosts whose port cannot
   be reached from here, ``curl`` on the host over the same SSH connection (the API key goes to
   curl on stdin, never in argv);
@@ -40,17 +48,17 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import paramiko
-
 from fleet.errors import FleetError
+from fleet.facts import sshlink
 from fleet.facts.hostfacts import parse_probe_output
 from fleet.facts.nvml import probe_command
-from fleet.facts.releases import MARKER
-from fleet.facts.runner import SshTarget, connect
+from fleet.facts.releases import MARKER, main_exe_sh, release_of, running_release
+from fleet.facts.runner import SshTarget
 from fleet.facts.systemctl_show import show_properties, shown_unit
 from fleet.lb.runtime import AdminState
 from fleet.lb.traffic import BalancerError, Traffic
-from fleet.operations.vllm import DEFAULT_ROOT
+from fleet.operations.files import write_command
+from fleet.operations.vllm import DEFAULT_ROOT, SWITCH_SH
 from fleet.render import revision as rev
 from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
@@ -77,6 +85,7 @@ STOP_TIMEOUT_S = 900.0
 #: A unit state read this recently by ``facts`` is reused by ``probe`` (one SSH round trip a tick).
 UNIT_FRESH_S = 1.0
 UNIT_PROPS = ("ActiveState", "SubState", "NRestarts", "MainPID")
+_UNIT_ARG = '"$1"'  #: the unit, as ``live``'s script is given it
 
 
 @dataclass(frozen=True)
@@ -108,21 +117,6 @@ def parse_unit(text: str) -> UnitState | None:
     return UnitState(shown.active_state, shown.sub_state or "", shown.n_restarts or 0, shown.main_pid or 0)
 
 
-def release_of(link_target: str) -> str | None:
-    """``releases/<id>`` (what ``current`` points at) → ``<id>``; None for no link."""
-    target = link_target.strip().rstrip("/")
-    return target.rsplit("/", 1)[-1] or None if target else None
-
-
-def release_from_exe(exe: str, root: str) -> str | None:
-    """``<root>/releases/<id>/bin/python3`` → ``<id>``; None for a path outside ``<root>/releases``."""
-    prefix = root.rstrip("/") + "/releases/"
-    if not exe.startswith(prefix):
-        return None
-    release = exe[len(prefix) :].split("/", 1)[0]
-    return release or None
-
-
 @dataclass(frozen=True)
 class LiveInstance:
     unit: UnitState | None
@@ -140,67 +134,129 @@ def served_model_of(meta: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _why(exc: BaseException | None) -> str:
-    """An SSH failure in words (paramiko's EOFError says nothing)."""
-    if exc is None:
-        return "no answer"
-    return str(exc) or "the connection closed"
+def command_label(argv: Sequence[str]) -> str:
+    """A command as errors name it: a script run by ``sh -c SCRIPT NAME ...`` by its NAME (never
+    the script's text, which can be a thousand characters), anything else as its command line,
+    shortened."""
+    if len(argv) >= 4 and argv[0] == "sh" and argv[1] == "-c":
+        return f"the {argv[3]} script"
+    return sshlink.short(ssh_command(argv))
+
+
+def one_line(text: str) -> str:
+    """Output lines joined with `` | `` (an error is one line)."""
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+#: Seconds a host found unreachable is not tried again (calls fail at once with the reason):
+#: a silent host costs each observation nothing instead of a connect timeout.
+RETRY_AFTER_S = 5.0
 
 
 class _Conn:
-    """One host's SSH connection, opened lazily, reopened once when it broke."""
+    """One host's SSH connection, opened lazily and reopened once when it broke.
 
-    def __init__(self, target: SshTarget) -> None:
+    A command on it has a deadline that holds when the host stops answering
+    (``fleet.facts.sshlink.Link``). A host that went silent, or that cannot be connected to, is
+    *unreachable*: the call fails with the reason at once, and for ``RETRY_AFTER_S`` seconds
+    later calls fail the same way without trying; ``down_since`` is when it was last heard from.
+    ``close`` works from any thread without waiting for a command or a connect in flight, and
+    nothing is sent after it.
+    """
+
+    def __init__(
+        self,
+        target: SshTarget,
+        *,
+        silent_s: float = sshlink.SILENT_S,
+        heartbeat_s: float = sshlink.HEARTBEAT_S,
+        connect_s: float = sshlink.CONNECT_TIMEOUT_S,
+        retry_after_s: float = RETRY_AFTER_S,
+    ) -> None:
         self.target = target
-        self.client: paramiko.SSHClient | None = None
+        self.silent_s, self.heartbeat_s, self.connect_s = silent_s, heartbeat_s, connect_s
+        self.retry_after_s = retry_after_s
+        self.link: sshlink.Link | None = None
         self.lock = threading.Lock()
+        self.closed = False
+        #: wall-clock time the host was last heard from, while it is unreachable; else None
+        self.down_since: float | None = None
+        self._down: sshlink.Unreachable | None = None
+        self._retry_at = 0.0
 
-    def _client(self, fresh: bool) -> paramiko.SSHClient:
+    def _mark_down(self, exc: sshlink.Unreachable) -> None:
+        if exc is self._down:
+            return  # the same failure, reported again from the retry window: the window stays as it was
+        if self.down_since is None:
+            self.down_since = exc.since if exc.since is not None else time.time()
+        self._down = exc
+        self._retry_at = time.monotonic() + self.retry_after_s
+
+    def _mark_up(self) -> None:
+        self.down_since, self._down, self._retry_at = None, None, 0.0
+
+    def _link(self, fresh: bool) -> sshlink.Link:
         with self.lock:
-            transport = self.client.get_transport() if self.client is not None else None
-            if self.client is not None and (fresh or transport is None or not transport.is_active()):
-                self.client.close()  # asked to, or paramiko saw the connection end (e.g. the host rebooted)
-                self.client = None
-            if self.client is None:
-                self.client = connect(self.target, timeout=10.0)
-            return self.client
+            if self.closed:
+                raise ExecutorError(f"host {self.target.name}: not sent: fleet is stopping (its connection is closed)")
+            link = self.link
+            if link is not None and link.dead and self._down is None:
+                self._mark_down(link._unreachable("the last command"))
+            if link is not None and (fresh or not link.active):
+                link.close()  # asked to, or the connection ended (e.g. the host rebooted)
+                self.link = None
+            if self.link is None:
+                if self._down is not None and time.monotonic() < self._retry_at:
+                    raise self._down
+                try:
+                    client = sshlink.connect(self.target, self.connect_s)
+                except sshlink.Unreachable as exc:
+                    self._mark_down(exc)
+                    raise
+                self.link = sshlink.Link(self.target.name, client, self.silent_s, self.heartbeat_s)
+                if self.closed:  # closed while connecting
+                    self.link.close()
+                    raise ExecutorError(f"host {self.target.name}: not sent: fleet is stopping")
+            return self.link
 
-    def run(self, command: str, timeout: float, stdin: bytes = b"", *, resend: bool = True) -> tuple[int, str, str]:
-        """Run ``command``; on a broken connection reconnect once and send it again, unless it
-        was already sent and ``resend`` is False (a command that must not run twice)."""
-        last: Exception | None = None
+    def run(
+        self, command: str, timeout: float, stdin: bytes = b"", *, resend: bool = True, label: str = ""
+    ) -> tuple[int, str, str]:
+        """Run ``command`` (named ``label`` in errors); on a connection that broke, reconnect once
+        and send it again, unless it was already sent and ``resend`` is False (a command that must
+        not run twice). A host that does not answer is not asked again within this call."""
+        last: sshlink.SshError | None = None
         for attempt in range(2):
             sent = False
             try:
-                client = self._client(fresh=attempt > 0)
+                link = self._link(fresh=attempt > 0)
                 sent = True  # from here on the host may run it, even if no answer comes back
-                chan_in, out, err = client.exec_command(command, timeout=timeout)
-                if stdin:
-                    chan_in.write(stdin)
-                chan_in.channel.shutdown_write()
-                stdout = out.read().decode(errors="replace")
-                stderr = err.read().decode(errors="replace")
-                status = out.channel.recv_exit_status()
-                transport = client.get_transport()
-                if status == -1 and (transport is None or not transport.is_active()):
-                    # paramiko: "If no exit status is provided by the server, -1 is returned". With
-                    # the connection gone too, the host went down under the command: not its failure.
-                    # (With the connection up, -1 is a command killed by a signal: its own failure.)
-                    raise EOFError("the connection closed before the command's exit status came")
-                return status, stdout, stderr
-            except (paramiko.SSHException, OSError, EOFError) as exc:
+                result = link.run(command, timeout, stdin, label=label)
+                self._mark_up()
+                return result
+            except sshlink.ConnectionLost as exc:
                 last = exc
-                if sent and not resend:
+                if not resend:
                     raise ExecutorError(
-                        f"host {self.target.name}: SSH failed after the command was sent (it may have run): {_why(exc)}"
-                    ) from exc
-        raise ExecutorError(f"host {self.target.name}: SSH failed: {_why(last)}")
+                        f"host {self.target.name}: SSH failed after the command was sent (it may have run): "
+                        f"{exc.reason}"
+                    ) from None
+            except sshlink.Unreachable as exc:
+                self._mark_down(exc)
+                if sent and not resend:
+                    raise ExecutorError(f"{exc} (the command was sent: it may have run)") from None
+                raise ExecutorError(str(exc)) from None
+            except sshlink.SshError as exc:  # a refused host key or login, a command over its deadline
+                raise ExecutorError(str(exc)) from None
+        assert last is not None
+        raise ExecutorError(str(last))
 
     def close(self) -> None:
-        with self.lock:
-            if self.client is not None:
-                self.client.close()
-                self.client = None
+        """Close the connection now; later calls fail at once (``ExecutorError``)."""
+        self.closed = True
+        link = self.link
+        if link is not None:
+            link.close()
 
 
 #: Seconds a hook on a host gets after SIGTERM (coreutils ``timeout -k``) before SIGKILL.
@@ -247,7 +303,7 @@ class SshProber(InstanceProber):
         header = f"authorization: Bearer {self._key}\n".encode() if self._key else b"x-fleet-probe: 1\n"
         t0 = time.monotonic()
         try:
-            rc, out, err = self._conn.run(ssh_command(argv), self.timeout_s + 10, stdin=header)
+            rc, out, err = self._conn.run(ssh_command(argv), self.timeout_s + 10, stdin=header, label=f"curl {path}")
         except ExecutorError as exc:
             return _Reply(None, b"", str(exc), time.monotonic() - t0)
         elapsed = time.monotonic() - t0
@@ -266,6 +322,8 @@ class SshExecutor:
 
     #: this rollout's claims on its hosts (``fleet.rollout.claims``), when the session took them
     claims: HostClaims | None = None
+    #: hosts this rollout leaves out (drained for maintenance: ``fleet.rollout.session.run_rollout``)
+    skipped: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -313,11 +371,13 @@ class SshExecutor:
             raise ExecutorError(f"{ref}: not an instance of this inventory") from None
 
     def run(self, host: str, argv: Sequence[str], *, sudo: bool = False, timeout: float | None = None) -> str:
-        """Run ``argv`` on ``host`` (``sudo -n`` when asked); its stdout, or ``ExecutorError``."""
+        """Run ``argv`` on ``host`` (``sudo -n`` when asked); its stdout, or ``ExecutorError``
+        naming the command in a few words (``command_label``) and its last output lines."""
         full = ["sudo", "-n", *argv] if sudo else list(argv)
-        rc, out, err = self._conns[host].run(ssh_command(full), timeout or self.ssh_timeout_s)
+        label = command_label(argv)
+        rc, out, err = self._conns[host].run(ssh_command(full), timeout or self.ssh_timeout_s, label=label)
         if rc != 0:
-            raise ExecutorError(f"host {host}: `{ssh_command(argv)}` exited {rc}: {(err or out).strip()[-300:]}")
+            raise ExecutorError(f"host {host}: {label} exited {rc}: {one_line((err or out).strip()[-300:])}")
         return out
 
     def prober(self, ref: InstanceRef, timeout_s: float | None = None) -> InstanceProber:
@@ -347,9 +407,7 @@ class SshExecutor:
         s = self.spec(ref)
         script = (
             'systemctl show -p "$3" -- "$1" || exit $?; printf "current=%s\\n" "$(readlink -- "$2/current")"; '
-            'pid=$(systemctl show -p MainPID --value -- "$1"); '
-            'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then printf "exe=%s\\n" "$(tr "\\000" "\\n" < /proc/$pid/cmdline '
-            '2>/dev/null | head -n 1)"; fi; U=$4; E=$5; '
+            f'printf "exe=%s\\n" "$({main_exe_sh(_UNIT_ARG)})"; U=$4; E=$5; '
             f'if [ -f "$U" ] && [ -f "$E" ]; then r=$({rev.LIVE_ID_SH}); printf "revision=%s\\n" "$r"; '
             f'm="$6/$r/{rev.META}"; [ -f "$m" ] && printf "meta=%s\\n" "$(head -c 4096 "$m" | tr -d "\\n")"; fi; true'
         )
@@ -357,16 +415,17 @@ class SshExecutor:
         argv = ["sh", "-c", script, "fleet-facts", s.unit, self.root, ",".join(UNIT_PROPS), unit_file, env_file,
                 f"{self.revisions}/{ref.instance}"]  # fmt: skip
         # root: the env file and the revision store are root-only
-        rc, out, err = self._conns[ref.host].run(ssh_command(["sudo", "-n", *argv]), self.ssh_timeout_s)
+        rc, out, err = self._conns[ref.host].run(
+            ssh_command(["sudo", "-n", *argv]), self.ssh_timeout_s, label=f"reading the state of {s.unit}"
+        )
         if rc != 0:
             raise ExecutorError(f"host {ref.host}: systemctl show {s.unit} exited {rc}: {err.strip()[-300:]}")
         values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
         unit = parse_unit(out)
-        running = release_from_exe(values.get("exe", ""), self.root)
-        release = running if unit is not None and unit.main_pid and running is not None else None
+        exe = values.get("exe") if unit is not None and unit.main_pid else None
         return LiveInstance(
             unit,
-            release or release_of(values.get("current", "")),
+            running_release(exe, release_of(values.get("current", "")), self.root),
             values.get("revision") or None,
             served_model_of(values.get("meta", "")),
         )
@@ -376,7 +435,7 @@ class SshExecutor:
         s = self.spec(ref)
         python = f"{self.root}/current/bin/python"
         rc, out, err = self._conns[ref.host].run(
-            ssh_command(["sudo", "-n", "sh", "-c", probe_command(python)]), self.ssh_timeout_s
+            ssh_command(["sudo", "-n", "sh", "-c", probe_command(python)]), self.ssh_timeout_s, label="the NVML probe"
         )
         if rc != 0:
             raise ExecutorError(f"host {ref.host}: the NVML probe exited {rc}: {err.strip()[-300:]}")
@@ -411,7 +470,8 @@ class SshExecutor:
             running = unit is not None and unit.active_state in ("active", "activating", "reloading", "deactivating")
             gpus = () if running else self.gpu_processes(ref)
         except ExecutorError as exc:
-            return InstanceFacts(ref, unreachable=str(exc))
+            since = self._conns[ref.host].down_since
+            return InstanceFacts(ref, unreachable=str(exc), unreachable_since=since)
         in_flight: float | None = None
         serving = False
         if unit is not None and not unit.main_pid:
@@ -495,10 +555,7 @@ class SshExecutor:
             "set -e; umask 077; r=$1; rel=$2; marker=$3; U=$4; E=$5; store=$6; want=$7; "
             '[ -f "$r/releases/$rel/$marker" ] || '
             '{ echo "release $rel is not installed (no $r/releases/$rel/$marker)" >&2; exit 3; }; '
-            'cur=$(readlink "$r/current" || true); if [ "$cur" != "releases/$rel" ]; then '
-            'if [ -n "$cur" ]; then ln -sfn "$cur" "$r/.previous.fleet-tmp"; '
-            'mv -fT "$r/.previous.fleet-tmp" "$r/previous"; fi; '
-            'ln -sfn "releases/$rel" "$r/.current.fleet-tmp"; mv -fT "$r/.current.fleet-tmp" "$r/current"; fi; '
+            f"{SWITCH_SH}; "
             '[ -n "$want" ] || exit 0; d="$store/$want"; '
             f'[ -f "$d/{rev.META}" ] || {{ echo "configuration revision $want is not stored on the host '
             f'(no $d/{rev.META}): run fleet deploy" >&2; exit 3; }}; '
@@ -527,7 +584,9 @@ class SshExecutor:
         the SSH user. Placeholders were filled in per argument by the policy; no shell either way."""
         if on is HookPlace.HOST:
             command = host_hook_command(argv, timeout_s)
-            rc, out, err = self._conns[ref.host].run(command, timeout_s + HOOK_KILL_AFTER_S + 10, resend=False)
+            rc, out, err = self._conns[ref.host].run(
+                command, timeout_s + HOOK_KILL_AFTER_S + 10, resend=False, label=f"the {argv[0]} hook"
+            )
             return host_hook_result(ref.host, argv, timeout_s, rc, out, err)
         try:
             done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -552,6 +611,25 @@ class SshExecutor:
         except ValueError as exc:
             raise ExecutorError(f"host {host}: claiming it for the rollout: {exc}") from None
 
+    # ---- maintenance (``fleet drain``/``fleet undrain``) --------------------------------------------
+
+    def write_root_file(self, host: str, path: str, content: str, mode: int = 0o600) -> None:
+        """``content`` into ``path`` on ``host``, owned by root with ``mode``, atomically
+        (``fleet.operations.files.write_command``: the text travels on stdin, never in argv)."""
+        command = write_command(path, content.encode(), mode, "root", "root")
+        stdin = str(command.connector_arguments.get("_stdin") or "").encode()
+        rc, out, err = self._conns[host].run("sudo -n " + command.get_raw_value(), self.ssh_timeout_s, stdin=stdin)
+        if rc != 0:
+            raise ExecutorError(f"host {host}: writing {path} exited {rc}: {(err or out).strip()[-300:]}")
+
+    def remove_file(self, host: str, path: str) -> None:
+        self.run(host, ["rm", "-f", "--", path], sudo=True)
+
+    def set_enabled(self, host: str, units: Sequence[str], enabled: bool) -> None:
+        """``systemctl enable``/``disable`` the units (whether they start at boot)."""
+        if units:
+            self.run(host, ["systemctl", "enable" if enabled else "disable", "--", *units], sudo=True)
+
     # ---- releases (for ``fleet rollback``) -------------------------------------------------------
 
     def links(self, host: str) -> tuple[str | None, str | None]:
@@ -560,7 +638,9 @@ class SshExecutor:
         cur = ssh_command([*link, f"{self.root}/current"])
         prev = ssh_command([*link, f"{self.root}/previous"])
         rc, out, err = self._conns[host].run(
-            f'printf "current=%s\\nprevious=%s\\n" "$({cur})" "$({prev})"', self.ssh_timeout_s
+            f'printf "current=%s\\nprevious=%s\\n" "$({cur})" "$({prev})"',
+            self.ssh_timeout_s,
+            label="reading the release links",
         )
         if rc != 0:
             raise ExecutorError(f"host {host}: reading the release links exited {rc}: {err.strip()}")

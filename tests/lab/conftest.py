@@ -142,3 +142,10 @@ def bare_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
         yield LabFleet(opts, result)
     finally:
         lab_ops.down(opts.name, opts.state_root)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fleet_log_here(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """fleet's log file (``fleet.logs``: what paramiko and pyinfra log) under this session's tmp dir,
+    for the commands tests run in-process and as subprocesses, never in the home directory."""
+    os.environ.setdefault("FLEET_LOG", str(tmp_path_factory.mktemp("fleet-log") / "fleet.log"))

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -241,6 +242,90 @@ def test_a_flag_the_hosts_vllm_refuses_is_stopped_by_preflight(served_lab: LabFl
         served_lab.opts.inventory.write_text(text)
 
 
+# ---- a full filesystem for releases (issue 25.4) ------------------------------------------------
+
+RELEASES = "/opt/fleet/vllm/releases"
+#: a copy of the host's release, put on the small filesystem that covers the releases directory
+COPY = "/run/fleet-test-release-copy"
+
+
+def _releases_on_the_host(lab: LabFleet) -> list[str]:
+    rc, out, err = host_run(lab, f"ls -A {RELEASES}")
+    assert rc == 0, err
+    return sorted(out.split())
+
+
+def test_a_full_filesystem_for_releases_is_named_with_the_numbers_and_leaves_no_half_built_release(
+    served_lab: LabFleet,
+) -> None:
+    """A new release (the index URL spelled without its slash: a new release by content) on a host
+    whose releases live on a small filesystem (a tmpfs over the directory). With room for less than
+    the host's own release, the deploy refuses before writing anything and says ENOSPC, how much it
+    needs (measured from that release) and how much is free where. With the estimate fooled (a tiny
+    complete "release" is all there is to measure) the build itself runs out of space in ensurepip
+    (the issue's "ensurepip ... exit status 1"): the message says ENOSPC, and no half-built release
+    is left. The serving instances are not touched either way."""
+    text = served_lab.opts.inventory.read_text()
+    url = str(next(iter(_inventory_data(served_lab).values()))["pip_index_url"])
+    (current,) = _releases_on_the_host(served_lab)
+    before = _serving(served_lab)
+    served_lab.opts.inventory.write_text(
+        text.replace(f"'pip_index_url': '{url}'", f"'pip_index_url': '{url.rstrip('/')}'")
+    )
+    mounted = False
+    try:
+        rc, _out, err = host_run(
+            served_lab,
+            f"sudo mkdir -p {COPY} && sudo cp -a {RELEASES}/{current} {COPY}/ && "
+            f"sudo mount -t tmpfs -o size=40m,mode=755 fleet-test-releases {RELEASES} && "
+            f"sudo cp -a {COPY}/{current} {RELEASES}/",
+        )
+        mounted = True
+        assert rc == 0, err
+        rc, result = fleet_deploy(served_lab)
+        assert rc == 1 and isinstance(result, dict), result
+        (host,) = result["hosts"]  # type: ignore[misc]
+        assert host["status"] == "failed" and "vLLM release" in str(host["error"]), host
+        error = str(host["error"])
+        got = re.search(
+            r"No space left on device \(ENOSPC\): needs (\d+) MiB \(the largest release here, (\S+), is (\d+) MiB, "
+            r"\+10%\), (\d+) MiB free on fleet-test-releases mounted at /opt/fleet/vllm/releases; nothing was written",
+            error,
+        )
+        assert got is not None, error
+        need, measured, largest, free = int(got[1]), got[2], int(got[3]), int(got[4])
+        assert measured == current and 20 <= largest <= 40 and need >= largest and free < need, error
+        assert _releases_on_the_host(served_lab) == [current]  # nothing was written
+        assert _serving(served_lab) == before
+
+        # the estimate fooled: the only "release" to measure is tiny, so the check passes
+        rc, _out, err = host_run(
+            served_lab,
+            f"sudo rm -rf {RELEASES}/{current} && sudo mkdir {RELEASES}/tiny && "
+            f"echo '{{}}' | sudo tee {RELEASES}/tiny/.fleet-release.json >/dev/null && "
+            f"sudo mount -o remount,size=12m {RELEASES}",
+        )
+        assert rc == 0, err
+        rc, result = fleet_deploy(served_lab)
+        assert rc == 1 and isinstance(result, dict), result
+        (host,) = result["hosts"]  # type: ignore[misc]
+        error = str(host["error"])
+        assert host["status"] == "failed", host
+        assert "No space left on device (ENOSPC) during python3 -m venv (ensurepip): needed more than the " in error, (
+            error
+        )
+        assert "MiB were free on fleet-test-releases mounted at /opt/fleet/vllm/releases when it failed" in error, error
+        assert error.rstrip().endswith("the half-built release was removed"), error
+        assert _releases_on_the_host(served_lab) == ["tiny"]  # no half-built release left
+        assert _serving(served_lab) == before
+    finally:
+        served_lab.opts.inventory.write_text(text)
+        if mounted:
+            host_run(served_lab, f"sudo umount {RELEASES}; sudo rm -rf {COPY}")
+    assert _releases_on_the_host(served_lab) == [current]
+    assert _serving(served_lab) == before
+
+
 # ---- three bare hosts with different GPU profiles -----------------------------------------------
 
 PROFILES = ("rtx4090-2", "l40s-4", "a10-1")
@@ -289,11 +374,16 @@ def on(lab: LabFleet, i: int, command: str, timeout: float = 120) -> tuple[int, 
         client.close()
 
 
+def journal3(lab: LabFleet) -> Path:
+    """This fleet's rollout journal (``fleet deploy`` journals the rollouts it runs)."""
+    return lab.opts.state_root.parent / "journal.sqlite"
+
+
 def deploy3(lab: LabFleet, *args: str, log: list[str] | None = None) -> tuple[int, dict[str, object] | str]:
     proc = subprocess.run(
         [str(FLEET), "deploy", str(lab.opts.inventory), "--json", "--health-timeout", "180", *args],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200, check=False,
-        env={**os.environ, "FLEET_LAB_API_KEY": KEY},
+        env={**os.environ, "FLEET_LAB_API_KEY": KEY, "FLEET_JOURNAL": str(journal3(lab))},
     )  # fmt: skip
     if log is not None:
         log.append(proc.stderr)
@@ -343,6 +433,11 @@ def planned_ports(lab: LabFleet) -> dict[str, list[int]]:
 
 
 def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet) -> None:
+    """The README's first run: bare hosts, their driver installed, rebooted one at a time, the
+    units planned from the probe once NVML answers, started and checked. Instances that never
+    served anyone are started, not rolled: no unit starts at boot from the inventory's gpu entry
+    (issue 19.1: the reboot started them, and the engine then rolled every one, canary, 25 %
+    batches and 30 s soaks, for minutes)."""
     rc, result = deploy3(fleet3, "--reboot")
     assert rc == 0 and isinstance(result, dict), result
     hosts = result["hosts"]
@@ -351,6 +446,18 @@ def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet)
         assert h["status"] == "changed" and h["reboot_required"] is None, h
         assert any(op.startswith("reboot") for op in h["operations"]), h["operations"]
         assert h["endpoints"] and all(e["healthy"] for e in h["endpoints"]), h
+        ops = h["operations"]
+        assert not h["restarted"] and not any(op.startswith("rolled out") for op in ops), json.dumps(ops)
+        started = " ".join(op for op in ops if op.startswith("start fleet-vllm-"))
+        assert all(e["unit"] in started for e in h["endpoints"]), json.dumps(h)  # started by the deploy
+    from fleet.rollout.journal import Journal
+
+    with Journal(journal3(fleet3)) as journal:
+        assert journal.history() == []  # no rollout
+    for i in range(3):  # they start at boot from now on: they were started, past preflight
+        units = "for u in /etc/systemd/system/fleet-vllm-*.service; do systemctl is-enabled ${u##*/}; done"
+        rc, out, _err = on(fleet3, i, units + " | sort -u")
+        assert out.split() == ["enabled"], (i, out)
     plans = planned_argv(fleet3)
     for i, host in enumerate(fleet3.state.hosts):
         want = plans[host.name]

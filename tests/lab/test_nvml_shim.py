@@ -569,9 +569,12 @@ def test_dead_and_zombie_pids_are_ignored(shim_dir: Path, state_dir: Path, tmp_p
     finished = subprocess.Popen(["true"])
     finished.wait()
     (state_dir / f"{finished.pid}.mem").write_text(f"0 {GiB}\n")
-    # The zombie's parent is `sleep` (sh exec'd into it), which never reaps it: not a child of this
-    # process, where a SIGCHLD handler installed by another test (gevent's) could reap it first.
-    holder = subprocess.Popen(["sh", "-c", "true & echo $!; exec sleep 60"], stdout=subprocess.PIPE, text=True)
+    # The zombie's parent is a Python that forks it and never waits: not a child of this process,
+    # where a SIGCHLD handler installed by another test (gevent's) could reap it first, and not a
+    # shell, which may reap a finished background job before it execs (dash did, now and then).
+    never_reaps = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+    never_reaps += "print(pid, flush=True)\ntime.sleep(60)\n"
+    holder = subprocess.Popen([sys.executable, "-c", never_reaps], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None
         zombie_pid = int(holder.stdout.readline())

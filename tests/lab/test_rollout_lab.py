@@ -19,17 +19,20 @@ import base64
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import paramiko
 import pytest
 
+from fleet.errors import FleetError
 from fleet.lab import lab as lab_ops
 from fleet.lab import ssh
 from fleet.lab.base import LOGIN_USER
@@ -39,6 +42,7 @@ from fleet.rollout.probe import InstanceProber
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT
+from .polling import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -49,7 +53,7 @@ HUB = "/var/lib/vllm/hf/hub/models--meta-llama--Llama-3.1-8B-Instruct"
 ROOT = "/opt/fleet/vllm"
 FAST = ["--batches", "1,-1", "--soak", "1", "--probe-interval", "0.5", "--health-timeout", "60", "--json"]
 #: Releases the tests make beside the one ``fleet deploy`` installed.
-MADE = ("next", "bad", "hung", "flappy")
+MADE = ("next", "bad", "hung", "flappy", "split")
 
 
 def on_host(lab: LabFleet, index: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
@@ -127,10 +131,11 @@ def make_release(lab: LabFleet, index: int, name: str, faults: dict[str, Any] | 
     must(lab, index, script)
 
 
-def instance_state(lab: LabFleet, fleet: RolloutFleet) -> dict[str, dict[str, Any]]:
-    """Every instance: unit state, MainPID, NRestarts, the release its process runs, what it serves."""
+def instance_state(lab: LabFleet, fleet: RolloutFleet, first_index: int = 0) -> dict[str, dict[str, Any]]:
+    """Every instance: unit state, MainPID, NRestarts, the release its process runs, what it serves.
+    ``first_index``: the lab index of ``fleet``'s first host (a fleet of one host: that host's)."""
     out: dict[str, dict[str, Any]] = {}
-    for i, host in enumerate(fleet.hosts):
+    for i, host in enumerate(fleet.hosts, start=first_index):
         current = must(lab, i, f"readlink {ROOT}/current").strip().removeprefix("releases/")
         for ref, spec in fleet.instances.items():
             if ref.host != host:
@@ -402,20 +407,133 @@ def test_rollback_to_the_previous_release_is_a_link_flip(
     journal = tmp_path / "j.sqlite"
     first = must(lab, 0, f"ls {ROOT}/releases").split()
     original = next(r for r in first if r not in MADE)
-    rc, result = fleet_cli("rollout", fleet.inventory, "--release", "next", *FAST, journal=journal)
+    was = {i["runs"] for i in instance_state(lab, fleet).values()}
+    assert len(was) == 1, was
+    (start,) = was
+    other = original if start == "next" else "next"
+    rc, result = fleet_cli("rollout", fleet.inventory, "--release", other, *FAST, journal=journal)
     assert rc == 0 and result["status"] == "done", result
     listing = {i: must(lab, i, f"stat -c '%n %i %Y' {ROOT}/releases/*") for i in range(2)}
     before = instance_state(lab, fleet)
-    assert all(i["runs"] == "next" for i in before.values())
+    assert all(i["runs"] == other for i in before.values())
     rc, back = fleet_cli("rollback", fleet.inventory, *FAST, journal=journal)
     assert rc == 0, back
     assert back["kind"] == "rollback" and back["status"] == "done"
     after = instance_state(lab, fleet)
-    assert_all_serving(before, after, original)
-    assert all(i["current"] == original for i in after.values())
-    assert all(must(lab, i, f"readlink {ROOT}/previous").strip() == "releases/next" for i in range(2))
+    assert_all_serving(before, after, start)  # each instance back to what it ran before the rollout
+    assert all(i["current"] == start for i in after.values())
+    assert all(must(lab, i, f"readlink {ROOT}/previous").strip() == f"releases/{other}" for i in range(2))
     # no reinstall: the same release directories, same inodes, untouched
     assert {i: must(lab, i, f"stat -c '%n %i %Y' {ROOT}/releases/*") for i in range(2)} == listing
+    # a second rollback is not a flip back onto the release the first one left: nothing changes
+    rc, again = fleet_cli("rollback", fleet.inventory, *FAST, journal=journal)
+    assert rc == 0 and again["status"] == "done", again
+    assert all(i["phase"] == "done" and i["release"] == start for i in again["instances"]), again
+    assert {n: i["pid"] for n, i in instance_state(lab, fleet).items()} == {n: i["pid"] for n, i in after.items()}
+
+
+# ---- a halted release rollout, then status, rollback and deploy (issue 25.3) -------------------
+
+
+def halt_with_a_canary_on_split(lab: LabFleet, fleet: RolloutFleet, journal: Path) -> dict[str, dict[str, Any]]:
+    """Every instance on the inventory's release; then ``--release split``, a release that loads
+    on the first host and crashes on the second: the canary (first host) stays on ``split``, the
+    second batch fails on the second host and is rolled back (the first host's other instance with
+    it), the rollout halts. The first host's ``current`` link names the old release again while its
+    canary runs ``split``. Returns the instances' state before it."""
+    h0, h1 = fleet.hosts
+    original = next(r for r in must(lab, 0, f"ls {ROOT}/releases").split() if r not in MADE)
+    if any(i["runs"] != original for i in instance_state(lab, fleet).values()):  # an earlier test's release
+        # (in a journal of its own: this setup is not one of the changes a rollback below undoes)
+        setup = journal.with_name("setup.sqlite")
+        rc, result = fleet_cli("rollout", fleet.inventory, "--release", original, *FAST, journal=setup)
+        assert rc == 0, result
+    before = instance_state(lab, fleet)
+    assert all(i["runs"] == original and i["unit"] == "active/running" for i in before.values()), before
+    for i in range(2):
+        must(lab, i, f"sudo rm -rf {ROOT}/releases/split")
+    make_release(lab, 0, "split")
+    make_release(lab, 1, "split", faults={"fail_load": [MODEL], "load_seconds": 1})
+    # two at a time after the canary: the second batch holds the first host's other instance too, and
+    # its rollback puts that host's current link back on the old release, under the canary's feet
+    rc, result = fleet_cli("rollout", fleet.inventory, "--release", "split", *FAST, "--max-unavailable", "2",
+                           journal=journal)  # fmt: skip
+    assert rc == 1 and result["status"] == "halted", result
+    phases = {i["instance"]: i["phase"] for i in result["instances"]}
+    assert phases[f"{h0}/vllm-0"] == "done" and phases[f"{h1}/vllm-0"] == "rolled_back", phases
+    state = instance_state(lab, fleet)
+    assert state[f"{h0}/vllm-0"]["runs"] == "split" and state[f"{h0}/vllm-0"]["current"] == original, state
+    assert all(state[n]["runs"] == original for n in state if n != f"{h0}/vllm-0"), state
+    assert all(i["unit"] == "active/running" for i in state.values()), state
+    return before
+
+
+def test_after_a_halted_rollout_status_shows_what_each_instance_runs_and_rollback_sends_only_the_canary_back(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The host's ``current`` link names the old release while its canary runs ``split``: status
+    says what each process runs; ``fleet rollback INVENTORY`` sends the canary back to what *it*
+    ran (the host links would send every instance to ``split``, which crashes on the second
+    host) and touches no other instance."""
+    lab, fleet = serving
+    journal = tmp_path / "j.sqlite"
+    h0 = fleet.hosts[0]
+    canary = f"{h0}/vllm-0"
+    halt_with_a_canary_on_split(lab, fleet, journal)
+    truth = instance_state(lab, fleet)
+    proc = subprocess.run([str(FLEET), "status", fleet.inventory, "--json", "--interval", "0.5"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    rows = {r["instance"]: r for r in json.loads(proc.stdout)["instances"]}
+    assert set(rows) == set(truth), rows
+    for name, row in rows.items():
+        assert row["unit"]["release"] == truth[name]["runs"], (name, row["unit"], truth[name])
+        assert row["unit"]["venv"] == f"{ROOT}/releases/{truth[name]['runs']}", (name, row["unit"])
+    assert rows[canary]["unit"]["release"] == "split"
+    rc, back = fleet_cli("rollback", fleet.inventory, *FAST, journal=journal)
+    assert rc == 0 and back["status"] == "done", back
+    assert [i["instance"] for i in back["instances"]] == [canary], back
+    after = instance_state(lab, fleet)
+    original = truth[f"{fleet.hosts[1]}/vllm-0"]["runs"]
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["runs"] == original and inst["serves"] == (MODEL,), (
+            name,
+            inst,
+        )
+        assert (inst["pid"] != truth[name]["pid"]) == (name == canary), (name, truth[name], inst)
+
+
+def test_deploy_after_a_halted_rollout_converges_every_instance_in_one_run(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The inventory's release is the one every instance ran; the canary stayed on ``split`` and
+    its host's ``current`` link went back. One ``fleet deploy`` puts the canary back on the
+    inventory's release through the engine, exit 0, and touches nothing else (by the link, the
+    host looked converged: the deploy said "healthy" and left the canary where it was)."""
+    lab, fleet = serving
+    journal = tmp_path / "j.sqlite"
+    h0, h1 = fleet.hosts
+    canary = f"{h0}/vllm-0"
+    before = halt_with_a_canary_on_split(lab, fleet, journal)
+    halted = instance_state(lab, fleet)
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "timeouts": {"health": 60}}
+    # releases_kept: the deploy keeps the releases the other tests made (it prunes beyond it)
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy, releases_kept=len(MADE) + 2)
+    proc = subprocess.run(
+        [str(FLEET), "deploy", inventory, "--json", "--health-timeout", "120"], cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=900, check=False, env={**os.environ, "FLEET_JOURNAL": str(journal)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
+    assert result[h0]["restarted"] and any(
+        op.startswith("rolled out vllm-0 (rollout") for op in result[h0]["operations"]
+    )
+    assert result[h1]["status"] == "unchanged" and not result[h1]["restarted"], result[h1]
+    assert all(not h["drift"] for h in result.values()), result
+    after = instance_state(lab, fleet)
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+        assert inst["runs"] == before[name]["runs"], (name, inst)  # the inventory's release, every one
+        assert (inst["pid"] != halted[name]["pid"]) == (name == canary), (name, halted[name], inst)
 
 
 def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_and_stopped(
@@ -454,14 +572,15 @@ def test_orphaned_engine_after_sigkill_of_the_api_server_is_found_through_nvml_a
 # ---- faults during a rollout, hooks on the host, a host that goes down ------------------------------
 
 
-def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any]) -> str:
-    """A copy of the lab's inventory with ``rollout`` settings on every host (group data, as an
-    operator would set them); the hosts, their SSH settings and their serving data are unchanged."""
+def inventory_with(fleet: RolloutFleet, path: Path, rollout: dict[str, Any], **data: Any) -> str:
+    """A copy of the lab's inventory with ``rollout`` settings (and ``data``) on every host (group
+    data, as an operator would set them); the hosts, their SSH settings and their serving data are
+    unchanged."""
     import pprint
     import runpy
 
     hosts = runpy.run_path(fleet.inventory)["lab"]
-    hosts = [(name, {**data, "rollout": rollout}) for name, data in hosts]
+    hosts = [(name, {**host_data, **data, "rollout": rollout}) for name, host_data in hosts]
     path.write_text(f"lab = {pprint.pformat(hosts, sort_dicts=False)}\n")
     return str(path)
 
@@ -618,6 +737,460 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
     assert rc == 0 and int(out) >= 1  # the stall did happen on the host
 
 
+# ---- a host that stops answering, a second Ctrl-C, a changed host key, concurrent switches --------
+#
+# A partition that cuts only fleet off from one lab host: the command under test runs in a cgroup
+# of its own, and an nftables output rule drops that cgroup's packets to the host's address
+# (``socket cgroupv2``, as the lab's air gap matches hosts: ``fleet/lab/airgap.py``); the lab's
+# hosts keep reaching their own addresses. A frozen host: its cgroup's ``cgroup.freeze`` (cgroup
+# v2), every process of it stopped while its kernel still answers TCP.
+
+DECIDE_WITHIN_S = 30.0
+
+
+@contextmanager
+def own_cgroup(name: str) -> Iterator[Path]:
+    """A cgroup (v2) of this test's own, below this process's (so what guards the test run's
+    cgroup, the network guard of tests/conftest.py, guards it too); removed at the end (its
+    processes are gone by then)."""
+    from fleet.lab.airgap import cgroup2_root
+
+    root = cgroup2_root()
+    assert root is not None, "no cgroup v2 hierarchy"
+    mine = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+    path = root / mine.strip("/") / f"fleet-test-{os.getpid()}-{name}"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        for _ in range(50):
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def fleet_in(cgroup: Path, *args: str, log: Path) -> subprocess.Popen[str]:
+    """``fleet ARGS`` started inside ``cgroup`` (so every socket it opens is that cgroup's)."""
+    argv = ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", str(cgroup), str(FLEET), *args]
+    env = {**os.environ, "FLEET_LOG": str(log)}
+    return subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@contextmanager
+def partition(cgroup: Path, address: str) -> Iterator[Callable[[], str]]:
+    """Yields ``cut()``: from then on every packet ``cgroup``'s sockets send to ``address`` is
+    dropped (no answer, no error: a partition). The rule is removed at the end, pass or fail.
+    ``cut()`` returns the nft table's name, to read its counter."""
+    from fleet.lab.airgap import host_rule
+
+    rule = host_rule("fleet-under-test", address, cgroup)
+    table = f"fleet_test_{os.getpid()}"
+    script = (
+        f"table inet {table} {{\n  chain output {{\n    type filter hook output priority filter; policy accept;\n"
+        f'    socket cgroupv2 level {rule.level} "{rule.cgroup}" ip daddr {address} counter drop\n  }}\n}}\n'
+    )
+
+    def cut() -> str:
+        done = subprocess.run(["nft", "-f", "-"], input=script, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return table
+
+    try:
+        yield cut
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, check=False)
+
+
+def dropped(table: str) -> int:
+    """Packets the partition dropped so far."""
+    out = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True, text=True, check=True).stdout
+    return int(out.split("counter packets ")[1].split()[0])
+
+
+@contextmanager
+def frozen(lab: LabFleet, index: int) -> Iterator[Callable[[], None]]:
+    """Yields ``freeze()``: every process of the host stops (cgroup v2 ``cgroup.freeze``); thawed
+    at the end, pass or fail."""
+    from fleet.lab.airgap import host_cgroup
+    from fleet.lab.lab import machine_for
+
+    state = lab.state
+    m = machine_for(lab.dir, state, state.hosts[index])
+    cgroup = host_cgroup(m.name, m.pid())
+    assert cgroup is not None and (cgroup / "cgroup.freeze").exists(), cgroup
+
+    def freeze() -> None:
+        (cgroup / "cgroup.freeze").write_text("1\n")
+
+    try:
+        yield freeze
+    finally:
+        (cgroup / "cgroup.freeze").write_text("0\n")
+
+
+def slow_stop(lab: LabFleet, index: int, unit: str, seconds: int) -> str:
+    """Make ``systemctl stop UNIT`` take ``seconds`` on the host (``ExecStopPost=`` runs within the
+    stop job), as a vLLM draining for its ``--shutdown-timeout`` does; returns the drop-in's path."""
+    dropin = f"/etc/systemd/system/{unit}.d/zz-test-slow-stop.conf"
+    must(lab, index, f"sudo mkdir -p /etc/systemd/system/{unit}.d && printf '[Service]\\nExecStopPost=/bin/sleep "
+                     f"{seconds}\\n' | sudo tee {dropin} >/dev/null && sudo systemctl daemon-reload")  # fmt: skip
+    return dropin
+
+
+def unit_state_on_host(lab: LabFleet, index: int, unit: str) -> str:
+    """``ActiveState/SubState`` read over the test's own SSH connection (outside any partition)."""
+    out = must(lab, index, f"systemctl show -p ActiveState,SubState --value {unit}").split()
+    return "/".join(out)
+
+
+def ensure_serving(lab: LabFleet, fleet: RolloutFleet) -> None:
+    """Every instance started and serving again (after a test that may have left one down)."""
+    for i, host in enumerate(fleet.hosts):
+        units = " ".join(spec.unit for ref, spec in fleet.instances.items() if ref.host == host)
+        must(lab, i, f"sudo systemctl reset-failed {units} 2>/dev/null; sudo systemctl start {units}")
+    assert wait_for(
+        lambda: all(
+            i["unit"] == "active/running" and i["serves"] == (MODEL,) for i in instance_state(lab, fleet).values()
+        ),
+        120,
+        1.0,
+    ), instance_state(lab, fleet)
+
+
+def _wait_for_intent(journal: Path, instance: str, action: str, timeout: float = 120) -> tuple[str, float]:
+    """The rollout id and the time a step was journaled (before it is taken)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if journal.exists():
+            with Journal(journal) as j:
+                for r in j.history():
+                    hit = [s for s in j.steps(r.id) if s.instance == instance and s.action == action]
+                    if hit:
+                        return r.id, hit[0].at
+        time.sleep(0.1)
+    raise AssertionError(f"no {action} of {instance} within {timeout}s")
+
+
+def _no_library_noise(err: str) -> None:
+    assert "Traceback" not in err and "paramiko" not in err and "Exception (client)" not in err, err
+    assert "ssh-keygen -R 1" not in err, err  # pyinfra's advice (it edits ~/.ssh/known_hosts)
+
+
+def test_a_host_cut_off_while_its_stop_runs_halts_the_restart_within_30_s_naming_it(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.1: packets to one host dropped while ``systemctl stop`` of its instance runs (a
+    20 s drain). Before, the step waited as long as the partition lasted. Now the SSH heartbeat
+    goes unanswered, the step fails, and the restart halts within 30 s naming the host as
+    unreachable; the instance it stopped is named as not serving."""
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    target = f"{h1}/vllm-0"
+    unit = fleet.instances[next(r for r in fleet.instances if str(r) == target)].unit
+    before = instance_state(lab, fleet)
+    dropin = slow_stop(lab, 1, unit, 20)
+    journal = tmp_path / "j.sqlite"
+    args = ["restart", fleet.inventory, "--batches", "1", "--soak", "1", "--probe-interval", "0.5",
+            "--health-timeout", "60", "--json", "--journal", str(journal)]  # fmt: skip
+    try:
+        with own_cgroup("cut") as cgroup, partition(cgroup, lab.state.hosts[1].address) as cut:
+            proc = fleet_in(cgroup, *args, log=tmp_path / "fleet.log")
+            try:
+                rid, _at = _wait_for_intent(journal, target, "stop")
+                # the stop reached the host and runs there (vLLM's drain, then the ExecStopPost sleep)
+                assert wait_for(lambda: unit_state_on_host(lab, 1, unit).startswith("deactivating"), 30, 0.1)
+                table = cut()
+                cut_at = time.monotonic()
+                out, err = proc.communicate(timeout=120)
+                took = time.monotonic() - cut_at
+                assert dropped(table) > 0  # the partition did drop fleet's packets
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        assert proc.returncode == 1, out + err
+        assert took <= DECIDE_WITHIN_S, took
+        print(f"partitioned during systemctl stop: halted {took:.1f}s after the cut")
+        _no_library_noise(err)
+        result = json.loads(out)
+        assert result["status"] == "halted" and result["id"] == rid
+        reason = result["reason"]
+        assert reason.startswith(f"batch 2 failed ({target}: stop failed: host {h1}: SSH failed: unreachable: "), reason
+        assert "no answer to SSH keepalives for 1" in reason and "during `systemctl stop -- " in reason, reason
+        phases = {i["instance"]: i["phase"] for i in result["instances"]}
+        assert phases == {f"{h0}/vllm-0": "done", target: "failed", f"{h0}/vllm-1": "pending",
+                          f"{h1}/vllm-1": "pending"}  # fmt: skip
+        assert any(line.startswith(f"{target} is not serving: this rollout stopped it and it is not back")
+                   for line in result["next"]), result["next"]  # fmt: skip
+        # every instance's end state (the partition is gone: fleet's view of the host is back)
+        after = instance_state(lab, fleet)
+        assert after[f"{h0}/vllm-0"]["unit"] == "active/running" and after[f"{h0}/vllm-0"]["pid"] != before[
+            f"{h0}/vllm-0"]["pid"]  # fmt: skip
+        for name in (f"{h0}/vllm-1", f"{h1}/vllm-1"):
+            assert after[name]["unit"] == "active/running" and after[name]["pid"] == before[name]["pid"], name
+        # the stop it sent finished on the host: the instance is down, as the output says
+        assert wait_for(lambda: instance_state_of_host(lab, fleet, 1)[target]["unit"].split("/")[0] in (
+            "inactive", "failed"), 40), instance_state_of_host(lab, fleet, 1)[target]  # fmt: skip
+    finally:
+        must(lab, 1, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
+        ensure_serving(lab, fleet)
+
+
+def test_a_host_frozen_mid_restart_is_skipped_within_30_s_and_the_rest_restarts(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 19.8: the host's cgroup frozen after the canary started. Before, the restart said
+    nothing for 2.5 min and then waited for the host until it was thawed. Now its instances are
+    skipped (never touched) once it has not answered for ``unreachable_timeout_s``, the other
+    host's instance restarts within the budget (``--max-unavailable 3``), and the restart ends
+    halted, exit 1, naming the host and what to run once it answers."""
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    before = instance_state(lab, fleet)
+    journal = tmp_path / "j.sqlite"
+    args = ["restart", fleet.inventory, "--batches", "1,-1", "--max-unavailable", "3", "--soak", "1",
+            "--probe-interval", "0.5", "--health-timeout", "60", "--json", "--journal", str(journal)]  # fmt: skip
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    try:
+        with frozen(lab, 1) as freeze:
+            proc = subprocess.Popen([str(FLEET), *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+            try:
+                rid, _at = _wait_for_intent(journal, f"{h0}/vllm-0", "start")
+                freeze()
+                frozen_at = time.time()
+                out, err = proc.communicate(timeout=180)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(30)
+        after = instance_state(lab, fleet)  # thawed: every instance's end state
+    finally:
+        ensure_serving(lab, fleet)
+    assert proc.returncode == 1, out + err
+    _no_library_noise(err)
+    result = json.loads(out)
+    assert result["status"] == "halted" and result["id"] == rid
+    assert result["reason"] == (
+        f"2 instance(s) skipped, never touched: host(s) {h1} unreachable ({h1}/vllm-0, {h1}/vllm-1); "
+        "every other instance is done"
+    ), result["reason"]
+    phases = {i["instance"]: i["phase"] for i in result["instances"]}
+    assert phases == {f"{h0}/vllm-0": "done", f"{h0}/vllm-1": "done", f"{h1}/vllm-0": "skipped",
+                      f"{h1}/vllm-1": "skipped"}  # fmt: skip
+    skipped = next(i for i in result["instances"] if i["instance"] == f"{h1}/vllm-0")
+    assert skipped["failure"].startswith(f"skipped: host {h1} unreachable for "), skipped
+    assert "SSH failed: unreachable: " in skipped["failure"], skipped
+    assert f"not touched, host {h1} did not answer: {h1}/vllm-0, {h1}/vllm-1; once it does, run the restart " \
+           f"again for it (`--limit {h1}`)" in result["next"]  # fmt: skip
+    with Journal(journal) as j:
+        went_on = next(s.at for s in j.steps(rid) if s.instance == f"{h0}/vllm-1" and s.action == "stop")
+        assert not [s for s in j.steps(rid) if s.instance and s.instance.startswith(f"{h1}/")]  # never touched
+    decided = went_on - frozen_at  # the skip was decided, and the next instance stopped, this long after
+    print(f"frozen after the canary started: skipped and went on {decided:.1f}s after the freeze")
+    assert decided <= DECIDE_WITHIN_S, decided
+    for name, inst in after.items():
+        assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+        assert (inst["pid"] != before[name]["pid"]) == name.startswith(f"{h0}/"), (name, before[name], inst)
+
+
+def test_a_host_frozen_before_a_restart_exits_1_naming_it_and_status_says_why_in_one_line(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 19.8/25.8: with a host frozen before the command, restart exited 2 ("invalid input")
+    after 21 s and both it and ``fleet status`` printed paramiko's traceback ("Exception (client):
+    Error reading SSH protocol banner"); status's reason was paramiko's "No existing session"."""
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    before = instance_state(lab, fleet)
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    with frozen(lab, 1) as freeze:
+        freeze()
+        t0 = time.monotonic()
+        restart = subprocess.run([str(FLEET), "restart", fleet.inventory, "--journal", str(tmp_path / "j.sqlite")],
+                                 cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        took = time.monotonic() - t0
+        status = subprocess.run([str(FLEET), "status", fleet.inventory, "--json"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert restart.returncode == 1, restart.stdout + restart.stderr
+    print(f"restart with a frozen host: exit 1 after {took:.1f}s")
+    assert took < DECIDE_WITHIN_S
+    _no_library_noise(restart.stderr)
+    lines = [line for line in restart.stderr.splitlines() if line.strip() and not line.startswith("warning: ")]
+    assert len(lines) == 1, lines  # one line: the host, "unreachable", why, and that nothing changed
+    assert lines[0].startswith(f"error: host {h1}: SSH failed: unreachable: "), lines[0]
+    assert "took the TCP connection but the SSH handshake did not finish within 10s" in lines[0]
+    assert lines[0].endswith("(nothing was changed)"), lines[0]
+    assert status.returncode == 1, status.stdout + status.stderr
+    _no_library_noise(status.stderr)
+    rows = {r["host"] + "/" + r["instance"]: r for r in json.loads(status.stdout)["instances"]}
+    for name, row in rows.items():
+        if name.startswith(f"{h1}/"):
+            assert row["unit"]["state"] == "unreachable", row
+            assert "took the TCP connection but the SSH handshake did not finish" in row["unit"]["detail"], row
+            assert "No existing session" not in json.dumps(row)
+    assert "Error reading SSH protocol banner" in (tmp_path / "fleet.log").read_text()  # the details: in the log
+    after = instance_state(lab, fleet)
+    assert {n: i["pid"] for n, i in after.items()} == {n: i["pid"] for n, i in before.items()}  # nothing changed
+
+
+def test_a_second_ctrl_c_names_what_is_down_and_how_to_resume_and_the_journal_says_interrupted(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.5: a second Ctrl-C printed only "Aborted!", left the journal "running" and named
+    nothing. The first Ctrl-C waits for the step in progress (a stop draining for 20 s); the second
+    aborts at once: the instance being stopped is named as down, the resume command is printed,
+    an ``interrupted`` step is journaled, and the lock is released; the resume finishes it."""
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    target = f"{h0}/vllm-0"
+    unit = fleet.instances[next(r for r in fleet.instances if str(r) == target)].unit
+    dropin = slow_stop(lab, 0, unit, 20)
+    journal = tmp_path / "j.sqlite"
+    argv = [str(FLEET), "restart", fleet.inventory, "--batches", "1", "--soak", "1", "--probe-interval", "0.5",
+            "--health-timeout", "60", "--journal", str(journal)]  # fmt: skip
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        rid, _at = _wait_for_intent(journal, target, "stop")
+        assert wait_for(lambda: unit_state_on_host(lab, 0, unit).startswith("deactivating"), 30, 0.1)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        second = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        must(lab, 0, f"sudo rm -f {dropin} && sudo systemctl daemon-reload")
+    try:
+        print(f"second SIGINT: exited {took:.1f}s later")
+        assert proc.returncode == 1, out + err
+        assert took < 5, took
+        _no_library_noise(err)
+        assert "Aborted!" not in err
+        assert "SIGINT: stopping after the step in progress (again to abort at once)" in err
+        assert f"restart {rid} aborted during a step (second signal (SIGINT, then SIGINT))" in err, err
+        assert f"{target}: not serving: this rollout stopped it and it is not back (last step: stop)" in err, err
+        assert f"resume with: fleet rollout --resume {rid}" in err, err
+        with Journal(journal) as j:
+            assert j.latest_state(rid).status.value == "running"  # resumable
+            assert j.lock_owner(fleet.name) is None  # released: no --take-over needed
+            marks = [s for s in j.steps(rid) if s.action == "interrupted"]
+            assert len(marks) == 1 and marks[0].outcome == "interrupted", marks
+            assert marks[0].detail.startswith("aborted during a step on a second signal (SIGINT, then SIGINT)")
+            assert marks[0].detail.endswith(f"not serving (stopped by this rollout, not back): {target}")
+        rc, done = fleet_cli("rollout", "--resume", rid, "--json", journal=journal)
+        assert rc == 0 and done["status"] == "done", done
+        for name, inst in instance_state(lab, fleet).items():
+            assert inst["unit"] == "active/running" and inst["serves"] == (MODEL,), (name, inst)
+    finally:
+        ensure_serving(lab, fleet)
+
+
+def test_a_changed_host_key_shows_both_fingerprints_and_the_right_known_hosts_file(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.7: the advice was pyinfra's ``ssh-keygen -R ADDR`` (it edits ~/.ssh/known_hosts, not
+    the inventory's ``ssh_known_hosts_file``), the keys were shown with parts redacted, and restart
+    exited 2. Now: SHA256 fingerprints (expected and offered), ``ssh-keygen -R ... -f FILE``, exit 1."""
+    import runpy
+
+    from fleet.lab.lab import machine_for
+
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    before = instance_state(lab, fleet)
+    known = lab.dir.known_hosts.read_text().splitlines()
+    address = lab.state.hosts[1].address
+    port = lab.state.ssh_port
+    entry = address if port == 22 else f"[{address}]:{port}"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "impostor")], check=True)
+    impostor = (tmp_path / "impostor.pub").read_text().split()
+    changed = [f"{entry} {impostor[0]} {impostor[1]}" if line.split()[0] == entry else line for line in known]
+    assert changed != known
+    (tmp_path / "known_hosts").write_text("\n".join(changed) + "\n")
+    hosts = runpy.run_path(fleet.inventory)["lab"]
+    hosts = [(name, {**data, "ssh_known_hosts_file": str(tmp_path / "known_hosts")}) for name, data in hosts]
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"lab = {hosts!r}\n")
+
+    def fingerprint(pub: Path) -> str:
+        return subprocess.run(
+            ["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True
+        ).stdout.split()[1]
+
+    expected = fingerprint(tmp_path / "impostor.pub")
+    m = machine_for(lab.dir, lab.state, lab.state.hosts[1])
+    offered = fingerprint(m.host_key.with_suffix(".pub"))
+    env = {**os.environ, "FLEET_LOG": str(tmp_path / "fleet.log")}
+    rc, result = fleet_cli("restart", str(inventory), "--json", journal=tmp_path / "j.sqlite")
+    assert rc == 1, result
+    error = result["error"]
+    assert error.startswith(f"host {h1}: SSH failed: the host key of {entry} has changed: "), error
+    assert f"{tmp_path / 'known_hosts'} holds ED25519 {expected}, the host offered ED25519 {offered}" in error
+    assert f"`ssh-keygen -R {shlex.quote(entry)} -f {tmp_path / 'known_hosts'}`" in error, error
+    assert "<redacted>" not in error and "~/.ssh" not in error and error.endswith("(nothing was changed)")
+    deploy = subprocess.run([str(FLEET), "deploy", str(inventory), "--dry", "--limit", h1, "--json"], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert deploy.returncode == 1, deploy.stdout + deploy.stderr
+    _no_library_noise(deploy.stderr)
+    (row,) = json.loads(deploy.stdout)["hosts"]
+    assert row["status"] == "unreachable" and f"the host offered ED25519 {offered}" in row["error"], row
+    assert f"-f {tmp_path / 'known_hosts'}" in row["error"] and "<redacted>" not in row["error"], row
+    after = instance_state(lab, fleet)
+    assert {n: i["pid"] for n, i in after.items()} == {n: i["pid"] for n, i in before.items()}
+
+
+def test_concurrent_release_switches_on_one_host_never_collide(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Issue 25.2: two instances of one host switching in one batch wrote the same temporary link
+    2-3 ms apart (``mv: cannot stat``) and the batch's rollback hit the same. 50 rounds of 2-4
+    concurrent ``flip_release`` calls through the executor on one host (its own root beside the
+    real one): every call succeeds and ``current``/``previous`` are valid links after each round."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleet.facts.releases import MARKER
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
+
+    lab, fleet = serving
+    host = fleet.hosts[0]
+    root = f"/var/tmp/fleet-switch-test-{os.getpid()}"
+    must(lab, 0, f"sudo mkdir -p {root}/releases/a {root}/releases/b && sudo touch {root}/releases/a/{MARKER} "
+                 f"{root}/releases/b/{MARKER}")  # fmt: skip
+    refs = [InstanceRef(host, f"vllm-{i}") for i in range(4)]
+    specs = {r: InstanceSpec(r, f"fleet-{r.instance}.service", "http://127.0.0.1:1", 1, (0,), MODEL) for r in refs}
+    executor = SshExecutor({host: fleet.ssh[host]}, specs, root=root)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            for n in range(50):
+                release, other = ("a", "b") if n % 2 else ("b", "a")
+                width = 2 + n % 3
+                outcomes = list(pool.map(lambda r, rel=release: _flip(executor, r, rel), refs[:width]))
+                assert outcomes == ["ok"] * width, (n, outcomes)
+                current, previous = executor.links(host)
+                assert current == release and (n == 0 or previous == other), (n, current, previous)
+        left = must(lab, 0, f"ls -A {root}").split()
+        assert sorted(left) == [".fleet-switch.lock", "current", "previous", "releases"], left  # no temporary link
+    finally:
+        executor.close()
+        must(lab, 0, f"sudo rm -rf {root}")
+
+
+def _flip(executor: Any, ref: Any, release: str) -> str:
+    try:
+        executor.flip_release(ref, release)
+    except FleetError as exc:
+        return str(exc)
+    return "ok"
+
+
 # ---- a load balancer in the loop: a restart that clients never notice ------------------------------
 
 
@@ -756,8 +1329,218 @@ def test_a_restart_under_load_behind_the_balancer_fails_no_request(
         balancer.stop(lab.dir)
 
 
-def fleet_json(*args: str) -> tuple[int, Any]:
-    proc = subprocess.run([str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+def test_drain_takes_a_host_out_under_load_a_restart_from_another_journal_skips_it_undrain_brings_it_back(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Behind the lab's HAProxy, under load: ``fleet drain`` of one host marks it on the host
+    (root-only, who/when/why), takes its instances out of traffic, stops and disables their units
+    and leaves their servers in MAINT, failing no request. A ``fleet restart`` with another journal
+    (another control machine's) skips that host by its marker, says so, and restarts only the
+    other; ``fleet deploy --limit`` of it reports it skipped and exits 0; ``fleet status`` shows it
+    drained with the balancer's view. ``fleet undrain`` starts, gates and puts it back, failing no
+    request, and removes the marker."""
+    from fleet.lab import balancer
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
+    inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    Path(inventory).write_text(f"lab = {[(n, {**d, 'balancer': entry}) for n, d in runpy_hosts(inventory)]!r}\n")
+    url = balancer.ensure(lab.dir, Path(inventory))
+    mine = [r for r in map(str, fleet.instances) if r.startswith(f"{h1}/")]
+    others = [r for r in map(str, fleet.instances) if r.startswith(f"{h0}/")]
+    units = [s.unit for r, s in fleet.instances.items() if r.host == h1]
+    drained = False
+    try:
+        rc, out = fleet_json("lb", "ready", inventory, *mine, *others, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(inventory).values()} == {"UP"}, 30), lb_views(inventory)
+        before = instance_state(lab, fleet)
+        j1, j2 = tmp_path / "control-1.sqlite", tmp_path / "control-2.sqlite"
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, result = fleet_cli("drain", inventory, h1, "--reason", "swap the NVMe, ticket 4411", "--json",
+                                   journal=j1)  # fmt: skip
+            drained = True
+            time.sleep(1)
+        assert rc == 0, result
+        assert result["status"] == "done", result
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        marker = must(
+            lab, 1, "sudo stat -c '%a %U' /var/lib/fleet/drained.json && sudo cat /var/lib/fleet/drained.json"
+        )
+        mode, _, text = marker.partition("\n")
+        assert mode == "600 root", mode
+        body = json.loads(text)
+        assert body["reason"] == "swap the NVMe, ticket 4411" and body["rollout"] == result["id"]
+        assert body["by"].endswith("@" + os.uname().nodename) and abs(body["at"] - time.time()) < 300
+        rc, _o, _e = on_host(lab, 1, "test -r /var/lib/fleet/drained.json")
+        assert rc != 0  # root-only: the login user cannot read it
+        for unit in units:
+            assert must(lab, 1, f"systemctl is-active {unit} || true").strip() == "inactive"
+            assert must(lab, 1, f"systemctl is-enabled {unit} || true").strip() == "disabled"
+        views = lb_views(inventory)
+        assert {views[r]["view"] for r in mine} == {"MAINT"} and {views[r]["view"] for r in others} == {"UP"}, views
+        steps = [(s["instance"], s["action"], s["outcome"]) for s in history(result["id"], j1)["steps"]]
+        assert (h1, "marker:drained", "ok") == steps[0], steps
+        for r in mine:
+            assert [a for i, a, _o in steps if i == r] == ["lb:drain", "stop", "lb:maint"], steps
+        assert (h1, "units:disabled", "ok") in steps, steps
+
+        # another control machine (its own journal) restarts the fleet: the drained host is skipped
+        rc, restart = fleet_cli("restart", inventory, "--health-timeout", "60", "--json", journal=j2)
+        assert rc == 0, restart
+        assert [s["host"] for s in restart["skipped"]] == [h1], restart
+        assert restart["skipped"][0]["drained"]["reason"] == "swap the NVMe, ticket 4411"
+        assert sorted(i["instance"] for i in restart["instances"]) == sorted(others), restart
+        after = instance_state(lab, fleet)
+        assert all(after[r]["pid"] != before[r]["pid"] for r in others)  # restarted
+        assert all(after[r]["unit"] == "inactive/dead" for r in mine), after  # left alone
+
+        # a deploy of it: skipped, and no failure
+        rc, deployed = fleet_json("deploy", inventory, "--limit", h1, "--json", timeout=600)
+        assert rc == 0, deployed
+        assert [(h["host"], h["status"]) for h in deployed["hosts"]] == [(h1, "skipped")], deployed
+        assert "drained by" in deployed["hosts"][0]["note"]
+
+        rc, status = fleet_json("status", inventory, "--json", "--interval", "0.5")
+        assert rc == 0, status  # drained is not a failure
+        rows = {r["instance"]: r for r in status["instances"]}
+        for r in mine:
+            assert rows[r]["state"] == "drained" and rows[r]["drained"]["reason"] == "swap the NVMe, ticket 4411"
+            assert rows[r]["balancer"]["view"] == "MAINT", rows[r]
+        for r in others:
+            assert rows[r]["state"] == "ready" and rows[r]["balancer"]["view"] == "UP", rows[r]
+            assert rows[r]["drained"] is None
+
+        with Load(url, workers=4) as load:
+            time.sleep(1)
+            rc, back = fleet_cli("undrain", inventory, h1, "--health-timeout", "60", "--json", journal=j1)
+            time.sleep(1)
+        assert rc == 0, back
+        drained = False
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        assert on_host(lab, 1, "sudo test -e /var/lib/fleet/drained.json")[0] == 1  # the marker is gone
+        final = instance_state(lab, fleet)
+        assert all(final[r]["unit"] == "active/running" and final[r]["serves"] == (MODEL,) for r in mine), final
+        assert {v["view"] for v in lb_views(inventory).values()} == {"UP"}
+        steps = [(s["instance"], s["action"]) for s in history(back["id"], j1)["steps"]]
+        for r in mine:
+            assert [a for i, a in steps if i == r] == ["start", "lb:ready"], steps
+        assert steps[-1] == (h1, "marker:removed"), steps
+    finally:
+        if drained:  # leave the lab serving for the tests after this one
+            must(lab, 1, f"sudo rm -f /var/lib/fleet/drained.json; sudo systemctl enable --now {' '.join(units)}")
+        balancer.stop(lab.dir)
+
+
+def test_deploy_reconfigures_the_balancer_a_removed_host_leaves_traffic_first_an_added_one_joins_after_its_checks(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """``fleet deploy`` installs fleet's configuration on the lab's HAProxy (``on: local``) and
+    reloads it keeping runtime state. Under load: an inventory without the second host takes that
+    host's servers out of traffic before the reloaded configuration drops them (no request fails,
+    the first host's servers stay UP); the whole inventory again brings them back, written disabled
+    and set ready only once their instances pass the deploy's checks."""
+    from fleet.lab import balancer
+    from fleet.lb.traffic import Balancer
+    from fleet.lb.transport import LocalSocket
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    hosts = [(n, {**d, "balancer": entry}) for n, d in runpy_hosts(fleet.inventory)]
+    full, one = tmp_path / "full.py", tmp_path / "one.py"
+    full.write_text(f"lab = {hosts!r}\n")
+    one.write_text(f"lab = {[h for h in hosts if h[0] == h0]!r}\n")
+    url = balancer.ensure(lab.dir, full)
+    refs = [str(r) for r in fleet.instances]
+    spec = load_fleet(str(full)).traffic().balancers[0].spec
+    haproxy = Balancer(spec, LocalSocket(entry["admin_socket"], 5.0))
+
+    def servers() -> dict[str, str]:
+        return {st.server: st.admin.value for st in haproxy.servers_state()}
+
+    try:
+        rc, out = fleet_json("lb", "ready", str(full), *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(full)).values()} == {"UP"}, 30)
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, gone = fleet_json("deploy", str(one), "--json", timeout=600)
+            time.sleep(1)
+        assert rc == 0, gone
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        row = next(h for h in gone["hosts"] if h["host"] == "local")
+        assert row["status"] == "changed", row
+        assert any(op.startswith("out of traffic, then dropped:") and f"{h1}:vllm-0" in op and f"{h1}:vllm-1" in op
+                   for op in row["operations"]), row  # fmt: skip
+        assert servers() == {f"{h0}:vllm-0": "ready", f"{h0}:vllm-1": "ready"}  # kept across the reload
+
+        rc, back = fleet_json("deploy", str(full), "--json", timeout=600)
+        assert rc == 0, back
+        row = next(h for h in back["hosts"] if h["host"] == "local")
+        assert any(
+            op.startswith("new servers, out of traffic until their instance serves:") for op in row["operations"]
+        )
+        joined = next(h for h in back["hosts"] if h["host"] == h1)["operations"]
+        assert [op.split(":")[0] for op in joined if "into traffic" in op] == ["vllm-0", "vllm-1"], joined
+        assert set(servers().values()) == {"ready"} and len(servers()) == 4
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(full)).values()} == {"UP"}, 30), lb_views(str(full))
+        rc, again = fleet_json("deploy", str(full), "--json", timeout=600)
+        assert rc == 0, again
+        assert next(h for h in again["hosts"] if h["host"] == "local")["status"] == "unchanged", again
+    finally:
+        haproxy.close()
+        balancer.stop(lab.dir)
+
+
+def test_a_reboot_for_a_driver_change_takes_the_host_out_of_traffic_first_and_back_after_its_checks(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """Behind the lab's HAProxy, under load: another driver for the second host (the lab's apt
+    repository has two) needs a reboot; ``fleet deploy --reboot`` takes that host's instances out
+    of traffic and waits for their sessions before the reboot, and puts them back ``ready`` only
+    once they serve again. No request fails. (The host keeps that driver afterwards.)"""
+    from fleet.lab import balancer
+
+    lab, fleet = serving
+    h1 = fleet.hosts[1]
+    entry = balancer.balancer_entry(lab.dir, lab.state)
+    hosts = [(n, {**d, "balancer": entry, **({"nvidia_driver_version": "580.82.07"} if n == h1 else {})})
+             for n, d in runpy_hosts(fleet.inventory)]  # fmt: skip
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"lab = {hosts!r}\n")
+    url = balancer.ensure(lab.dir, inventory)
+    refs = [str(r) for r in fleet.instances]
+    try:
+        rc, out = fleet_json("lb", "ready", str(inventory), *refs, "--json")
+        assert rc == 0, out
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(inventory)).values()} == {"UP"}, 30)
+        with Load(url, workers=4) as load:
+            time.sleep(2)
+            rc, result = fleet_json("deploy", str(inventory), "--limit", h1, "--reboot", "--json", timeout=900)
+            time.sleep(1)
+        assert rc == 0, result
+        assert load.failed == [] and load.ok > 0, load.failed[:10]
+        row = next(h for h in result["hosts"] if h["host"] == h1)
+        ops = row["operations"]
+        out_at = next(i for i, op in enumerate(ops) if op.startswith("out of traffic on haproxy on this machine"))
+        reboot_at = next(i for i, op in enumerate(ops) if op.startswith("reboot ("))
+        back_at = ops.index("back into traffic")
+        assert out_at < reboot_at < back_at, ops
+        assert row["reboot_required"] is None and all(e["healthy"] for e in row["endpoints"]), row
+        assert must(lab, 1, "dpkg-query -W -f '${Version}' nvidia-kernel-open-dkms").startswith("580.82.07")
+        assert wait_until(lambda: {v["view"] for v in lb_views(str(inventory)).values()} == {"UP"}, 30)
+    finally:
+        balancer.stop(lab.dir)
+
+
+def fleet_json(*args: str, timeout: float = 120) -> tuple[int, Any]:
+    proc = subprocess.run(
+        [str(FLEET), *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
     try:
         return proc.returncode, json.loads(proc.stdout)
     except ValueError:
@@ -884,4 +1667,4 @@ def instance_state_of_host(lab: LabFleet, fleet: RolloutFleet, index: int) -> di
         fleet.name, fleet.inventory, (host,), {host: fleet.ssh[host]},
         {r: s for r, s in fleet.instances.items() if r.host == host}, fleet.host_data, fleet.api_keys,
     )  # fmt: skip
-    return instance_state(lab, one)
+    return instance_state(lab, one, first_index=index)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -21,3 +22,10 @@ def spec(name: str = "h1", **data: Any) -> HostSpec:
 @pytest.fixture
 def make_spec() -> Any:
     return spec
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fleet_log_here(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """fleet's log file (``fleet.logs``: what paramiko and pyinfra log) under this session's tmp dir,
+    for the commands tests run in-process and as subprocesses, never in the home directory."""
+    os.environ.setdefault("FLEET_LOG", str(tmp_path_factory.mktemp("fleet-log") / "fleet.log"))

@@ -9,7 +9,7 @@ import pytest
 from fleet.errors import FieldProblem, InventoryError
 from fleet.inventory.ports import Listener, collisions, plan_port_problems
 from fleet.inventory.spec import load_inventory
-from fleet.secrets import looks_like_secret, redact
+from fleet.secrets import looks_like_secret, redact, redact_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -201,6 +201,55 @@ def test_what_looks_like_a_secret(value: object, secret: bool) -> None:
 def test_redact_keeps_the_rest_of_the_text() -> None:
     assert redact("key hf_abcdefghijklmnopqrst here") == "key <redacted> here"
     assert redact("nothing secret: port 8000") == "nothing secret: port 8000"
+
+
+#: Made with ssh-keygen (test keys, used nowhere): public halves and fingerprints are not secrets.
+ED25519_PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINgKGBVBcyLulsPywyQO3Zr0w689J7h/z/nrOqNzGnKS"
+ECDSA_PUB = (
+    "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBJHqrsJDQgs3XE2AwgCvzP+g0FTnV7WOFbJcMe"
+    "7Qn7h2meOfazlZGseyaJ5a3Z3S7qb1XVQDk44ZFTT7Q5+YRJY="
+)
+FINGERPRINT = "SHA256:RfGXgN3c0gj9SMkTtqVy1KNm64uHzK5ec2nQcdMGVV0"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ED25519_PUB,
+        ECDSA_PUB,
+        f"[127.0.10.12]:22 {ED25519_PUB}",
+        f"expected ED25519 {FINGERPRINT}, the host offered ED25519 SHA256:T+TE05DREb4pnXuqJK8JroM14YSsUa85Jj07ORWvmOg",
+        "sk-ecdsa-sha2-nistp256@openssh.com and sk-ssh-ed25519-cert-v01@openssh.com",
+    ],
+)
+def test_public_keys_and_fingerprints_are_shown_as_they_are(text: str) -> None:
+    """Issue 25.7: a changed host key's error showed the keys with parts replaced by <redacted>,
+    so an operator could not compare them."""
+    assert redact(text) == text
+    assert not looks_like_secret(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"{FINGERPRINT} hf_abcdefghijklmnopqrst", f"{FINGERPRINT} <redacted>"),
+        (f"{ED25519_PUB} sk-proj-Zx81Qw7Lm2Pv9Rt4Yu6Io3", f"{ED25519_PUB} <redacted>"),
+        ("SHA256:Zx81Qw7Lm2Pv9Rt4Yu6Io3", "SHA256:<redacted>"),  # not a fingerprint's shape: a token
+        ("AAAAZx81Qw7Lm2Pv9Rt4Yu6Io3Pa", "<redacted>"),  # base64 that is not a key blob
+        # an OpenSSH private key's base64 (b3BlbnNzaC1rZXktdjE = "openssh-key-v1")
+        ("b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW", "<redacted>"),
+    ],
+)
+def test_real_secrets_beside_public_keys_are_still_redacted(text: str, shown: str) -> None:
+    assert redact(text) == shown
+
+
+def test_redact_data_redacts_every_string_keys_too_however_often_it_repeats() -> None:
+    token = "hf_abcdefghijklmnopqrst"
+    host = {"argv": ["--api-key", token], token: "x", "note": f"key {token}", "port": 8000, "ok": True}
+    data = {"hosts": [host, dict(host), (token, None)], "n": 1.5}
+    clean = {"argv": ["--api-key", "<redacted>"], "<redacted>": "x", "note": "key <redacted>", "port": 8000, "ok": True}
+    assert redact_data(data) == {"hosts": [clean, clean, ["<redacted>", None]], "n": 1.5}
 
 
 def test_a_problem_never_keeps_a_secret_value() -> None:

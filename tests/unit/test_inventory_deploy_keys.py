@@ -4,11 +4,14 @@ names the file, the host, the field, the value and what is allowed."""
 
 from __future__ import annotations
 
+import functools
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyinfra_cli.util import parse_cli_arg
 
 from fleet.errors import InventoryError
 from fleet.inventory.spec import HostSpec, host_spec, load_inventory
@@ -199,15 +202,34 @@ def test_good_rollout_and_alerts_pass() -> None:
 # -- values from pyinfra's command line ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("cli", "field", "want"),
-    [
-        ("releases_kept=2", "releases_kept", 2),
-        ('vllm_extras=["audio"]', "vllm_extras", ("audio",)),
-        ("nvidia_fabric_manager=false", "nvidia_fabric_manager", False),
-        ("nvidia_driver_version=580.65.06", "nvidia_driver_version", "580.65.06"),
-    ],
-)
+CLI_VALUES = {
+    "releases_kept=2": ("releases_kept", 2),
+    'vllm_extras=["audio"]': ("vllm_extras", ("audio",)),
+    "nvidia_fabric_manager=false": ("nvidia_fabric_manager", False),
+    "nvidia_driver_version=580.65.06": ("nvidia_driver_version", "580.65.06"),
+}
+RAW_VALUES = [cli.partition("=")[2] for cli in CLI_VALUES] + ["audio"]
+
+
+@functools.cache
+def _pyinfra_parsed() -> dict[str, Any]:
+    """pyinfra's own ``parse_cli_arg`` of each raw value, in a process of its own: importing
+    ``pyinfra_cli`` monkey-patches the interpreter with gevent (threads become greenlets), which
+    must not happen to the test process."""
+    code = (
+        "import json, sys\nfrom pyinfra_cli.util import parse_cli_arg\n"
+        "print(json.dumps({raw: parse_cli_arg(raw) for raw in sys.argv[1:]}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, *RAW_VALUES], capture_output=True, text=True, check=True)
+    parsed: dict[str, Any] = json.loads(done.stdout)
+    return parsed
+
+
+def parse_cli_arg(raw: str) -> Any:
+    return _pyinfra_parsed()[raw]
+
+
+@pytest.mark.parametrize(("cli", "field", "want"), [(cli, *value) for cli, value in CLI_VALUES.items()])
 def test_pyinfra_data_values_are_typed_by_pyinfra_then_validated_strictly(cli: str, field: str, want: object) -> None:
     """``pyinfra --data k=v`` converts v with ``parse_cli_arg`` (true/false, int, JSON, else str)."""
     key, _, raw = cli.partition("=")

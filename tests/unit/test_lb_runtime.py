@@ -126,8 +126,9 @@ def test_config_for_a_balancer_host_and_its_reload_dropin() -> None:
     text = render_config(config, "inv.py")
     assert "chroot /var/lib/haproxy" in text and "stats socket /run/haproxy/admin.sock mode 660 level admin" in text
     assert "server-state-file /var/lib/haproxy/server-state" in text
-    dropin = systemd_dropin(spec.admin_socket, config.state_file)
+    dropin = systemd_dropin(spec.admin_socket, config.state_file, spec.config)
     assert dropin.splitlines()[2:] == [
+        "Environment=CONFIG=/etc/haproxy/haproxy.cfg",
         "ExecReload=",
         "ExecReload=/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS",
         "ExecReload=/bin/sh -c \"echo 'show servers state' | socat -t 5 STDIO UNIX-CONNECT:/run/haproxy/admin.sock"

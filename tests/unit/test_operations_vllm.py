@@ -5,7 +5,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import re
 import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from pyinfra.facts.files import File, Sha1File
@@ -16,7 +21,7 @@ from fleet.operations import layout, units, vllm
 from fleet.operations.files import atomic_file
 from fleet.render.units import RenderedFile
 
-from .opharness import Value, key, run_op
+from .opharness import Command, Value, key, run_op
 
 ROOT = "/opt/fleet/vllm"
 SPEC = layout.ReleaseSpec("0.33.0", "3.11.2", "http://127.0.0.1:9000/simple/", (), (layout.NVML_PY_REQUIREMENT,))
@@ -51,47 +56,176 @@ def test_release_id_is_named_by_content() -> None:
     assert layout.ReleaseSpec("0.33.0", "3", "u", ("b", "a")).requirements() == ["vllm[a,b]==0.33.0"]
 
 
+def _build_argv(command: Command) -> list[str]:
+    argv = shlex.split(command.text)
+    assert argv[:3] == ["sh", "-s", "--"] and command.stdin == vllm.BUILD  # the script on stdin, not in argv
+    return argv[3:]
+
+
 def test_release_on_a_bare_host_builds_the_venv_from_the_index_only() -> None:
-    facts = {key(VllmReleases, root=ROOT): releases(), key(Sha1File, path=f"{ROOT}/releases/{RID}/{MARKER}"): []}
+    facts = {key(VllmReleases, root=ROOT): releases()}
     run = run_op(vllm.release, facts, spec=SPEC, root=ROOT)
-    target = f"{ROOT}/releases/{RID}"
-    assert run.texts[:3] == [
-        f"mkdir -p -- {ROOT}/releases",
-        f"python3 -m venv {target}",
-        f"{target}/bin/pip install --no-input --disable-pip-version-check --no-cache-dir --timeout 60 "
-        "--index-url http://127.0.0.1:9000/simple/ vllm==0.33.0 nvidia-ml-py==13.615.71",
-    ]
-    marker = json.loads(base64.b64decode(run.commands[3].stdin or ""))
+    assert len(run.commands) == 1  # one command: checked, built, cleaned up on failure, marker last
+    root, rid, python, floor, margin, marker_name, marker_json, *pip = _build_argv(run.commands[0])
+    assert (root, rid, python, marker_name) == (ROOT, RID, "python3", MARKER)
+    assert int(floor) == vllm.FIRST_RELEASE_KIB and margin == "110"
+    assert pip == [
+        "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir", "--timeout", "60",
+        "--index-url", "http://127.0.0.1:9000/simple/", "vllm==0.33.0", "nvidia-ml-py==13.615.71",
+    ]  # fmt: skip
+    marker = json.loads(marker_json)
     assert marker["id"] == RID and marker["index_url"] == SPEC.index_url
-    assert len(run.commands) == 4
 
 
 def test_complete_release_is_not_touched_and_a_half_built_one_is_rebuilt() -> None:
     done = {key(VllmReleases, root=ROOT): releases((100, 1, RID))}
     assert run_op(vllm.release, done, spec=SPEC, root=ROOT).texts == []
-    half = {
-        key(VllmReleases, root=ROOT): releases((100, 0, RID)),
-        key(Sha1File, path=f"{ROOT}/releases/{RID}/{MARKER}"): [],
-    }
+    half = {key(VllmReleases, root=ROOT): releases((100, 0, RID))}
     run = run_op(vllm.release, half, spec=SPEC, root=ROOT)
-    assert run.texts[0] == f"rm -rf -- {ROOT}/releases/{RID}"
+    assert _build_argv(run.commands[0])[1] == RID  # BUILD removes what is there first
+    assert 'rm -rf -- "$target"' in vllm.BUILD.split("largest=0", 1)[0]
 
 
-def test_activate_flips_current_and_keeps_previous() -> None:
+# -- the build script itself, run by a real shell with stand-ins for python3 and pip -------------
+
+#: ``python3 -m venv TARGET`` for the build: makes TARGET/bin/pip, a script doing what ``$PIP`` says
+FAKE_PYTHON = """#!/bin/sh
+[ "$1" = -m ] && [ "$2" = venv ] || exit 2
+t=$4
+mkdir -p "$t/bin" || exit 1
+if [ -n "${VENV_FAILS:-}" ]; then
+  echo "Error: Command '[$t/bin/python3, -m, ensurepip]' returned non-zero exit status 1." >&2; exit 1
+fi
+printf '#!/bin/sh\n%s\n' "$PIP" > "$t/bin/pip"; chmod +x "$t/bin/pip"
+head -c 20480 /dev/zero > "$t/bin/python3"
+"""
+
+
+def _build(tmp_path: Path, floor_kib: int, pip: str, **extra: str) -> tuple[int, str, Path]:
+    root = tmp_path / "vllm"
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    argv = ["sh", "-s", "--", str(root), "r2", str(python), str(floor_kib), "110", MARKER, '{"id": "r2"}',
+            "install", "vllm==0.33.0"]  # fmt: skip
+    env = {**os.environ, "PIP": pip, **extra}
+    done = subprocess.run(argv, input=vllm.BUILD, capture_output=True, text=True, env=env, check=False)
+    return done.returncode, done.stderr, root / "releases"
+
+
+def test_the_build_writes_the_marker_last(tmp_path: Path) -> None:
+    rc, err, releases_dir = _build(tmp_path, 1, "exit 0")
+    assert rc == 0, err
+    assert json.loads((releases_dir / "r2" / MARKER).read_text()) == {"id": "r2"}
+    assert (releases_dir / "r2" / MARKER).stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in (releases_dir / "r2").iterdir() if p.name.endswith("fleet-tmp")] == []
+
+
+def test_not_enough_space_is_refused_before_anything_is_written_with_both_numbers(tmp_path: Path) -> None:
+    free_kib = shutil.disk_usage(tmp_path).free // 1024
+    rc, err, releases_dir = _build(tmp_path, free_kib + 10 * 1024 * 1024, "exit 0")
+    assert rc == 28, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("release r2: No space left on device (ENOSPC): needs ")
+    needs = re.search(r"needs (\d+) MiB \(no release here to measure: a venv with pip\), (\d+) MiB free on ", line)
+    assert needs is not None and int(needs[1]) > int(needs[2]) > 0, line
+    assert " mounted at " in line and line.endswith("nothing was written")
+    assert list(releases_dir.iterdir()) == []
+
+
+def test_the_largest_release_on_the_host_is_what_a_new_one_needs(tmp_path: Path) -> None:
+    old = tmp_path / "vllm" / "releases" / "r1"
+    old.mkdir(parents=True)
+    (old / MARKER).write_text("{}\n")
+    (old / "blob").write_bytes(b"x" * (3 * 1024 * 1024))
+    rc, err, _rel = _build(tmp_path, 1, "exit 0")
+    assert rc == 0, err  # plenty of room here
+    measured = re.search(
+        r"needs (\d+) MiB \(the largest release here, r1, is (\d+) MiB, \+10%\)", _measure_need(tmp_path)
+    )
+    assert measured is not None
+    need, largest = int(measured[1]), int(measured[2])
+    assert largest in (3, 4) and need in (largest, largest + 1)  # du's KiB, + 10 %, rounded up to MiB
+
+
+def _measure_need(tmp_path: Path) -> str:
+    """The build's own account of what it needs, by making it refuse (TMPDIR-independent)."""
+    script = vllm.BUILD.replace('if [ "$free" -lt "$need" ]', "if true")
+    argv = ["sh", "-c", script, "fleet-release", str(tmp_path / "vllm"), "r3", "false", "1", "110", MARKER, "{}"]
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stderr
+
+
+def test_a_full_disk_during_pip_is_named_and_the_half_built_release_removed(tmp_path: Path) -> None:
+    pip = 'echo "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device" >&2; exit 1'
+    rc, err, releases_dir = _build(tmp_path, 1, pip)
+    assert rc == 28, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("release r2: No space left on device (ENOSPC) during pip install: needed more than the ")
+    assert "MiB were free on " in last and last.endswith("the half-built release was removed")
+    assert "[Errno 28]" in err  # pip's own line, above
+    assert list(releases_dir.iterdir()) == []
+
+
+def test_another_failure_is_not_called_a_full_disk_and_is_cleaned_up(tmp_path: Path) -> None:
+    rc, err, releases_dir = _build(tmp_path, 1, 'echo "ERROR: No matching distribution found for vllm" >&2; exit 1')
+    assert rc == 1, err
+    assert "No matching distribution found for vllm" in err
+    assert err.strip().splitlines()[-1] == "release r2: pip install failed; the half-built release was removed"
+    assert "ENOSPC" not in err and list(releases_dir.iterdir()) == []
+    rc, err, releases_dir = _build(tmp_path, 1, "exit 0", VENV_FAILS="1")
+    assert rc == 1 and "ensurepip" in err and "python3 -m venv (ensurepip) failed" in err, err
+    assert list(releases_dir.iterdir()) == []
+
+
+def test_activate_flips_current_under_the_hosts_switch_lock() -> None:
+    from fleet.operations.vllm import SWITCH_SH
+
     first = run_op(vllm.activate, {key(VllmReleases, root=ROOT): releases((1, 1, "a"))}, release_id="a", root=ROOT)
-    assert first.texts == [
-        f"ln -sfn releases/a {ROOT}/.current.fleet-tmp && mv -fT {ROOT}/.current.fleet-tmp {ROOT}/current"
-    ]
+    assert first.texts == [shlex.join(["sh", "-c", f"set -e; r=$1; rel=$2; {SWITCH_SH}", "fleet-activate", ROOT, "a"])]
     second = run_op(
         vllm.activate, {key(VllmReleases, root=ROOT): releases((1, 1, "a"), (2, 1, "b"), current="a")},
         release_id="b", root=ROOT,
     )  # fmt: skip
-    assert second.texts == [
-        f"ln -sfn releases/a {ROOT}/.previous.fleet-tmp && mv -fT {ROOT}/.previous.fleet-tmp {ROOT}/previous",
-        f"ln -sfn releases/b {ROOT}/.current.fleet-tmp && mv -fT {ROOT}/.current.fleet-tmp {ROOT}/current",
-    ]
+    assert second.texts == [shlex.join(["sh", "-c", f"set -e; r=$1; rel=$2; {SWITCH_SH}", "fleet-activate", ROOT, "b"])]
     again = {key(VllmReleases, root=ROOT): releases((1, 1, "a"), (2, 1, "b"), current="b", previous="a")}
     assert run_op(vllm.activate, again, release_id="b", root=ROOT).texts == []
+
+
+def _switch(tmp_path: Path, rel: str) -> subprocess.CompletedProcess[str]:
+    from fleet.operations.vllm import switch_command
+
+    return subprocess.run(switch_command(str(tmp_path), rel), shell=True, capture_output=True, text=True, check=False)
+
+
+def test_the_switch_script_flips_current_and_previous_atomically_and_is_a_no_op_when_current(tmp_path: Path) -> None:
+    """The shell itself, run here by ``sh`` (flock(1) from util-linux, as on every host)."""
+    for r in ("a", "b"):
+        (tmp_path / "releases" / r).mkdir(parents=True)
+    assert _switch(tmp_path, "a").returncode == 0
+    assert os.readlink(tmp_path / "current") == "releases/a" and not (tmp_path / "previous").exists()
+    assert _switch(tmp_path, "b").returncode == 0
+    assert (os.readlink(tmp_path / "current"), os.readlink(tmp_path / "previous")) == ("releases/b", "releases/a")
+    assert _switch(tmp_path, "b").returncode == 0  # already current: previous stays what it was
+    assert os.readlink(tmp_path / "previous") == "releases/a"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".fleet-switch.lock", "current", "previous", "releases"]
+
+
+def test_concurrent_switches_on_one_host_never_collide(tmp_path: Path) -> None:
+    """Issue 25.2: two instances of one host switching in one batch wrote the same temporary link
+    2-3 ms apart (``mv: cannot stat``). Under the host's lock, 4 at once, 30 rounds: all succeed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for r in ("a", "b"):
+        (tmp_path / "releases" / r).mkdir(parents=True)
+    with ThreadPoolExecutor(4) as pool:
+        for n in range(30):
+            rel = "ab"[n % 2]
+            done = list(pool.map(lambda _i, rel=rel: _switch(tmp_path, rel), range(4)))
+            assert [d.returncode for d in done] == [0] * 4, [d.stderr for d in done]
+            assert os.readlink(tmp_path / "current") == f"releases/{rel}"
+            if n:
+                assert os.readlink(tmp_path / "previous") == f"releases/{'ab'[(n + 1) % 2]}"
+    assert not [p for p in tmp_path.iterdir() if "fleet-tmp" in p.name]  # no temporary link left
 
 
 @pytest.mark.parametrize(

@@ -373,7 +373,12 @@ def test_hosts_with_identical_planning_inputs_share_one_plan(monkeypatch: pytest
 
     monkeypatch.setattr(outcomes, "plan_host", counting)
     gpu = {"sku": "l40s-48gb", "count": 4}
-    hosts = (spec("a", gpu=gpu), spec("b", gpu=gpu), spec("c", gpu=gpu, port=9000), spec("d", gpu={**gpu, "count": 2}))
+    hosts = (
+        spec("a", gpu=gpu, ssh_hostname="10.1.0.1"),
+        spec("b", gpu=gpu, ssh_hostname="10.1.0.2", ssh_port=2222),  # another machine: its place is no input
+        spec("c", gpu=gpu, port=9000),
+        spec("d", gpu={**gpu, "count": 2}),
+    )
     inv = outcomes.LoadedInventory("tests/inventory.py", None, hosts)  # type: ignore[arg-type]
     result = outcomes.plan_inventory(inv)
     assert calls == ["a", "c", "d"]  # b shares a's plan; c differs in port, d in GPUs

@@ -59,12 +59,18 @@ def test_revisions_pair_each_unit_with_its_env_file() -> None:
     [
         ([], {}),
         (
-            ["state vllm-0 active", "live vllm-0 aaaa", "stored vllm-0 20 bbbb", "stored vllm-0 10 aaaa"],
+            ["state vllm-0 active", "runs vllm-0 /opt/fleet/vllm/releases/r1/bin/python", "live vllm-0 aaaa",
+             "stored vllm-0 20 bbbb", "stored vllm-0 10 aaaa"],
             {"vllm-0": {"state": "active", "live": "aaaa", "stored": [{"id": "aaaa", "mtime": 10},
-                                                                       {"id": "bbbb", "mtime": 20}]}},
+                                                                       {"id": "bbbb", "mtime": 20}],
+                        "exe": "/opt/fleet/vllm/releases/r1/bin/python"}},
         ),
-        (["state vllm-1 inactive"], {"vllm-1": {"state": "inactive", "live": None, "stored": []}}),
-        (["state vllm-1"], {"vllm-1": {"state": "unknown", "live": None, "stored": []}}),
+        (["state vllm-1 inactive", "runs vllm-1 "], {"vllm-1": {"state": "inactive", "live": None, "stored": [],
+                                                                "exe": None}}),
+        (["state vllm-1"], {"vllm-1": {"state": "unknown", "live": None, "stored": [], "exe": None}}),
+        # an interpreter path with a space is kept whole
+        (["runs vllm-2 /opt/my fleet/releases/r/bin/python"],
+         {"vllm-2": {"state": "unknown", "live": None, "stored": [], "exe": "/opt/my fleet/releases/r/bin/python"}}),
     ],
 )  # fmt: skip
 def test_parse_revisions(lines: list[str], expected: dict[str, object]) -> None:
@@ -122,3 +128,4 @@ def test_the_fact_command_run_by_a_real_shell_lists_complete_revisions_only(tmp_
     found = parse_revisions(out.splitlines())["vllm-0"]
     assert [s["id"] for s in found["stored"]] == ["aaaa"]
     assert found["live"] == REV.id
+    assert found["exe"] is None  # no such unit: no main process

@@ -145,6 +145,16 @@ def test_admit_keeps_one_serving_instance_per_host() -> None:
     assert admit(((refs[0],),), [refs[1]], 5, {"h0": 2}, whole_host=True).admitted
 
 
+def test_an_instance_already_down_may_restart_even_when_its_whole_host_is_down() -> None:
+    """Every instance of a host out of service (e.g. held out of traffic by a balancer whose
+    backend is new): restarting one of them takes no serving instance away from the host."""
+    refs = fleet(2, 2)
+    a = admit(((refs[0],),), refs, 1, {"h0": 2, "h1": 2})
+    assert a.admitted == ((refs[0],),) and not a.blocked
+    # one already down, the other serving: the serving one still may not go
+    assert admit(((refs[1],),), [refs[0]], 5, {"h0": 2, "h1": 2}).blocked
+
+
 # ---- properties ---------------------------------------------------------------------------------
 
 sizes_st = st.lists(st.one_of(st.integers(1, 6), st.sampled_from(["10%", "25%", "50%", "100%", -1])), max_size=4)

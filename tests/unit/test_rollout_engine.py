@@ -84,6 +84,9 @@ class SimFleet:
         self.down_from: dict[str, float] = {}
         self.log: list[str] = []
         self.max_down = 0
+        #: report when a down host was last heard from (``InstanceFacts.unreachable_since``), as the
+        #: SSH executor does; off: the engine decides at once, as for an executor that cannot say
+        self.report_since = False
 
     # -- helpers -------------------------------------------------------------------------------
     def _down(self, host: str) -> bool:
@@ -112,7 +115,8 @@ class SimFleet:
     def facts(self, ref: InstanceRef) -> InstanceFacts:
         s = self.instances[ref]
         if self._down(ref.host):
-            return InstanceFacts(ref, unreachable="ssh: connect to host timed out")
+            since = self.down_from[ref.host] if self.report_since else None
+            return InstanceFacts(ref, unreachable="ssh: connect to host timed out", unreachable_since=since)
         self._tick(s)
         gpus = tuple(s.gpu) + ((self.foreign[ref],) if ref in self.foreign else ())
         return InstanceFacts(
@@ -393,7 +397,8 @@ REF = InstanceRef("h0", "i0")
 
 def one(phase: Phase, **changes: object) -> RolloutState:
     state = new_rollout("r", "lab", "rollout", [Target(REF, "v2", "m2")], POLICY, 0.0)
-    inst = replace(InstanceState(REF, Target(REF, "v2", "m2")), phase=phase, first_step_at=0.0, **changes)  # type: ignore[arg-type]
+    changes = {"first_step_at": 0.0, **changes}
+    inst = replace(InstanceState(REF, Target(REF, "v2", "m2")), phase=phase, **changes)  # type: ignore[arg-type]
     return replace(state, current=(REF,), instances={REF: inst})
 
 
@@ -441,11 +446,15 @@ def test_decide_drain_timeout_goes_on_to_stop() -> None:
     assert d.actions[0].kind is Act.STOP
 
 
-def test_decide_unreachable_before_any_change_fails_untouched() -> None:
-    state = replace(one(Phase.PENDING), policy=replace(POLICY, on_failure=OnFailure.HALT))
+def test_decide_unreachable_before_any_change_skips_it_untouched() -> None:
+    state = replace(one(Phase.PENDING, first_step_at=None), policy=replace(POLICY, on_failure=OnFailure.HALT))
     d = decide(state, Observations(5.0, {REF: InstanceFacts(REF, unreachable="no route to host")}), 5.0)
-    assert d.state.status is RolloutStatus.HALTED
-    assert "host unreachable before any change: no route to host" in d.state.reason
+    inst = d.state.inst(REF)
+    assert inst.phase is Phase.SKIPPED and not inst.touched and d.actions == ()
+    assert inst.failure == "skipped: host h0 unreachable before any change (no route to host)"
+    d = decide(d.state, Observations(6.0, {}), 6.0)  # the next tick: no batch left
+    assert d.state.status is RolloutStatus.HALTED  # the rollout did not do everything: not "done"
+    assert d.state.reason.startswith("1 instance(s) skipped, never touched: host(s) h0 unreachable (h0/i0)")
 
 
 def test_decide_progress_deadline_fails_the_batch() -> None:
@@ -742,3 +751,278 @@ def test_a_drain_hook_on_a_host_that_went_down_fails_the_instance_before_any_sto
     assert h1.phase is Phase.ROLLBACK_FAILED and "host unreachable" in h1.rollback_failure
     assert "rollback failed on h1/i0 (host unreachable" in state.reason
     assert sim.releases() == {"h0/i0": "v2", "h1/i0": "v1"}  # the canary's batch stays
+
+
+# ---- a host that goes silent: the engine decides within unreachable_timeout_s of its last answer ------
+
+
+def silent(since: float | None, **changes: object) -> Observations:
+    """``REF``'s host did not answer; last heard from at ``since`` (None: the executor cannot say)."""
+    f = InstanceFacts(REF, unreachable="host h0: SSH failed: unreachable: no answer", unreachable_since=since)
+    return Observations(5.0, {REF: replace(f, **changes)})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("phase", "changes", "heard_ago", "next_phase", "failure"),
+    [
+        # within unreachable_timeout_s (10 s) of its last answer: not decided yet, whatever the phase
+        (Phase.GATES, {"changed": True}, 9.9, Phase.GATES, ""),
+        (Phase.DRAINING, {}, 3.0, Phase.DRAINING, ""),
+        (Phase.PENDING, {"first_step_at": None}, 9.0, Phase.PENDING, ""),
+        # past it: an instance in the middle of its restart fails; one not touched yet is skipped
+        (Phase.GATES, {"changed": True}, 10.0, Phase.FAILED, "host unreachable for 10s during gates: "),
+        (Phase.START, {"changed": True}, 25.0, Phase.FAILED, "host unreachable for 25s during start: "),
+        (Phase.DRAINING, {}, 12.0, Phase.FAILED, "host unreachable for 12s before any change: "),
+        (Phase.PENDING, {"first_step_at": None}, 10.0, Phase.SKIPPED, "skipped: host h0 unreachable for 10s "),
+    ],
+)
+def test_decide_on_a_silent_host_waits_unreachable_timeout_s_then_decides(
+    phase: Phase, changes: dict[str, object], heard_ago: float, next_phase: Phase, failure: str
+) -> None:
+    now = 100.0
+    state = replace(one(phase, **changes), policy=replace(POLICY, on_failure=OnFailure.HALT))
+    d = decide(state, silent(now - heard_ago), now)
+    inst = d.state.inst(REF)
+    assert inst.phase is next_phase and d.actions == ()
+    assert inst.failure.startswith(failure)
+    if not failure:
+        assert inst.note.startswith("h0/i0: host h0 unreachable for ") and "(deciding at 10s" in inst.note
+        assert d.state.status is RolloutStatus.RUNNING
+    else:
+        if d.state.status is RolloutStatus.RUNNING:  # skipped: the batch is over; the next tick ends it
+            d = decide(d.state, Observations(now, {}), now)
+        assert d.state.status is RolloutStatus.HALTED and "h0" in d.state.reason
+
+
+def test_decide_on_a_silent_host_with_no_since_decides_at_once() -> None:
+    """An executor that cannot say when the host was last heard from: decided on the first report."""
+    state = replace(one(Phase.GATES, changed=True), policy=replace(POLICY, on_failure=OnFailure.HALT))
+    d = decide(state, silent(None), 5.0)
+    assert d.state.inst(REF).phase is Phase.FAILED
+    assert d.state.inst(REF).failure.startswith("host unreachable during gates: host h0: SSH failed: unreachable")
+
+
+def _between(counts: Sequence[int], max_unavailable: int, down: dict[str, float], now: float) -> RolloutState:
+    """A rollout between batches over ``counts`` instances per host, after the canary (h0/i0) is done;
+    hosts in ``down`` last answered at the given times."""
+    refs = [InstanceRef(f"h{h}", f"i{i}") for h, n in enumerate(counts) for i in range(n)]
+    policy = replace(POLICY, batches=(1, -1), max_unavailable=max_unavailable, whole_host=False)
+    state = new_rollout("r", "lab", "restart", [Target(r, "v1", "m1", restart=True) for r in refs], policy, 0.0)
+    canary = state.batches[0][0][0]
+    inst = replace(state.inst(canary), phase=Phase.DONE, first_step_at=1.0, changed=True)
+    return replace(state, batch_index=1, instances={**state.instances, canary: inst}, last_progress_at=now - 1)
+
+
+def _seen(state: RolloutState, down: dict[str, float]) -> Observations:
+    out = {}
+    for ref in state.instances:
+        if ref.host in down:
+            out[ref] = InstanceFacts(ref, unreachable=f"host {ref.host}: SSH failed: unreachable: no answer",
+                                     unreachable_since=down[ref.host])  # fmt: skip
+        else:
+            out[ref] = InstanceFacts(ref, unit=UnitState("active", "running", 0, 5), release="v1", serving=True)
+    return Observations(0.0, out)
+
+
+def test_between_batches_a_silent_host_in_the_next_batch_is_waited_for_then_skipped_within_the_budget() -> None:
+    now = 100.0
+    # h0, h1, h2 with 2 instances each; budget 3: h1's two instances down leave room for one more
+    state = _between([2, 2, 2], 3, {"h1": now - 4}, now)
+    d = decide(state, _seen(state, {"h1": now - 4}), now)
+    assert d.state.status is RolloutStatus.RUNNING and d.actions == () and not d.state.current
+    assert d.waits == (
+        "batch 2: h1/i0: host h1 unreachable for 4s (deciding at 10s, unreachable_timeout_s): "
+        "host h1: SSH failed: unreachable: no answer",
+    )
+    later = now + 6  # 10 s since h1 last answered
+    d = decide(state, _seen(state, {"h1": now - 4}), later)
+    skipped = [r for r, i in d.state.instances.items() if i.phase is Phase.SKIPPED]
+    assert [str(r) for r in skipped] == ["h1/i0"]  # the one of this batch; h1/i1's batch has not come
+    assert d.state.inst(InstanceRef("h1", "i0")).failure.startswith("skipped: host h1 unreachable for 10s")
+    assert d.state.status is RolloutStatus.RUNNING
+    assert [str(r) for r in d.state.current] == ["h2/i0"]  # what the budget allows: 2 down + 1
+    assert [a.ref for a in d.actions] == [InstanceRef("h2", "i0")]
+
+
+def test_between_batches_a_silent_host_that_spends_the_budget_halts_at_once_naming_it() -> None:
+    now = 100.0
+    # the lab's shape: 2 hosts with 2 instances each, budget 1; h1 silent for 12 s
+    state = _between([2, 2], 1, {"h1": now - 12}, now)
+    d = decide(state, _seen(state, {"h1": now - 12}), now)
+    assert d.state.status is RolloutStatus.HALTED, d.state.reason
+    assert d.state.reason.startswith("batch 2 cannot start: host h1 unreachable for 12s (host h1: SSH failed: ")
+    assert "max_unavailable is 1 and 2 instance(s) are already not serving (h1/i0, h1/i1)" in d.state.reason
+    assert d.actions == ()
+
+
+def test_skipped_instances_end_the_rollout_halted_with_what_to_do(tmp_path: Path) -> None:
+    from fleet.rollout.advice import next_steps
+
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1, 1])
+    sim.report_since = True
+    sim.down_from["h2"] = clock.now  # silent from the start: never touched
+    state, journal = run(
+        tmp_path, sim, replace(POLICY, batches=(1, -1), max_unavailable=2), kind="restart", release="v1"
+    )
+    assert state.status is RolloutStatus.HALTED
+    assert state.reason == (
+        "1 instance(s) skipped, never touched: host(s) h2 unreachable (h2/i0); every other instance is done"
+    )
+    assert state.inst(InstanceRef("h2", "i0")).phase is Phase.SKIPPED
+    assert "h2/i0" not in sim.touched()
+    assert {str(r) for r, i in state.instances.items() if i.phase is Phase.DONE} == {"h0/i0", "h1/i0"}
+    lines = next_steps(state)
+    assert (
+        "not touched, host h2 did not answer: h2/i0; once it does, run the restart again for it (`--limit h2`)" in lines
+    )
+    assert journal.history("lab")[0].status == "halted"
+
+
+def test_a_host_silent_during_its_restart_is_decided_within_30_s_of_its_last_answer(tmp_path: Path) -> None:
+    """The scenario of the partition: the host stops answering while its instance is at its gates;
+    the executor reports it unreachable (with when it was last heard from) from then on. The batch
+    fails and the restart halts once unreachable_timeout_s has passed, naming the host."""
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1, 1, 1])
+    sim.report_since = True
+    silent_at = clock.now + 24  # while batch 2 (h1, h2) soaks
+    sim.down_from["h2"] = silent_at
+    halted_at: list[float] = []
+
+    class Watch(Journal):
+        def save(self, state: RolloutState, now: float) -> None:
+            if state.status is RolloutStatus.HALTED and not halted_at:
+                halted_at.append(now)
+            super().save(state, now)
+
+    journal = Watch(tmp_path / "journal.sqlite")
+    policy = replace(POLICY, on_failure=OnFailure.HALT)
+    state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), policy, clock.now)
+    journal.begin(state)
+    final = Runner(sim, journal, clock=clock, sleep=clock.sleep).run(state)
+    assert final.status is RolloutStatus.HALTED
+    h2 = final.inst(InstanceRef("h2", "i0"))
+    assert h2.phase is Phase.FAILED and h2.failure.startswith("host unreachable for 1")
+    assert "during gates: ssh: connect to host timed out" in h2.failure
+    assert final.reason.startswith("batch 2 failed (h2/i0: host unreachable for ")
+    assert halted_at and policy.unreachable_timeout_s <= halted_at[0] - silent_at <= 30, halted_at[0] - silent_at
+    assert "h3/i0" not in sim.touched()
+
+
+# ---- stopping: between steps, and at once (a second Ctrl-C) ---------------------------------------------
+
+
+def test_a_stop_between_steps_journals_an_interrupted_step_and_stays_resumable(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    journal = Journal(tmp_path / "journal.sqlite")
+    state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), POLICY, clock.now)
+    journal.begin(state)
+    asked = iter([False, False, True])
+    runner = Runner(sim, journal, clock=clock, sleep=clock.sleep, should_stop=lambda: next(asked, True))
+    final = runner.run(state)
+    assert final.status is RolloutStatus.RUNNING
+    (mark,) = [s for s in journal.steps("r1") if s.action == "interrupted"]
+    assert (mark.instance, mark.detail, mark.outcome) == (None, "stopped between steps on request", "interrupted")
+    assert journal.latest_state("r1").status is RolloutStatus.RUNNING
+
+
+#: Run in a fresh interpreter: another test of the session may have monkey-patched threading with
+#: gevent (``fleet deploy``'s CLI does), and this one is about real threads and a real SIGINT.
+_HARD_ABORT = """
+import json, os, signal, sys, threading, time
+from dataclasses import replace
+from pathlib import Path
+from tests.unit.test_rollout_engine import POLICY, Clock, SimFleet, targets
+from fleet.rollout.advice import left_down
+from fleet.rollout.engine import new_rollout
+from fleet.rollout.journal import Journal
+from fleet.rollout.policy import Hooks
+from fleet.rollout.runner import Runner
+
+clock = Clock()
+sim = SimFleet(clock, [1, 1, 1, 1])
+release = threading.Event()
+sim.stop_unit = lambda ref: release.wait(30)
+journal = Journal(Path(sys.argv[1]))
+state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), replace(POLICY, batches=(2, -1), hooks=Hooks()),
+                    clock.now)
+journal.begin(state)
+runner = Runner(sim, journal, clock=clock, sleep=clock.sleep)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()  # a real Ctrl-C: EINTR in the wait
+t0 = time.monotonic()
+try:
+    runner.run(state)
+    raised = False
+except KeyboardInterrupt:
+    raised = True
+took = time.monotonic() - t0
+stops = [s.outcome for s in journal.steps("r1") if s.action == "stop"]
+print(json.dumps({"raised": raised, "took": took, "down": sorted(str(i.ref) for i in left_down(runner.state)),
+                  "stops": stops}))
+release.set()
+"""
+
+
+def test_a_hard_abort_does_not_wait_for_steps_in_flight_and_the_state_knows_what_was_stopped(tmp_path: Path) -> None:
+    """A second Ctrl-C (SIGINT: KeyboardInterrupt in the main thread) while two stops hang on their
+    hosts: the runner gives up at once (the calls are left to their own deadlines), and its
+    ``state`` marks both instances as stopped by this rollout. (Before, the thread pool's exit
+    waited for the steps in flight.)"""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _HARD_ABORT, str(tmp_path / "journal.sqlite")], cwd=root,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["raised"] and out["took"] < 2.0, out
+    assert out["down"] == ["h0/i0", "h1/i0"], out
+    assert out["stops"] == [None, None], out  # journaled, not finished
+
+
+def test_the_abort_says_what_is_down_and_how_to_resume_and_journals_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import signal
+
+    from fleet.cli.rollout import _abort
+
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1])
+    journal = Journal(tmp_path / "journal.sqlite")
+    state = new_rollout("r1", "lab", "restart", targets(sim, "v1", True), POLICY, clock.now)
+    journal.begin(state)
+    ref = InstanceRef("h0", "i0")
+    stopping = replace(state.inst(ref), phase=Phase.STOP, changed=True, first_step_at=clock.now)
+    state = replace(state, current=(ref,), instances={**state.instances, ref: stopping})
+
+    class Closing:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    executor = Closing()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as exited:
+            _abort(state, executor, journal, True, "second signal (SIGINT, then SIGINT)")  # type: ignore[arg-type]
+    finally:
+        for s, h in handlers.items():  # _abort ignores further signals (the process ends right after)
+            signal.signal(s, h)
+    assert exited.value.code == 1 and executor.closed
+    out = json.loads(capsys.readouterr().out)
+    assert (out["id"], out["status"], out["down"]) == ("r1", "interrupted", ["h0/i0"])
+    assert out["next"][-1] == "resume with: fleet rollout --resume r1"
+    assert "h0/i0: not serving: this rollout stopped it and it is not back (last step: stop)" in out["next"]
+    (mark,) = [s for s in journal.steps("r1") if s.action == "interrupted"]
+    assert mark.detail == (
+        "aborted during a step on a second signal (SIGINT, then SIGINT); not serving (stopped by this rollout, "
+        "not back): h0/i0"
+    )
+    assert journal.latest_state("r1").status is RolloutStatus.RUNNING

@@ -202,3 +202,20 @@ def test_decide_waits_for_the_balancer_then_for_vllm() -> None:
     assert d.actions == () and "1 request(s) in flight" in d.waits[0]  # then vLLM's own count
     d = decide(d.state, facts(AdminState.DRAIN, 0, 0), 5.0)
     assert [a.kind for a in d.actions] == [Act.STOP]
+
+
+def test_no_session_on_the_balancer_and_none_in_vllm_is_a_stop_in_the_same_tick() -> None:
+    """Both counts come from one observation: a drained instance is stopped at once, not a probe
+    interval (2 s by default) after the balancer's count reached 0."""
+    ref = InstanceRef("h", "i0")
+    state = new_rollout("r", "f", "restart", [Target(ref, "v1", "m", restart=True)], LB_POLICY, 0.0)
+    unit = UnitState("active", "running", 0, 10)
+
+    def facts(admin: AdminState, sessions: int) -> Observations:
+        view = ServerView("b", "h:i0", admin, admin.value.upper(), sessions, 0)
+        return Observations(0, {ref: InstanceFacts(ref, unit, "v1", "m", serving=True, in_flight=0.0, lb=view)})
+
+    d = decide(state, facts(AdminState.READY, 0), 1.0)
+    assert [(a.kind, a.lb_state) for a in d.actions] == [(Act.LB, "drain")]
+    d = decide(d.state, facts(AdminState.DRAIN, 0), 2.0)
+    assert [a.kind for a in d.actions] == [Act.STOP]

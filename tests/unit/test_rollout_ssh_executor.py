@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fleet.cli.rollout import overrides_of
+from fleet.facts.releases import release_from_exe, release_of
 from fleet.rollout.gates import UnitState
 from fleet.rollout.policy import parse_policy
-from fleet.rollout.ssh_executor import parse_unit, release_from_exe, release_of
+from fleet.rollout.ssh_executor import parse_unit
 
 
 @pytest.mark.parametrize(
@@ -166,3 +167,73 @@ def test_next_steps_for_an_instance_whose_host_is_down_say_to_bring_it_back() ->
         for line in lines
     ), lines
     assert not any("journalctl" in line for line in lines)
+
+
+# ---- one line per failure (issue 25.8) -------------------------------------------------------------
+
+
+def test_a_script_is_named_in_errors_by_its_name_never_by_its_text() -> None:
+    from fleet.rollout.ssh_executor import command_label
+
+    assert command_label(["sh", "-c", "set -e; " + "x" * 1200, "fleet-switch", "/opt/fleet/vllm"]) == (
+        "the fleet-switch script"
+    )
+    assert command_label(["systemctl", "stop", "--", "fleet-vllm-0.service"]) == (
+        "`systemctl stop -- fleet-vllm-0.service`"
+    )
+    assert len(command_label(["echo", "y" * 500])) <= 102
+
+
+def test_a_failed_switch_says_what_failed_in_one_short_line() -> None:
+    """Before: the whole ~1,200-character switch script, 2-3 times over in the error."""
+    from fleet.facts.runner import SshTarget
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.executor import ExecutorError
+    from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
+
+    ref = InstanceRef("h0", "vllm-0")
+    spec = InstanceSpec(ref, "fleet-vllm-0.service", "http://127.0.0.1:8000", 8000, (0,), "m")
+    executor = SshExecutor({"h0": SshTarget("h0", "127.0.0.1")}, {ref: spec})
+    sent: list[tuple[str, str]] = []
+
+    def run(command: str, timeout: float, stdin: bytes = b"", *, resend: bool = True, label: str = "") -> object:
+        sent.append((command, label))
+        return 3, "", "release bad is not installed (no /opt/fleet/vllm/releases/bad/.fleet-release.json)\n"
+
+    executor._conns["h0"].run = run  # type: ignore[method-assign]
+    with pytest.raises(ExecutorError) as exc:
+        executor.flip_release(ref, "bad")
+    assert str(exc.value) == (
+        "host h0: the fleet-switch script exited 3: release bad is not installed "
+        "(no /opt/fleet/vllm/releases/bad/.fleet-release.json)"
+    )
+    assert len(sent[0][0]) > 1000 and sent[0][1] == "the fleet-switch script"  # the script went, not into errors
+
+
+def test_next_steps_name_every_instance_the_rollout_stopped_that_is_not_back() -> None:
+    from dataclasses import replace
+
+    from fleet.rollout.advice import left_down, next_steps
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.engine import Phase
+
+    state = _state("halted")
+    ref = InstanceRef("h0", "vllm-0")
+    failed = replace(
+        state.inst(ref),  # type: ignore[attr-defined]
+        phase=Phase.FAILED,
+        changed=True,
+        failure="stop failed: host h0: SSH failed: unreachable: no answer to SSH keepalives for 12s",
+    )
+    halted = replace(state, instances={**state.instances, ref: failed})  # type: ignore[type-var, attr-defined]
+    assert [i.ref for i in left_down(halted)] == [ref]  # type: ignore[arg-type]
+    lines = next_steps(halted)  # type: ignore[arg-type]
+    assert (
+        "h0/vllm-0 is not serving: this rollout stopped it and it is not back (stop failed: host h0: SSH failed: "
+        "unreachable: no answer to SSH keepalives for 12s). Bring h0 back, then run the rollout again (`--limit h0`)"
+    ) in lines, lines
+    stopped = next_steps(replace(halted, status=_state("running").status, reason=""))  # type: ignore[type-var, attr-defined]
+    assert stopped[-1] == "stopped between steps; resume with: fleet rollout --resume R1"
+    assert any(
+        line.startswith("h0/vllm-0 is not serving: this rollout stopped it and it is not back") for line in stopped
+    )

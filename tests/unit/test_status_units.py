@@ -64,6 +64,20 @@ def test_recorded_lab_answer() -> None:
     assert got["h1/vllm-1"].gpu_memory_used == 0 and got["h1/vllm-1"].state == "inactive/dead"
 
 
+def test_each_row_shows_the_release_its_process_runs() -> None:
+    """After a canary (or a halted rollout) one instance runs another release than ``current``
+    names: the row says what it runs (issue 25: status showed the link, not the process)."""
+    from .test_units_fact import A_RELEASE, ANOTHER
+
+    targets = [target("h1", i, (i,)) for i in range(3)]
+    got = unit_facts(targets, {"h1": HostStatusProbe().process(ANOTHER)})
+    assert (got["h1/vllm-1"].release, got["h1/vllm-1"].vllm_version) == ("next", "0.33.1")
+    assert got["h1/vllm-1"].venv == "/opt/fleet/vllm/releases/next"
+    assert (got["h1/vllm-0"].release, got["h1/vllm-0"].vllm_version) == (A_RELEASE, "0.33.0")
+    assert got["h1/vllm-0"].venv == f"/opt/fleet/vllm/releases/{A_RELEASE}"
+    assert got["h1/vllm-2"].release == A_RELEASE and got["h1/vllm-2"].state == "inactive/dead"
+
+
 def test_gpu_memory_edge_cases() -> None:
     # NVML refused the process list: unknown, not zero
     assert gpu_memory_of(T0, rtx4090_2(None)) is None

@@ -32,10 +32,47 @@ def test_recorded_output() -> None:
         "restarts": 0,
         "main_pid": 901,
         "uptime_seconds": pytest.approx(5.12, abs=0.01),  # now 1795384974.12 - ExecMainStart @1795384969
+        # recorded before the command read each unit's interpreter: what current names
+        "exe": None,
+        "release": RELEASE,
+        "vllm_version": "0.33.0",
     }
     assert u1["active_state"] == "inactive" and u1["sub_state"] == "dead"
     assert u1["uptime_seconds"] is None and u1["main_pid"] is None
     assert set(got["units"]) == {"fleet-vllm-0.service", "fleet-vllm-1.service"}
+
+
+#: ``HostStatusProbe().command()`` run on a lab host (8x H100 SXM, systemd 252) that ``fleet deploy``
+#: took to serving, after: a copy of its release relocated to ``releases/next`` (its marker edited
+#: to say vLLM 0.33.1, to tell the two apart), ``fleet-vllm-1`` restarted with ``current`` on
+#: ``next``, ``current`` put back, and ``fleet-vllm-2`` stopped. As after a canary or a halted
+#: rollout: ``current`` names one release, one instance runs another.
+ANOTHER = (FIXTURES / "lab-h100-8-one-on-another-release.txt").read_text().splitlines()
+A_RELEASE = "vllm-0.33.0-py3.11.2-19b227f6cd9e"
+
+
+def test_each_unit_runs_the_release_of_its_own_process_not_the_current_link() -> None:
+    got = HostStatusProbe().process(ANOTHER).units
+    assert got["release"] == A_RELEASE  # the host's current link
+    units = got["units"]
+    assert len(units) == 8
+    one, two = units["fleet-vllm-1.service"], units["fleet-vllm-2.service"]
+    assert one["exe"] == "/opt/fleet/vllm/releases/next/bin/python3"
+    assert one["release"] == "next" and one["vllm_version"] == "0.33.1"
+    assert two["active_state"] == "inactive" and two["exe"] is None
+    assert two["release"] == A_RELEASE  # stopped: it starts next on what current names
+    others = {name: (u["release"], u["vllm_version"]) for name, u in units.items() if name not in (
+        "fleet-vllm-1.service", "fleet-vllm-2.service")}  # fmt: skip
+    assert set(others.values()) == {(A_RELEASE, "0.33.0")}, others
+
+
+def test_an_interpreter_outside_the_releases_falls_back_to_current() -> None:
+    lines = [f"current releases/{RELEASE}", "root /srv/vllm", "unit Id=fleet-vllm-0.service", "unit ActiveState=active",
+             "unit MainPID=7", "exe fleet-vllm-0.service /usr/bin/python3", "unit end"]  # fmt: skip
+    info = process_units(lines)["units"]["fleet-vllm-0.service"]
+    assert info["exe"] == "/usr/bin/python3" and info["release"] == RELEASE
+    lines[-2] = "exe fleet-vllm-0.service /srv/vllm/releases/r9/bin/python"  # under this host's root
+    assert process_units(lines)["units"]["fleet-vllm-0.service"]["release"] == "r9"
 
 
 def test_recorded_combined_output() -> None:
