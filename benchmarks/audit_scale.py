@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from fleet.facts.runner import run_command, targets_from_inventory  # noqa: E402
 from fleet.inventory.load import load_pyinfra_inventory  # noqa: E402
-from fleet.lab import lab as lab_ops  # noqa: E402
+from fleetlab import lab as lab_ops  # noqa: E402
 
 PROBE = REPO / "fleet" / "facts" / "nvml_probe.py"
 VENV = "/home/fleet/nvml-venv"
@@ -169,7 +169,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+    from fleetlab.netguard import guarded  # tests and benchmarks reach only loopback
 
     with guarded("benchmarks/audit_scale.py"):
         main()

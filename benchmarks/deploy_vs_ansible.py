@@ -111,7 +111,7 @@ KEY = "bench-" + base64.b32encode(os.urandom(10)).decode().lower()
 
 
 def seed(lab: Any, i: int) -> None:
-    from fleet.lab import ssh
+    from fleetlab import ssh
 
     h = lab.state.hosts[i]
     client = ssh.connect(h.address, lab.state.ssh_port, lab.dir.control_key, lab.dir.known_hosts)
@@ -131,8 +131,8 @@ def seed(lab: Any, i: int) -> None:
 
 class Lab:
     def __init__(self, hosts: int, root: Path, tag: str) -> None:
-        from fleet.lab import lab as lab_ops
-        from fleet.lab.state import LabDir
+        from fleetlab import lab as lab_ops
+        from fleetlab.state import LabDir
 
         sys.path.insert(0, str(REPO))
         from tests.lab.conftest import free_octet  # an address block nothing else listens on
@@ -542,7 +542,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+    from fleetlab.netguard import guarded  # tests and benchmarks reach only loopback
 
     with guarded("benchmarks/deploy_vs_ansible.py"):
         main()

@@ -39,7 +39,8 @@ sys.path.insert(0, str(REPO))
 
 from fleet.rollout.batches import InstanceRef  # noqa: E402
 from fleet.rollout.engine import Act, Action, Target, new_rollout  # noqa: E402
-from fleet.rollout.journal import Journal, RolloutJournal, open_journal  # noqa: E402
+from fleet.rollout.journal import Journal, RolloutJournal  # noqa: E402
+from fleet.rollout.journals import open_journal  # noqa: E402
 from fleet.rollout.policy import RolloutPolicy  # noqa: E402
 from tests.postgres import private_cluster  # noqa: E402
 

@@ -53,7 +53,7 @@ def fleet_times(hosts: int, cold: bool, inventory: Path) -> dict[str, float]:
 
 def by_hand(hosts: int) -> float:
     """Boot N plain nspawn containers from a copied base and wait for their consoles to settle."""
-    from fleet.lab import base as base_mod
+    from fleetlab import base as base_mod
 
     base = base_mod.base_path(base_mod.DEFAULT_CACHE_DIR, base_mod.DEFAULT_SUITE, base_mod.BASE_PACKAGES)
     if not base_mod.is_complete(base):
@@ -93,7 +93,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+    from fleetlab.netguard import guarded  # tests and benchmarks reach only loopback
 
     with guarded("benchmarks/lab_bringup.py"):
         main()

@@ -152,7 +152,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+    from fleetlab.netguard import guarded  # tests and benchmarks reach only loopback
 
     with guarded("benchmarks/monitor_status.py"):
         main()

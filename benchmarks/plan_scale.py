@@ -6,7 +6,7 @@ hosts that do not answer the probe cost.
 Writes a pyinfra inventory of two groups of identical hosts (half 8×H100 SXM serving
 Llama-3.1-70B, half 4×L40S serving Llama-3.1-8B, the shape of ``inventory/prod.py``), whose
 ``ssh_hostname`` are loopback addresses nothing listens on (``127.250.0.0/15``; the lab's are
-``127.0.x.y``), and runs, under the tests' network guard (``fleet/lab/netguard.py``: only loopback is
+``127.0.x.y``), and runs, under the tests' network guard (``fleetlab/netguard.py``: only loopback is
 reached, whatever the code does):
 
 * the real CLI, ``fleet plan INVENTORY --json --offline`` in a fresh process (what an operator
@@ -83,7 +83,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:
-    from fleet.lab.netguard import Guard as Netguard
+    from fleetlab.netguard import Guard as Netguard
 
 #: Loopback addresses nothing listens on (the lab's are 127.0.x.y): h100 hosts in 127.250/16, l40s in 127.251/16.
 SILENT_NET = str(ipaddress.ip_network("127.250.0.0/15", strict=True))
@@ -159,7 +159,7 @@ def blackholed(net: str, guard: Netguard) -> Iterator[None]:
     """SYNs this run sends to ``net`` port 22 are dropped (silent hosts) while inside. The rule
     matches the guard's cgroup only, so nothing else on the machine loses those addresses; the
     table goes away after, whatever happens."""
-    from fleet.lab import airgap
+    from fleetlab import airgap
 
     table = f"fleet_bench_blackhole_{os.getpid()}"
     path, level = airgap.cgroup_match(guard.cgroup)
@@ -216,7 +216,7 @@ def main(guard: Netguard | None) -> None:
 
 
 if __name__ == "__main__":
-    from fleet.lab.netguard import guarded
+    from fleetlab.netguard import guarded
 
     with guarded("benchmarks/plan_scale.py") as netguard:
         main(netguard)

@@ -49,9 +49,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from fleet.lab.index import build_standin_wheel, fetch_wheels  # noqa: E402
-from fleet.lab.nvml import build_shim  # noqa: E402
-from fleet.lab.profiles import load_profile  # noqa: E402
 from fleet.rollout.batches import InstanceRef  # noqa: E402
 from fleet.rollout.engine import Target, new_rollout  # noqa: E402
 from fleet.rollout.gates import Expect, Status, start_track, step  # noqa: E402
@@ -59,6 +56,9 @@ from fleet.rollout.journal import Journal  # noqa: E402
 from fleet.rollout.policy import GateTimeouts, RolloutPolicy  # noqa: E402
 from fleet.rollout.probe import InstanceProber  # noqa: E402
 from fleet.rollout.runner import Runner  # noqa: E402
+from fleetlab.index import build_standin_wheel, fetch_wheels  # noqa: E402
+from fleetlab.nvml import build_shim  # noqa: E402
+from fleetlab.profiles import load_profile  # noqa: E402
 from tests.lab import test_vllm_standin_local as standin  # noqa: E402
 from tests.lab.test_rollout_local import SERVED, ProcessExecutor  # noqa: E402
 
@@ -280,7 +280,7 @@ def lab_detect_fail_load(lab: Any, fleet: Any, journal: Path) -> float:
 
 
 def lab_main(hosts: int) -> None:
-    from fleet.lab import lab as lab_ops
+    from fleetlab import lab as lab_ops
     from tests.lab.conftest import free_octet
     from tests.lab.test_rollout_lab import bring_up_serving
 
@@ -342,7 +342,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from fleet.lab.netguard import guarded  # tests and benchmarks reach only loopback
+    from fleetlab.netguard import guarded  # tests and benchmarks reach only loopback
 
     with guarded("benchmarks/rollout_overhead.py"):
         main()

@@ -186,7 +186,7 @@ def prepare(lab_inventory: str, served: str, other: str) -> str:
     import runpy
 
     from fleet.facts.runner import SshTarget, run_command
-    from fleet.lab.models import staging_command
+    from fleetlab.models import staging_command
 
     groups = {k: v for k, v in runpy.run_path(lab_inventory).items() if isinstance(v, list) and not k.startswith("_")}
     text = []

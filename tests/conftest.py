@@ -7,7 +7,7 @@ Two layers, both on for every test:
   call, in the test's own traceback;
 * for what tests run as subprocesses (``fleet``, ssh, pip, Ansible, curl, Chromium), which
   in-process patching cannot see: this pytest process is moved into a cgroup of its own that an
-  nftables table matches (``fleet/lab/netguard.py``); every other destination is refused at
+  nftables table matches (``fleetlab/netguard.py``); every other destination is refused at
   once and recorded, and a test during which anything was refused fails (at its teardown), with
   the destinations. What the table lets through beyond loopback (this machine's own package
   sources, which the lab needs on a cold cache) is printed in the pytest header.
@@ -27,7 +27,7 @@ from types import FrameType
 
 import pytest
 
-from fleet.lab import netguard
+from fleetlab import netguard
 
 _GUARD = pytest.StashKey[netguard.Guard]()
 _WHY_NOT = pytest.StashKey[str]()
@@ -94,7 +94,7 @@ def _failure(refused: list[netguard.Refusal], packets: int, when: str) -> str:
     where = ", ".join(map(str, refused)) or f"{packets} packets (destinations not recorded: the set is full)"
     return (
         f"net guard: {when} connected outside loopback, refused: {where}. Tests reach only 127.0.0.0/8 and ::1 "
-        "(the lab's addresses); use --offline or a lab address (see fleet/lab/netguard.py)"
+        "(the lab's addresses); use --offline or a lab address (see fleetlab/netguard.py)"
     )
 
 

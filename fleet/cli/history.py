@@ -45,7 +45,8 @@ def history(
     be, never changed: what it still holds is shown, with what could not be read (exit 1).
     """
     from fleet.rollout.errors import JournalDamaged, NoJournal
-    from fleet.rollout.journal import locate, open_journal
+    from fleet.rollout.journal import locate
+    from fleet.rollout.journals import open_journal
 
     try:
         where = locate(journal_path)

@@ -1,6 +1,6 @@
-"""``fleet lab up / down / status``: a local fleet of real hosts to rehearse deploys on.
+"""``fleet lab up / down / status / restart``: a local fleet of real hosts to rehearse deploys on.
 
-Thin commands over :mod:`fleet.lab.lab`. Human output is a rich table with progress on stderr;
+Thin commands over :mod:`fleetlab.lab`. Human output is a rich table with progress on stderr;
 ``--json`` prints one JSON document on stdout (progress still goes to stderr). Errors print
 what is wrong and how to fix it, and exit 2.
 """
@@ -18,10 +18,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fleet.lab import lab as lab_ops
-from fleet.lab.errors import LabError
-from fleet.lab.inventory_writer import default_inventory
-from fleet.lab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT, LabDir
+from fleetlab import lab as lab_ops
+from fleetlab.errors import LabError
+from fleetlab.inventory_writer import default_inventory
+from fleetlab.state import DEFAULT_LAB_NAME, DEFAULT_STATE_ROOT, LabDir
 
 _err = Console(stderr=True, highlight=False)
 
@@ -208,3 +208,20 @@ def status(name: str, state_root: Path, as_json: bool) -> None:
         Console(highlight=False).print(_status_table(name, rows))
     healthy = state is not None and all(r.running and r.ssh == "ok" for r in rows)
     sys.exit(0 if healthy else 1)
+
+
+@lab.command()
+@_name_option
+@_state_option
+@click.argument("host")
+def restart(name: str, state_root: Path, host: str) -> None:
+    """Power-cycle one lab host (its reboot: /run and the loaded driver are forgotten, the disk stays).
+
+    What the lab writes as each host's reboot_command, so `fleet deploy --reboot` reboots a lab host
+    the lab's way, through its inventory. Exit 0 once its sshd answers again.
+    """
+    try:
+        seconds = lab_ops.restart_host(name, host, state_root, progress=_progress)
+    except LabError as exc:
+        _fail(str(exc), False)
+    _err.print(f"lab {name}: {host} restarted ({seconds:.1f} s)")

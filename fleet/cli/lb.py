@@ -38,12 +38,12 @@ def export(inventory: str, directory: Path, limit: tuple[str, ...], as_json: boo
     once it probed the host). Check a result with `haproxy -c -f DIR/<balancer>/haproxy.cfg`.
     """
     from fleet.lb.config import export_files, fleet_configs
-    from fleet.plan.outcomes import load_for_planning, plan_inventory
+    from fleet.plan.outcomes import build_fleet_plan, load_for_planning
     from fleet.render.units import write_tree
 
     try:
         loaded = load_for_planning(inventory, list(limit) or None)
-        outcomes = plan_inventory(loaded)
+        outcomes = build_fleet_plan(loaded).outcomes
         configs = fleet_configs(loaded, {o.spec.name: o.plan for o in outcomes})
     except FleetError as exc:
         fail(str(exc), as_json)

@@ -56,7 +56,7 @@ def export(
     from fleet.monitor.findings import load_findings
     from fleet.monitor.targets import scrape_warnings, targets_from_outcomes
     from fleet.monitor.thresholds import load_thresholds
-    from fleet.plan.outcomes import load_for_planning, plan_inventory
+    from fleet.plan.outcomes import build_fleet_plan, load_for_planning
     from fleet.render.units import write_tree
 
     options = ExportOptions(scrape_interval, evaluation_interval, node_exporter_port or None, audit_exporter)
@@ -65,7 +65,7 @@ def export(
     try:
         loaded = load_for_planning(inventory, list(limit) or None)
         thresholds = load_thresholds(loaded)
-        outcomes = plan_inventory(loaded)
+        outcomes = build_fleet_plan(loaded).outcomes
         targets = targets_from_outcomes(outcomes, loaded)
         found = load_findings(findings) if findings else None
         files = export_files(targets, thresholds, options, found, time.time(), inventory)
@@ -110,7 +110,7 @@ def print_observed(inventory: str, limit: tuple[str, ...], prometheus: str | Non
     from fleet.monitor.observed import observe_http, observe_prometheus, replan, report_data
     from fleet.monitor.targets import targets_from_outcomes
     from fleet.monitor.thresholds import is_duration
-    from fleet.plan.outcomes import load_for_planning, plan_inventory
+    from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 
     if prometheus is not None and not prometheus.startswith(("http://", "https://")):
         fail(f"--prometheus={prometheus!r}: a URL like http://prometheus.internal:9090", as_json)
@@ -125,7 +125,7 @@ def print_observed(inventory: str, limit: tuple[str, ...], prometheus: str | Non
                 hosts = [s.name for s in loaded.hosts if s.vllm_version == version]
                 observed.update(observe_prometheus(prometheus, hosts, window, version))
         else:
-            targets = targets_from_outcomes(plan_inventory(loaded), loaded)
+            targets = targets_from_outcomes(build_fleet_plan(loaded).outcomes, loaded)
             observed = observe_http(targets, seconds=seconds)
         reports = replan(loaded, observed)
     except FleetError as exc:

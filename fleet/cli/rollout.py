@@ -457,7 +457,7 @@ def _apply(
     from gevent import monkey
 
     monkey.patch_all()  # pyinfra's operations run on gevent (see ``fleet deploy``)
-    from fleet.cli.deploy import HostSteps, report
+    from fleet.cli.deploy_view import HostSteps, report
     from fleet.deploy.runner import deploy as run_deploy
 
     as_json = bool(opts["as_json"])

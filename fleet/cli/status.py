@@ -68,12 +68,12 @@ def status(
     from fleet.monitor.status import status_data
     from fleet.monitor.targets import targets_from_outcomes
     from fleet.monitor.thresholds import load_thresholds
-    from fleet.plan.outcomes import plan_inventory
+    from fleet.plan.outcomes import build_fleet_plan
 
     try:
         loaded = load_inventory(inventory, list(limit) or None)
         thresholds = load_thresholds(loaded)
-        outcomes = plan_inventory(loaded)
+        outcomes = build_fleet_plan(loaded).outcomes  # the fleet plan from the inventory's gpu data
         targets = targets_from_outcomes(outcomes, loaded)
         hosts = ssh_targets(loaded.pyinfra, targets) if ssh else []
         traffic = _traffic(loaded, targets, ssh)

@@ -8,7 +8,7 @@ The list follows what the operations read on a host where nothing changes (the r
 sees most): the driver's repository files, packages and loaded module; Python; the service
 user's groups, users and home; the releases; each instance's configuration revisions and unit
 state; each rendered unit and env file; whether the units (and the fabric manager, on NVSwitch
-hosts) are enabled.
+hosts) are enabled; the units' states, which the deploy reads after the operations.
 ``tests/lab/test_fleet_deploy_lab.py`` checks that a no-change re-run reads no fact on its own.
 """
 
@@ -26,15 +26,27 @@ from fleet.facts.driver import NvidiaKernelModule, PythonVersion
 from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.facts.releases import VllmReleases
 from fleet.facts.revisions import InstanceRevisions, fact_instances
+from fleet.facts.unit_states import UnitStates
 from fleet.operations import host as host_deploy
 from fleet.operations import nvidia, units, vllm
 from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.plan.planner import HostPlan
 from fleet.render.units import HostPaths
 
 
 def _file(path: str) -> list[FactRequest]:
     """What ``fleet.operations.files.atomic_file`` reads of ``path``."""
     return [FactRequest(Sha1File, {"path": path}), FactRequest(File, {"path": path})]
+
+
+def unit_state_units(plan: HostPlan, paths: HostPaths) -> tuple[tuple[str, tuple[str, str]], ...]:
+    """The ``UnitStates`` fact's argument for a host's plan: each unit with its unit and env file
+    (one definition, so the deploy's read after its operations hits the batch's answer)."""
+    return tuple(
+        (f"fleet-{i.unit_name}.service",
+         (f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"))
+        for i in plan.instances
+    )  # fmt: skip
 
 
 def vllm_host_facts(host: Host) -> list[FactRequest]:
@@ -67,4 +79,8 @@ def vllm_host_facts(host: Host) -> list[FactRequest]:
     for f in files:
         out += _file(f.path)
     out.append(FactRequest(SystemdEnabled, {"services": units.unit_names(files)}))
+    # read by the deploy after the operations (which units to start, which wait for a restart):
+    # from this batch where the operations ran no command on the host
+    plan = host_deploy.host_plan(host.name, data, host_deploy.probe(host))
+    out.append(FactRequest(UnitStates, {"units": unit_state_units(plan, paths)}))
     return out

@@ -23,11 +23,9 @@ from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.facts.serve_check import ServeCheck, ServeCheckResult
+from fleet.facts.units import OUR_UNIT_PREFIX
 from fleet.plan.planner import Flag, HostPlan
 from fleet.render.units import HostPaths
-
-#: systemd units that are ours: a GPU they hold will be released when we restart them.
-OUR_UNIT_PREFIX = "fleet-vllm-"
 
 
 @dataclass(frozen=True)

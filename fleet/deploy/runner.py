@@ -38,6 +38,7 @@ operations, no start, no rollout.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -58,8 +59,9 @@ from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
-from fleet.errors import FleetError
-from fleet.facts.drain import read_markers
+from fleet.errors import FleetError, ModelConfigError
+from fleet.escape import ssh_command
+from fleet.facts.drain import Drained, DrainMarker
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
@@ -69,9 +71,8 @@ from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
-from fleet.plan.outcomes import load_for_planning
+from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
-from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.advice import next_steps
 from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target
@@ -147,11 +148,11 @@ class DeployResult:
 def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     """Everything a deploy needs from each host's data, checked before any host is touched.
 
-    Returns the plans from the inventory's ``gpu`` entries (hosts without one: their model is
-    checked); the deploy plans each host again from its probe (``_probe_plans``).
+    Returns the plans from the inventory's ``gpu`` entries (the fleet plan before any probe; hosts
+    without one: their model is checked); the deploy plans each host again from its probe
+    (``_probe_plans``).
     """
-    from fleet.model.arch import load_model
-
+    declared = build_fleet_plan(loaded, deploy=True)
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
@@ -161,10 +162,13 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
             host_deploy.releases_kept(spec.name, data)
             host_deploy.release_spec(spec.name, data, "3")
             host_deploy.api_key(spec.name, data)
-            if spec.gpu is not None:
-                plans[spec.name] = host_deploy.host_plan(spec.name, data)
-            else:
-                load_model(spec.model, spec.model_config)
+            outcome = declared.host(spec.name)
+            if outcome.plan is not None:
+                plans[spec.name] = outcome.plan
+            elif outcome.refusal is not None and (
+                spec.gpu is not None or isinstance(outcome.refusal, ModelConfigError)
+            ):
+                raise outcome.refusal
         except FleetError as exc:
             problems.append(str(exc))
     if problems:
@@ -227,28 +231,68 @@ class ProbePlans:
         return [*self.waiting, *(n for n, p in self.plans.items() if p.gpus_source != "probe")]
 
 
-def _probe_plans(state: State, hosts: list[Host]) -> ProbePlans:
+def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> ProbePlans:
     """Probe the hosts' GPUs, all at once (the ``NvmlProbe`` fact, which the deploy's operations
-    then read without a second round trip), and plan each from what it has."""
+    then read without a second round trip), and plan each from what it has (the fleet plan)."""
     import gevent
 
     with ctx_state.use(state):
         greenlets = [gevent.spawn(host_deploy.probe, h) for h in hosts]
         gevent.joinall(greenlets)
+    probes = {h.name: g.get() for h, g in zip(hosts, greenlets, strict=True)}
+    these = dataclasses.replace(loaded, hosts=tuple(s for s in loaded.hosts if s.name in probes))
+    fleet_plan = build_fleet_plan(these, probes, deploy=True)
     out = ProbePlans()
-    for h, g in zip(hosts, greenlets, strict=True):
-        try:
-            out.plans[h.name] = host_deploy.host_plan(h.name, h.data.dict(), g.get())  # type: ignore[no-untyped-call]
-        except GpusNotKnownYet as exc:
-            out.waiting[h.name] = str(exc)
-        except FleetError as exc:  # GPUs unlike the inventory's entry, or nothing fits them
-            out.refused[h.name] = redact(str(exc))
+    for h in hosts:
+        outcome = fleet_plan.host(h.name)
+        if outcome.plan is not None:
+            out.plans[h.name] = outcome.plan
+        elif isinstance(outcome.refusal, GpusNotKnownYet):
+            out.waiting[h.name] = str(outcome.refusal)
+        else:  # GPUs unlike the inventory's entry, or nothing fits them
+            out.refused[h.name] = redact(str(outcome.refusal))
     return out
 
 
 def _over(failed: int, total: int, fail_percent: int) -> bool:
     """More than ``fail_percent`` % of ``total`` hosts failed (Ansible's ``max_fail_percentage``)."""
     return total > 0 and failed * 100 > fail_percent * total
+
+
+@dataclass
+class Budget:
+    """The deploy's failure budget (Ansible's ``max_fail_percentage``): the one check after every
+    phase. Over it, nothing more is scheduled."""
+
+    results: dict[str, HostResult]
+    total: int  #: the selected hosts
+    fail_percent: int
+
+    @property
+    def failed(self) -> int:
+        return sum(r.status in FAILED for r in self.results.values())
+
+    def over(self) -> bool:
+        return _over(self.failed, self.total, self.fail_percent)
+
+    def stop_others(self, why: str) -> None:
+        """Every host that has not failed is ``stopped``, saying why."""
+        for r in self.results.values():
+            if r.status not in FAILED:
+                r.status, r.error = "stopped", why
+
+    def message(self) -> str:
+        return _stop_message(self.results, self.fail_percent)
+
+
+@dataclass
+class DeployPhase:
+    """One named step of a deploy after its operations, followed by the budget check; ``stopped``:
+    what the hosts that did not fail are told when the budget is spent after it (None: nothing)."""
+
+    name: str
+    run: Callable[[], None]
+    stopped: str | None = None
 
 
 def _close(state: State) -> None:
@@ -296,11 +340,13 @@ def deploy(
     staged = host_deploy.staged_of(state)  #: filled in while the operations are prepared
 
     balancer_results: list[HostResult] = []
+    budget = Budget(results, len(selected), fail_percent)
 
     def finish(error: str | None = None) -> DeployResult:
         hosts = [results[h.name] for h in selected] + balancer_results
         return DeployResult(dry, hosts, time.monotonic() - t0, error)
 
+    early_states: dict[str, list[UnitState]] = {}
     conn = sshwatch.Connected()
     try:
         progress(f"connecting to {len(selected)} host(s)")
@@ -316,11 +362,11 @@ def deploy(
                 results[h.name] = HostResult(h.name, "unreachable", error=why)
                 step(h.name, "unreachable")
         active = [h for h in selected if h.name not in results]
-        if not dry and _over(len(results), len(selected), fail_percent):
+        if not dry and budget.over():
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
-            return finish(_stop_message(results, fail_percent))
-        for name, marker in read_markers([_target(loaded, h.name) for h in active]).items():
+            return finish(budget.message())
+        for name, marker in _drained(state, active).items():
             results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
             step(name, "skipped: drained")
         active = [h for h in active if h.name not in results]
@@ -329,17 +375,17 @@ def deploy(
         progress(f"probing the GPUs of {len(active)} host(s)")
         for h in active:
             step(h.name, "probing GPUs")
-        probed = _probe_plans(state, active)
+        probed = _probe_plans(state, active, loaded)
         plans.update(probed.plans)
         waiting, unprobed = probed.waiting, probed.unprobed
         for name, why in probed.refused.items():
             results[name] = HostResult(name, "refused", error=f"{why} (nothing was written to the host)")
             step(name, "refused: GPUs")
         active = [h for h in active if h.name not in results]
-        if not dry and _over(len(results), len(selected), fail_percent):
+        if not dry and budget.over():
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
-            return finish(_stop_message(results, fail_percent))
+            return finish(budget.message())
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
@@ -378,40 +424,51 @@ def deploy(
                 results[h.name].status, results[h.name].note = "waiting", waiting[h.name]
             elif h.name in unprobed and results[h.name].reboot_required is not None:
                 results[h.name].note = "its units are installed once NVML answers, after the reboot (--reboot)"
+        # read now, through this connection (and from the batch where no command ran): later phases
+        # read again only the hosts they change (a reboot, units written once NVML answers)
+        early_states = _unit_states_now(state, [
+            h for h in active
+            if h.name in plans and h.name not in unprobed and results[h.name].status in ("changed", "unchanged")
+            and results[h.name].reboot_required is None
+        ], plans)  # fmt: skip
         progress(factcache.summary(caches))
     finally:
         conn.release()
         _close(state)
-    failed = sum(r.status in FAILED for r in results.values())
-    if failed:
-        for r in results.values():  # lock-step: hosts behind a failure did not finish their operations
-            if r.status not in FAILED and _over(failed, len(selected), fail_percent):
-                r.status, r.error = "stopped", "not finished: the deploy stopped at the first failures"
-    if not start and not _over(failed, len(selected), fail_percent):  # units are installed, not started
+    if budget.over():  # lock-step: hosts behind a failure did not finish their operations
+        budget.stop_others("not finished: the deploy stopped at the first failures")
+    if not start or budget.over():
+        if not start and not budget.over():  # units are installed, not started
+            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+        return finish(budget.message() if budget.failed else None)
+    ready = _Ready()
+
+    def preflight() -> None:
+        ready.states = _unit_states(loaded, plans, _ready(results), early_states)
+        ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
+        ready.busy = [n for n in _ready(results) if n not in ready.quiet]
+        _preflight(loaded, plans, results, ready.busy, progress, step, staged)
+
+    def rebooting() -> None:
+        if reboot:
+            _reboot(loaded, plans, results, health_timeout, progress, step)
+
+    def units_once_probed() -> None:
         _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-        failed = sum(r.status in FAILED for r in results.values())
-    if not start or _over(failed, len(selected), fail_percent):
-        return finish(_stop_message(results, fail_percent) if failed else None)
-    if reboot:
-        _reboot(loaded, plans, results, health_timeout, progress, step)
-        failed = sum(r.status in FAILED for r in results.values())
-        if _over(failed, len(selected), fail_percent):
-            return finish(_stop_message(results, fail_percent))
-    _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-    failed = sum(r.status in FAILED for r in results.values())
-    if _over(failed, len(selected), fail_percent):
-        return finish(_stop_message(results, fail_percent))
-    states = _unit_states(loaded, plans, _ready(results))
-    quiet = [n for n in _ready(results) if _quiet(states.get(n), results[n], staged.get(n))]
-    busy = [n for n in _ready(results) if n not in quiet]
-    _preflight(loaded, plans, results, busy, progress, step, staged)
-    failed = sum(r.status in FAILED for r in results.values())
-    if _over(failed, len(selected), fail_percent):
-        for r in results.values():
-            if r.status not in FAILED:
-                r.status, r.error = "stopped", "nothing restarted: the deploy stopped after preflight refusals"
-        return finish(_stop_message(results, fail_percent))
-    busy = [n for n in busy if results[n].status not in FAILED]
+
+    phases = [
+        DeployPhase("reboot (--reboot)", rebooting),
+        DeployPhase("units once probed", units_once_probed),
+        DeployPhase("preflight", preflight, stopped="nothing restarted: the deploy stopped after preflight refusals"),
+    ]
+    for phase in phases:
+        phase.run()
+        if budget.over():
+            if phase.stopped is not None:
+                budget.stop_others(phase.stopped)
+            return finish(budget.message())
+    states, quiet = ready.states, ready.quiet
+    busy = [n for n in ready.busy if results[n].status not in FAILED]
     serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
     for name in [*quiet, *serving]:
         if not _to_roll(name, states, staged):
@@ -422,6 +479,15 @@ def deploy(
     error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
     _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
     return finish(error)
+
+
+@dataclass
+class _Ready:
+    """What the preflight phase found for the phases after it."""
+
+    states: dict[str, list[UnitState] | None] = field(default_factory=dict)
+    quiet: list[str] = field(default_factory=list)  #: nothing to start, switch or restart
+    busy: list[str] = field(default_factory=list)  #: preflighted: to start or roll
 
 
 def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
@@ -585,7 +651,7 @@ def _units_once_probed(
         for name in names:
             step(name, "probing GPUs")
         conn = sshwatch.connect(state)
-        probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts])
+        probed = _probe_plans(state, [h for h in hosts if h in state.activated_hosts], fresh)
         for name, why in probed.refused.items():  # its driver answers only now
             results[name].status = "refused"
             results[name].error = f"{why} (no unit was written)"
@@ -720,7 +786,7 @@ def _reboot_one(
                 f"out of traffic on {where}"
                 + (f" (still busy after {drain_timeout:g}s: {'; '.join(busy)})" if busy else "")
             )
-        seconds = reboot_host(target, loaded.pyinfra.get_host(r.host).data.dict())  # type: ignore[no-untyped-call]
+        seconds = reboot_host(target, loaded.host(r.host).reboot_command)
         rc, _out, _err = run_command(target, ssh_command(["test", "-e", "/var/run/reboot-required"]))
     except BalancerError as exc:
         r.status, r.error = "failed", redact(f"not rebooted: its instances could not be taken out of traffic: {exc}")
@@ -863,27 +929,69 @@ def _start(
 
 
 def _unit_states(
-    loaded: LoadedInventory, plans: dict[str, HostPlan], names: list[str]
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    names: list[str],
+    known: Mapping[str, list[UnitState]] | None = None,
 ) -> dict[str, list[UnitState] | None]:
     """Each host's units: active? restart pending (its unit or env file newer than the process)?
     None: no answer. Not the ``current`` link: it is one per host, and any instance's switch (a
     canary, a rollback) touches it; whether an instance runs the release it should is read from
-    its own process (``Staged.runs``)."""
-    if not names:
-        return {}
+    its own process (``Staged.runs``). ``known``: hosts whose states were read after the
+    operations and that nothing changed since (``_unit_states_now``): not asked again."""
+    known = known or {}
+    out: dict[str, list[UnitState] | None] = {n: known[n] for n in names if n in known}
+    ask = [n for n in names if n not in known]
+    if not ask:
+        return out
     paths = _paths()
 
     def units(name: str) -> dict[str, object]:
-        return {
-            "units": [
-                (f"fleet-{i.unit_name}.service",
-                 [f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"])
-                for i in plans[name].instances
-            ]
-        }  # fmt: skip
+        return {"units": prefetch.unit_state_units(plans[name], paths)}
 
-    answers = run_fact_on_hosts([_target(loaded, n) for n in names], UnitStates, args_for=units)
-    return {n: a if isinstance(a, list) else None for n, a in answers.items()}
+    answers = run_fact_on_hosts([_target(loaded, n) for n in ask], UnitStates, args_for=units)
+    out.update({n: a if isinstance(a, list) else None for n, a in answers.items()})
+    return out
+
+
+def _unit_states_now(state: State, hosts: list[Host], plans: dict[str, HostPlan]) -> dict[str, list[UnitState]]:
+    """The hosts' unit states through the deploy's own connections (the ``UnitStates`` fact, which
+    the prefetch batch holds where the operations ran no command), all at once; a host whose read
+    fails is left out (read again later on its own)."""
+    import gevent
+
+    paths = _paths()
+
+    def read(h: Host) -> list[UnitState] | None:
+        try:
+            answer = h.get_fact(UnitStates, units=prefetch.unit_state_units(plans[h.name], paths))
+        except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError):
+            return None
+        return answer if isinstance(answer, list) else None
+
+    with ctx_state.use(state):
+        greenlets = [gevent.spawn(read, h) for h in hosts]
+        gevent.joinall(greenlets)
+    return {h.name: a for h, g in zip(hosts, greenlets, strict=True) if (a := g.get()) is not None}
+
+
+def _drained(state: State, hosts: list[Host]) -> dict[str, DrainMarker]:
+    """The drain marker of every host that has one (``fleet drain``), read through the deploy's own
+    connections, all at once. A host that cannot be asked is not taken for drained here: the step
+    that needs it reports it."""
+    import gevent
+
+    def read(h: Host) -> DrainMarker | None:
+        try:
+            marker = h.get_fact(Drained)
+        except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError):
+            return None
+        return marker if isinstance(marker, DrainMarker) else None
+
+    with ctx_state.use(state):
+        greenlets = [gevent.spawn(read, h) for h in hosts]
+        gevent.joinall(greenlets)
+    return {h.name: m for h, g in zip(hosts, greenlets, strict=True) if (m := g.get()) is not None}
 
 
 def _check_serving(

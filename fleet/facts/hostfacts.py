@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from fleet.errors import FleetError
-from fleet.gpus import HostGpus
 
 SCHEMA = 1
 STATUSES = (
@@ -287,12 +286,6 @@ class HostFacts:
     @property
     def passthrough(self) -> bool:
         return any(g.virtualization_mode == VIRT_PASSTHROUGH for g in self.gpus)
-
-    def host_gpus(self) -> HostGpus:
-        """What the planner consumes (``fleet.gpus.HostGpus``), islands from the probed links."""
-        from fleet.topology import host_gpus
-
-        return host_gpus(self)
 
 
 # ---- parsing ------------------------------------------------------------------------------------

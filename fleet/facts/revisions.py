@@ -10,15 +10,40 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
 from fleet.errors import FleetError
+from fleet.escape import ssh_command
 from fleet.facts.releases import main_exe_sh
-from fleet.render.escape import ssh_command
-from fleet.render.revision import LIVE_ID_SH, META, ROOT, Revision
+
+#: Where configuration revisions live on a host (``fleet.render.revision`` names and writes them):
+#: ``<ROOT>/<instance>/<id>/{unit,env,revision.json}``.
+ROOT = "/etc/fleet/revisions"
+META = "revision.json"
+UNIT = "unit"
+ENV = "env"
+ID_LENGTH = 16
+#: Prints the id of the live pair ``$U`` ``$E`` (shell variables set by the caller).
+LIVE_ID_SH = f'cat -- "$U" "$E" | sha256sum | cut -c1-{ID_LENGTH}'
+
+
+class _File(Protocol):
+    @property
+    def path(self) -> str: ...
+
+
+class _Revision(Protocol):
+    """What the fact needs of a ``fleet.render.revision.Revision``."""
+
+    @property
+    def instance(self) -> str: ...
+    @property
+    def unit(self) -> _File: ...
+    @property
+    def env(self) -> _File: ...
 
 
 class StoredRevision(TypedDict):
@@ -106,6 +131,6 @@ def parse_revisions(output: Sequence[str]) -> dict[str, InstanceRevision]:
     return out
 
 
-def fact_instances(revisions: Sequence[Revision]) -> tuple[Instance, ...]:
+def fact_instances(revisions: Sequence[_Revision]) -> tuple[Instance, ...]:
     """The fact's argument for these revisions (one definition, so every caller hits pyinfra's cache)."""
     return tuple((r.instance, f"fleet-{r.instance}.service", r.unit.path, r.env.path) for r in revisions)

@@ -46,48 +46,13 @@ from pyinfra.api.facts import FactBase
 from fleet.errors import FleetError
 from fleet.facts import sshlink
 from fleet.facts.sshlink import CONNECT_TIMEOUT_S, SshError
+from fleet.facts.sshlink import SshTarget as SshTarget
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT = 60.0
 MAX_PARALLEL = 64
 #: File descriptors kept free for everything else while :func:`open_connections` holds sockets.
 _FD_MARGIN = 128
-
-
-@dataclass(frozen=True)
-class SshTarget:
-    """How to reach one host, from pyinfra host data (``ssh_*`` keys)."""
-
-    name: str
-    hostname: str
-    port: int = 22
-    user: str | None = None
-    key: str | None = None
-    known_hosts: str | None = None
-    strict: bool = True
-
-    @classmethod
-    def from_data(cls, name: str, data: Mapping[str, Any]) -> SshTarget:
-        """Read and check the SSH settings; a bad one is a ``FleetError`` before any host is touched."""
-        strict = str(data.get("ssh_strict_host_key_checking", "yes")).lower() not in ("no", "off", "false")
-        port = data.get("ssh_port") or 22
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise FleetError(f"host {name}: ssh_port={port!r}: an integer from 1 to 65535")
-        texts: dict[str, str | None] = {}
-        for key in ("ssh_hostname", "ssh_user", "ssh_key", "ssh_known_hosts_file"):
-            value = data.get(key)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise FleetError(f"host {name}: {key}={value!r}: a non-empty string")
-            texts[key] = value
-        return cls(
-            name=name,
-            hostname=texts["ssh_hostname"] or name,
-            port=port,
-            user=texts["ssh_user"],
-            key=texts["ssh_key"],
-            known_hosts=texts["ssh_known_hosts_file"],
-            strict=strict,
-        )
 
 
 @dataclass(frozen=True)

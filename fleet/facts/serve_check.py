@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
-from fleet.render.escape import ssh_command
+from fleet.escape import ssh_command
 
 _END = "FLEET_SERVE_CHECK_EOF"
 

@@ -48,15 +48,50 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import paramiko
 
 from fleet.errors import FleetError
 
-if TYPE_CHECKING:
-    from fleet.facts.runner import SshTarget
+
+@dataclass(frozen=True)
+class SshTarget:
+    """How to reach one host, from pyinfra host data (``ssh_*`` keys)."""
+
+    name: str
+    hostname: str
+    port: int = 22
+    user: str | None = None
+    key: str | None = None
+    known_hosts: str | None = None
+    strict: bool = True
+
+    @classmethod
+    def from_data(cls, name: str, data: Mapping[str, Any]) -> SshTarget:
+        """Read and check the SSH settings; a bad one is a ``FleetError`` before any host is touched."""
+        strict = str(data.get("ssh_strict_host_key_checking", "yes")).lower() not in ("no", "off", "false")
+        port = data.get("ssh_port") or 22
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise FleetError(f"host {name}: ssh_port={port!r}: an integer from 1 to 65535")
+        texts: dict[str, str | None] = {}
+        for key in ("ssh_hostname", "ssh_user", "ssh_key", "ssh_known_hosts_file"):
+            value = data.get(key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise FleetError(f"host {name}: {key}={value!r}: a non-empty string")
+            texts[key] = value
+        return cls(
+            name=name,
+            hostname=texts["ssh_hostname"] or name,
+            port=port,
+            user=texts["ssh_user"],
+            key=texts["ssh_key"],
+            known_hosts=texts["ssh_known_hosts_file"],
+            strict=strict,
+        )
+
 
 #: Seconds between heartbeats while a command is in flight.
 HEARTBEAT_S = 3.0

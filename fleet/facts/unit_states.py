@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
+from fleet.escape import ssh_command
 from fleet.facts.systemctl_show import show_blocks, show_int, shown_unit, started_unix
-from fleet.render.escape import ssh_command
 
 _PROPS = "Id,ActiveState,ActiveEnterTimestamp,ActiveEnterTimestampMonotonic"
 

@@ -43,7 +43,10 @@ from fleet.facts.releases import MARKER, main_exe_sh, release_from_exe, running_
 from fleet.facts.systemctl_show import ShownUnit, show_blocks, show_int, show_unix, shown_unit
 
 DEFAULT_ROOT = "/opt/fleet/vllm"
-UNIT_GLOB = "fleet-vllm-*.service"
+#: systemd units that are ours (``fleet-vllm-<n>.service``): a GPU they hold is released when we
+#: restart them (the planner counts their memory as free, preflight lets them hold GPUs).
+OUR_UNIT_PREFIX = "fleet-vllm-"
+UNIT_GLOB = f"{OUR_UNIT_PREFIX}*.service"
 _UNIT = re.compile(r"^fleet-vllm-\d{1,4}\.service$")
 _PROPS = (
     "Id",

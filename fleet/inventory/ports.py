@@ -19,12 +19,33 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from fleet.errors import FieldProblem
 
-if TYPE_CHECKING:
-    from fleet.inventory.spec import HostSpec
+
+class _Gpus(Protocol):
+    @property
+    def count(self) -> int: ...
+
+
+class HostSpec(Protocol):
+    """What the port checks read of a host (``fleet.inventory.spec.HostSpec``, which imports this
+    module: a protocol here, not an import back)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def machine(self) -> str: ...
+    @property
+    def bind_address(self) -> str | None: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def ssh_port(self) -> int: ...
+    @property
+    def gpu(self) -> _Gpus | None: ...
+    def source_of(self, fld: str) -> str: ...
 
 
 @dataclass(frozen=True)

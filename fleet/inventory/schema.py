@@ -205,6 +205,21 @@ def _absolute_path(value: str) -> str:
     return value
 
 
+def _command_word(value: str) -> str:
+    if not value or len(value) > 4096 or not _printable(value):
+        raise ValueError("a word of a command: 1 to 4096 printable characters, no line breaks or control characters")
+    return value
+
+
+def _reboot_command(value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value or not os.path.isabs(value[0]):
+        raise ValueError(
+            "a command as a list of words, the first an absolute path of a program on this machine "
+            "(e.g. ['/usr/local/bin/power-cycle', 'gpu-07']); it is run without a shell"
+        )
+    return tuple(value)
+
+
 def _keyring(value: str) -> str:
     _path(value)
     if not os.path.isabs(value):
@@ -415,13 +430,23 @@ class GpuData(BaseModel):
 
 
 class LabData(BaseModel):
-    """``fleet_lab``: the lab a host belongs to (written by ``fleet lab up``; ``fleet.deploy.reboot``
-    power-cycles such a host the lab's way)."""
+    """``fleet_lab``: the lab a host belongs to (written by ``fleet lab up``, read by ``fleet lab``;
+    the lab's way of power-cycling the host is its ``reboot_command``)."""
 
     model_config = _STRICT
 
     name: Annotated[str, AfterValidator(_lab_name)]
     state_root: Annotated[str, AfterValidator(_absolute_path)]
+
+
+CommandWord = Annotated[str, AfterValidator(_command_word)]
+#: ``reboot_command``: how this machine power-cycles the host (run here, without a shell) instead
+#: of ``systemctl reboot`` over SSH; ``fleet lab up`` writes its own for lab hosts.
+RebootCommand = Annotated[
+    Annotated[list[CommandWord], Field(min_length=1, max_length=64)]
+    | Annotated[tuple[CommandWord, ...], Field(min_length=1, max_length=64)],
+    AfterValidator(_reboot_command),
+]
 
 
 class HostData(BaseModel):
@@ -457,6 +482,7 @@ class HostData(BaseModel):
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
     fleet_lab: LabData | None = None
+    reboot_command: RebootCommand | None = None
     user_keys: (
         Annotated[list[UserKey], Field(max_length=1000)] | Annotated[tuple[UserKey, ...], Field(max_length=1000)]
     ) = ()
@@ -485,7 +511,7 @@ FLEET_KEYS: tuple[str, ...] = tuple(
 #: pyinfra's keys that fleet reads too (its schema checks their values).
 PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
 #: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
-#: ``fleet.rollout.policy``, ``alerts`` by ``fleet.monitor.thresholds``.
+#: ``fleet.inventory.policy``, ``alerts`` by ``fleet.inventory.alerts``.
 NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
 #: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
 KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
@@ -517,6 +543,8 @@ FIELD_HELP: dict[str, str] = {
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
     "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
+    "reboot_command": "a list of words, the first an absolute path: a program on this machine that power-cycles "
+    "the host (run without a shell), e.g. ['/usr/local/bin/power-cycle', 'gpu-07']",
     "user_keys": "a list of your own keys fleet should leave alone, e.g. ['rack', 'datacenter']",
 }
 
@@ -534,7 +562,7 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
 
     ``default_driver``: the driver each vLLM series is deployed with when none is pinned.
     """
-    from fleet.operations.layout import LayoutError, check_driver_version
+    from fleet.inventory.drivers import LayoutError, check_driver_version
 
     if data.nvidia_apt_url is None:
         return None

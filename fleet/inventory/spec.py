@@ -32,6 +32,7 @@ from pyinfra.api.inventory import Inventory
 
 from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
+from fleet.inventory.drivers import DEFAULT_DRIVER
 from fleet.inventory.load import HostEntry, read_inventory
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
@@ -53,7 +54,6 @@ from fleet.inventory.schema import (
     haproxy_name,
     port_range_problem,
 )
-from fleet.operations.layout import DEFAULT_DRIVER
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
 __all__ = [
@@ -188,6 +188,8 @@ class HostSpec:
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
     balancer: BalancerSpec | None = None  #: the load balancer in front of its instances
+    #: how this machine power-cycles the host (argv, run without a shell); None: ``systemctl reboot``
+    reboot_command: tuple[str, ...] | None = None
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
@@ -447,9 +449,8 @@ def _with_hint(allowed: str, fld: str) -> str:
 
 def _nested(h: _Host, data: dict[str, Any], refused: set[str]) -> None:
     """``rollout`` and ``alerts``: their own modules' grammar, reported like every other field."""
-    from fleet.monitor.thresholds import parse_thresholds
-    from fleet.rollout.errors import PolicyError
-    from fleet.rollout.policy import parse_policy
+    from fleet.inventory.alerts import parse_thresholds
+    from fleet.inventory.policy import PolicyError, parse_policy
 
     if "alerts" in data and "alerts" not in refused:
         for p in parse_thresholds(h.inventory, h.name, data["alerts"])[1]:
@@ -550,6 +551,7 @@ def host_spec(
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
         balancer=_balancer_spec(valid.balancer, valid.model, valid.served_model_name),
+        reboot_command=tuple(valid.reboot_command) if valid.reboot_command is not None else None,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
 

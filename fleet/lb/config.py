@@ -34,10 +34,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleet.escape import comment_text, haproxy_word
 from fleet.inventory.spec import BalancerSpec, HostSpec, LoadedInventory
 from fleet.lb.runtime import ServerState
 from fleet.plan.planner import HostPlan
-from fleet.render.escape import comment_text, haproxy_word
 from fleet.render.units import RenderedFile, _environment
 
 #: Where Debian's haproxy (a balancer host) keeps the state fleet dumps before a reload.
@@ -137,7 +137,7 @@ def render_config(config: BalancerConfig, inventory: str, written_by: str = "fle
 
 def state_dump_command(admin_socket: str, state_file: str) -> str:
     """A shell line that writes ``show servers state`` to ``state_file`` atomically (for a reload)."""
-    from fleet.render.escape import ssh_command
+    from fleet.escape import ssh_command
 
     tmp = f"{state_file}.tmp"
     dump = ssh_command(["socat", "-t", "5", "STDIO", f"UNIX-CONNECT:{admin_socket}"])
@@ -151,7 +151,7 @@ def systemd_dropin(admin_socket: str, state_file: str, config: str = "/etc/hapro
     """A drop-in for Debian's ``haproxy.service``: the unit reads ``config`` (Debian's unit takes its
     path from ``CONFIG``), and every ``systemctl reload`` checks the configuration, dumps the
     servers' runtime state, then reloads (Debian's own two ``ExecReload=`` replaced)."""
-    from fleet.render.escape import systemd_assignment
+    from fleet.escape import systemd_assignment
 
     dump = state_dump_command(admin_socket, state_file).replace("%", "%%").replace("$", "$$")
     return (

@@ -27,9 +27,9 @@ import time
 from typing import Protocol
 
 from fleet.errors import FleetError
+from fleet.escape import ssh_command
 from fleet.facts import sshlink
 from fleet.facts.runner import SshTarget, connect
-from fleet.render.escape import ssh_command
 
 
 class BalancerError(FleetError):

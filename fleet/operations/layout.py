@@ -28,13 +28,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleet.errors import FleetError
+from fleet.inventory.drivers import DEFAULT_DRIVER as DEFAULT_DRIVER
+from fleet.inventory.drivers import MIN_DRIVER_BRANCH as MIN_DRIVER_BRANCH
+from fleet.inventory.drivers import LayoutError as LayoutError
+from fleet.inventory.drivers import branch_of as branch_of
+from fleet.inventory.drivers import check_driver_version as check_driver_version
 
-#: The oldest driver branch whose CUDA user-space compatibility covers vLLM 0.33's CUDA 13.0.
-MIN_DRIVER_BRANCH = {"0.33": 580}
-#: The driver each vLLM series is deployed with unless the inventory pins one (580 branch: CUDA 13.x
-#: user space).
-DEFAULT_DRIVER = {"0.33": "580.95.05"}
 #: Files the deploy owns on hosts.
 KEYRING_DIR = "/etc/apt/keyrings"
 SOURCES_DIR = "/etc/apt/sources.list.d"
@@ -42,11 +41,6 @@ PREFERENCES_DIR = "/etc/apt/preferences.d"
 REPO_NAME = "fleet-nvidia"
 
 _ARCH = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
-_VERSION = re.compile(r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")
-
-
-class LayoutError(FleetError):
-    """A host or an inventory value the NVIDIA layout cannot serve."""
 
 
 @dataclass(frozen=True)
@@ -93,24 +87,6 @@ def check_mirror(mirror: str) -> str:
 def repo_url(mirror: str, distro: Distro, arch: str) -> str:
     """The flat repository's URL under the inventory's mirror root (``nvidia_apt_url``)."""
     return check_mirror(mirror).rstrip("/") + "/" + repo_path(distro, arch) + "/"
-
-
-def branch_of(version: str) -> str:
-    """``580`` of ``580.95.05``."""
-    return version.split(".", 1)[0]
-
-
-def check_driver_version(version: str, vllm_version: str) -> str:
-    """The driver version, checked for form and against what the vLLM release needs."""
-    if not _VERSION.match(version):
-        raise LayoutError(f"nvidia_driver_version {version!r} is not a driver version like 580.95.05")
-    series = ".".join(vllm_version.split(".")[:2])
-    minimum = MIN_DRIVER_BRANCH.get(series)
-    if minimum is not None and int(branch_of(version)) < minimum:
-        raise LayoutError(
-            f"nvidia_driver_version {version}: vLLM {vllm_version} (CUDA 13) needs driver branch {minimum} or newer"
-        )
-    return version
 
 
 def driver_packages(distro: Distro, version: str) -> tuple[str, ...]:

@@ -29,14 +29,19 @@ which (a probed host is planned from its real islands).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from fleet.deploy.preflight import OUR_UNIT_PREFIX
 from fleet.errors import FleetError, PlanError, PlanProblem
 from fleet.facts.hostfacts import GpuFacts, HostFacts
+from fleet.facts.units import OUR_UNIT_PREFIX
 from fleet.gpus import CATALOGUE, GiB, HostGpus
 from fleet.inventory.spec import GpuSpec, HostSpec
-from fleet.plan.outcomes import gpus_for
+from fleet.topology import host_gpus
+
+if TYPE_CHECKING:  # not at run time: fleet plan --offline does not load paramiko
+    from fleet.facts.runner import HostUnreachable
 
 #: probe statuses that mean "NVML does not answer yet, and a deploy is what brings it":
 #: no driver, a driver installed and not loaded until the reboot (``fleet.facts.nvml_probe`` sets
@@ -145,9 +150,69 @@ def _others_use(g: GpuFacts) -> int:
 
 def planning_gpus(facts: HostFacts) -> HostGpus:
     """The probed GPUs as a deploy plans them: memory our own units hold counts as free."""
-    probed = facts.host_gpus()
+    probed = host_gpus(facts)
     others = {g.index: _others_use(g) for g in facts.gpus}
     return replace(probed, gpus=tuple(replace(g, memory_used=others.get(g.index, g.memory_used)) for g in probed.gpus))
+
+
+def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> HostGpus:
+    """The GPU facts ``fleet plan`` plans a host from: its probe where it answered (``probed``),
+    else the inventory's ``gpu`` entry; ``PlanError`` if there are none."""
+    if probed and spec.name in probed:
+        return probed[spec.name]
+    if spec.gpu is not None:
+        return spec.gpu.host_gpus()
+    raise PlanError(
+        PlanProblem(
+            spec.name,
+            "no GPU facts: the host was not probed and the inventory has no gpu entry",
+            ways_out=[
+                "add gpu: {'sku': 'h100-sxm-80gb', 'count': 8} to the host's data",
+                "probe the host (fleet audit)",
+            ],
+        )
+    )
+
+
+def planning_gpus_of(
+    answers: Mapping[str, HostFacts | HostUnreachable | str | None],
+) -> tuple[dict[str, HostGpus], dict[str, str]]:
+    """``({host: probed HostGpus}, {host: why it was not probed})`` from each host's probe answer
+    (``fleet.facts.probed.probe_hosts``): a host whose NVML answered with GPUs is planned from them
+    (as ``fleet deploy`` plans it: our own units' memory is free), any other keeps the inventory's
+    ``gpu`` data, and the note says why."""
+    gpus: dict[str, HostGpus] = {}
+    notes: dict[str, str] = {}
+    for name, result in answers.items():
+        if result is None:
+            notes[name] = "the probe could not run on the host"
+        elif isinstance(result, str):
+            notes[name] = f"not probed: {result}"
+        elif not isinstance(result, HostFacts):  # HostUnreachable
+            notes[name] = f"not probed: {result.reason}"
+        elif result.ok and result.gpus:
+            gpus[name] = planning_gpus(result)
+        else:
+            notes[name] = f"probe answered {result.status}" + (f" ({result.error_class})" if result.error_class else "")
+    return gpus, notes
+
+
+@dataclass(frozen=True, eq=False)
+class GpuDecision:
+    """The one answer to "which GPUs does this host have": what the inventory declares, what the
+    probe found (as planned: our own units' memory free), which of them plans the host and why,
+    how they differ, and what a deploy refuses the host for (``decide_gpus``; pure)."""
+
+    declared: HostGpus | None  #: the inventory's ``gpu`` entry
+    probed: HostGpus | None  #: the probe's GPUs when NVML answered with some
+    chosen: GpuSource  #: what a deploy or rollout plans the host from (``gpus`` None: it waits)
+    differences: tuple[str, ...] = ()  #: declared vs probed (``mismatches``)
+    refusal: FleetError | None = None  #: why a deploy or rollout cannot plan the host (raised by ``gpu_source``)
+
+    def for_plan(self) -> HostGpus | None:
+        """What ``fleet plan`` plans from: the probe where it answered with GPUs, else the
+        inventory's entry (a difference is not a refusal there: it shows what the host has)."""
+        return self.probed if self.probed is not None else self.declared
 
 
 def _no_answer(spec: HostSpec, why: str, not_yet: bool) -> GpuSource:
@@ -169,12 +234,8 @@ def probe_summary(facts: HostFacts) -> str:
     return f"NVML probe: {facts.status}" + (f" ({facts.error_class})" if facts.error_class else "")
 
 
-def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:
-    """Where a deploy takes a host's GPU facts from (see the module docstring).
-
-    ``probe``: the probe's answer; a string: why there is none (unreachable, output not
-    understood); None: not probed (planning offline), the inventory's entry or ``PlanError``.
-    """
+def _chosen(spec: HostSpec, probe: HostFacts | str | None, probed: HostGpus | None) -> GpuSource:
+    """Where a deploy takes the host's GPU facts from; raises what refuses the host."""
     if probe is None:
         return GpuSource(gpus_for(spec), "inventory", "not probed")  # no gpu entry: the planner's PlanError
     if isinstance(probe, str):
@@ -193,9 +254,34 @@ def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:
         )
     if not probe.ok:
         return _no_answer(spec, probe_summary(probe), not_yet=False)
-    probed = planning_gpus(probe)
+    assert probed is not None
     if spec.gpu is not None:
         differences = mismatches(spec.gpu, probed)
         if differences:
             raise GpuMismatch(spec.name, differences)
     return GpuSource(probed, "probe")
+
+
+def decide_gpus(spec: HostSpec, probe: HostFacts | str | None) -> GpuDecision:
+    """The host's GPUs from its inventory entry and its probe (see the module docstring); pure.
+
+    ``probe``: the probe's answer; a string: why there is none (unreachable, output not
+    understood); None: not probed (planning offline).
+    """
+    declared = spec.gpu.host_gpus() if spec.gpu is not None else None
+    probed = planning_gpus(probe) if isinstance(probe, HostFacts) and probe.ok and probe.gpus else None
+    differences = tuple(mismatches(spec.gpu, probed)) if spec.gpu is not None and probed is not None else ()
+    try:
+        chosen = _chosen(spec, probe, probed)
+    except (GpuMismatch, PlanError) as exc:
+        return GpuDecision(declared, probed, GpuSource(None, "none", str(exc)), differences, exc)
+    return GpuDecision(declared, probed, chosen, differences)
+
+
+def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:
+    """Where a deploy takes a host's GPU facts from (``decide_gpus``); raises ``GpuMismatch`` or
+    ``PlanError`` when the host cannot be planned."""
+    decision = decide_gpus(spec, probe)
+    if decision.refusal is not None:
+        raise decision.refusal
+    return decision.chosen

@@ -1,22 +1,61 @@
-"""``fleet plan`` as a library: inventory in, one plan (or one problem) per host out.
+"""The fleet plan: one value for the fleet, built by one function (``build_fleet_plan``) from the
+inventory (validated once) and the facts (probed once, by the command, as far as it needs them).
 
-GPU facts come from a probe of the host where it answers (``plan_fleet``; read-only), else from
-the inventory's ``gpu`` entry. Planning itself touches no host.
+Every host with its spec, its GPUs and where they came from (``GpuDecision``: declared, probed,
+the difference), its plan or why it has none; every instance with its placements (host, GPUs,
+node rank: shaped so that an instance can span hosts; today each has one), port, address,
+served name, and every flag with its reason. Pure given its facts. ``fleet plan --json`` is its
+serialization (``outcome_data``); ``plan_fleet`` loads, probes (read-only) and builds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleet.errors import FleetError, ModelConfigError, PlanError, PlanProblem
+from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
+from fleet.plan.gpu_source import GpuDecision, GpusNotKnownYet, decide_gpus, gpus_for, planning_gpus_of
 from fleet.plan.planner import HostPlan, Instance, plan_host
+
+if TYPE_CHECKING:
+    from fleet.facts.hostfacts import HostFacts
+    from fleet.facts.runner import HostUnreachable
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where (part of) an instance runs: a host, its GPUs there, and the node's rank in the instance."""
+
+    host: str
+    gpus: tuple[int, ...]
+    node_rank: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedInstance:
+    """One vLLM instance of the fleet: its unit on its first host, where it runs, how it is reached."""
+
+    host: str  #: the host whose unit serves it (node rank 0)
+    name: str  #: ``vllm-0``
+    unit: str  #: ``fleet-vllm-0.service``
+    placements: tuple[Placement, ...]
+    port: int
+    url: str
+    served_name: str  #: what ``/v1/models`` lists
+    spec: Instance  #: argv, env, every flag with its reason, the memory arithmetic
+
+
+def _address(spec: HostSpec) -> str:
+    """Where the host's instances are reached: the bind address unless a wildcard, else the machine."""
+    address = spec.bind_address if spec.bind_address not in (None, "0.0.0.0", "::") else None
+    return address or spec.ssh_hostname or spec.name
 
 
 @dataclass(frozen=True)
@@ -28,38 +67,49 @@ class HostOutcome:
     problem: PlanProblem | None
     #: the problem is in the input (a model config.json), not in what the host can serve: exit 2
     invalid_input: bool = False
+    gpus: GpuDecision | None = field(default=None, compare=False)  #: declared, probed, chosen, differences
+    #: why a deploy or rollout cannot plan the host, as it reports it (GpuMismatch, GpusNotKnownYet, PlanError)
+    refusal: FleetError | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
         return self.plan is not None
 
+    @property
+    def served_name(self) -> str | None:
+        return (self.spec.served_model_name or self.plan.model) if self.plan is not None else None
 
-def gpus_for(spec: HostSpec, probed: Mapping[str, HostGpus] | None = None) -> HostGpus:
-    """The GPU facts the planner uses for a host; ``PlanError`` if there are none."""
-    if probed and spec.name in probed:
-        return probed[spec.name]
-    if spec.gpu is not None:
-        return spec.gpu.host_gpus()
-    raise PlanError(
-        PlanProblem(
-            spec.name,
-            "no GPU facts: the host was not probed and the inventory has no gpu entry",
-            ways_out=[
-                "add gpu: {'sku': 'h100-sxm-80gb', 'count': 8} to the host's data",
-                "probe the host (fleet audit)",
-            ],
+    @property
+    def instances(self) -> tuple[PlannedInstance, ...]:
+        if self.plan is None:
+            return ()
+        name, served, address = self.spec.name, self.served_name or self.plan.model, _address(self.spec)
+        return tuple(
+            PlannedInstance(
+                name,
+                i.unit_name,
+                f"fleet-{i.unit_name}.service",
+                (Placement(name, i.gpus),),
+                i.port,
+                f"http://{address}:{i.port}",
+                served,
+                i,
+            )
+            for i in self.plan.instances
         )
-    )
 
 
 def planning_inputs(spec: HostSpec) -> HostSpec:
     """The part of a host spec its plan depends on: everything but the host's name and place
-    (where it is written, its groups, the machine's address and SSH port: ``plan_host`` reads none).
+    (where it is written, its groups, the machine's address, SSH port and reboot command: ``plan_host``
+    reads none).
 
     Hosts whose planning inputs (this, their GPU facts and their model) are equal get equal
     plans, so a fleet of identical hosts costs one plan (``plan_inventory``).
     """
-    return dataclasses.replace(spec, name="", inventory="", groups=(), ssh_hostname=None, ssh_port=22)
+    return dataclasses.replace(
+        spec, name="", inventory="", groups=(), ssh_hostname=None, ssh_port=22, reboot_command=None
+    )
 
 
 def _renamed(
@@ -73,12 +123,13 @@ def _renamed(
     return plan, problem
 
 
-def plan_inventory(
-    inventory: LoadedInventory,
-    probed: Mapping[str, HostGpus] | None = None,
-    model_loader: Callable[[str, str | None], ModelArch] = load_model,
+def _plan_all(
+    specs: tuple[HostSpec, ...],
+    gpus_of: Callable[[HostSpec], HostGpus],
+    model_loader: Callable[[str, str | None], ModelArch],
+    decisions: Mapping[str, GpuDecision] | None = None,
 ) -> list[HostOutcome]:
-    """Plan every host; problems are collected per host, never raised half-way.
+    """Plan every host from ``gpus_of``; problems are collected per host, never raised half-way.
 
     Plans are memoized on the planning inputs (spec without the host name, GPU facts, model):
     ``plan_host`` is pure, so identical hosts share one computation.
@@ -86,7 +137,8 @@ def plan_inventory(
     outcomes = []
     models: dict[tuple[str, str | None], ModelArch | ModelConfigError] = {}
     plans: dict[object, tuple[HostPlan | None, PlanProblem | None]] = {}
-    for spec in inventory.hosts:
+    for spec in specs:
+        decision = decisions.get(spec.name) if decisions is not None else None
         try:
             key = (spec.model, spec.model_config)
             if key not in models:
@@ -97,7 +149,7 @@ def plan_inventory(
             model = models[key]
             if isinstance(model, ModelConfigError):
                 raise model
-            gpus = gpus_for(spec, probed)
+            gpus = gpus_of(spec)
             memo: object = (planning_inputs(spec), gpus, key)
             try:
                 cached = plans.get(memo)
@@ -111,14 +163,28 @@ def plan_inventory(
                 if memo is not None:
                     plans[memo] = cached
             plan, problem = _renamed(cached, spec.name)
-            outcomes.append(HostOutcome(spec, plan, problem))
+            refusal = PlanError(problem) if problem is not None else None
+            outcomes.append(HostOutcome(spec, plan, problem, gpus=decision, refusal=refusal))
         except PlanError as exc:
-            outcomes.append(HostOutcome(spec, None, exc.problem))
+            outcomes.append(HostOutcome(spec, None, exc.problem, gpus=decision, refusal=exc))
         except ModelConfigError as exc:
-            outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc)), invalid_input=True))
+            outcomes.append(
+                HostOutcome(
+                    spec, None, PlanProblem(spec.name, str(exc)), invalid_input=True, gpus=decision, refusal=exc
+                )
+            )
         except FleetError as exc:
-            outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc))))
+            outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc)), gpus=decision, refusal=exc))
     return outcomes
+
+
+def plan_inventory(
+    inventory: LoadedInventory,
+    probed: Mapping[str, HostGpus] | None = None,
+    model_loader: Callable[[str, str | None], ModelArch] = load_model,
+) -> list[HostOutcome]:
+    """Plan every host from ``probed`` GPU facts where given, else its inventory ``gpu`` entry."""
+    return _plan_all(inventory.hosts, lambda spec: gpus_for(spec, probed), model_loader)
 
 
 def load_for_planning(
@@ -136,10 +202,69 @@ def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutc
 
 @dataclass(frozen=True)
 class FleetPlan:
-    """Plans of an inventory's hosts, and why some were planned from the inventory, not a probe."""
+    """The fleet: every selected host's outcome, and why some were planned from the inventory."""
 
     outcomes: list[HostOutcome]
     not_probed: dict[str, str]  #: host -> why its GPU facts come from the inventory
+    loaded: LoadedInventory | None = field(default=None, compare=False)
+
+    @property
+    def hosts(self) -> list[HostOutcome]:
+        return self.outcomes
+
+    def host(self, name: str) -> HostOutcome:
+        return next(o for o in self.outcomes if o.spec.name == name)
+
+    def instances(self) -> list[PlannedInstance]:
+        """Every instance of the fleet, inventory order (hosts, then their instances)."""
+        return [i for o in self.outcomes for i in o.instances]
+
+    def refusals(self) -> list[str]:
+        """Why a deploy or rollout cannot plan some hosts, one text per host (empty: all planned)."""
+        return [str(o.refusal) for o in self.outcomes if o.plan is None and o.refusal is not None]
+
+
+def _answer(result: HostFacts | HostUnreachable | str | None) -> HostFacts | str | None:
+    """A probe answer as ``decide_gpus`` takes it: HostUnreachable becomes its reason."""
+    from fleet.facts.hostfacts import HostFacts
+
+    if result is None or isinstance(result, HostFacts | str):
+        return result
+    return result.reason
+
+
+def build_fleet_plan(
+    loaded: LoadedInventory,
+    probes: Mapping[str, HostFacts | HostUnreachable | str | None] | None = None,
+    *,
+    deploy: bool = False,
+    model_loader: Callable[[str, str | None], ModelArch] = load_model,
+) -> FleetPlan:
+    """The one function from inventory and facts to the fleet plan (pure given its inputs).
+
+    ``probes``: each probed host's NVML answer (hosts not in it, or ``probes`` None: not probed).
+    ``deploy``: plan as a deploy or rollout does (``fleet.plan.gpu_source``: an inventory entry the
+    probe contradicts refuses the host; a host whose NVML does not answer yet and that declares
+    nothing waits); otherwise as ``fleet plan`` does (the probe where it answered with GPUs, else the
+    declaration, and the difference shown).
+    """
+    answers = {name: _answer(r) for name, r in (probes or {}).items()}
+    decisions = {s.name: decide_gpus(s, answers.get(s.name)) for s in loaded.hosts}
+    if deploy:
+
+        def gpus_of(spec: HostSpec) -> HostGpus:
+            d = decisions[spec.name]
+            if d.refusal is not None:
+                raise d.refusal
+            if d.chosen.gpus is None:
+                raise GpusNotKnownYet(spec.name, d.chosen.why)
+            return d.chosen.gpus
+
+        return FleetPlan(_plan_all(loaded.hosts, gpus_of, model_loader, decisions), {}, loaded)
+    probed = {name: d.probed for name, d in decisions.items() if d.probed is not None}
+    notes = planning_gpus_of(probes)[1] if probes is not None else {}
+    outcomes = _plan_all(loaded.hosts, lambda spec: gpus_for(spec, probed), model_loader, decisions)
+    return FleetPlan(outcomes, notes, loaded)
 
 
 def plan_fleet(
@@ -152,14 +277,11 @@ def plan_fleet(
     """
     loaded = load_for_planning(path, limit)
     if offline:
-        return FleetPlan(plan_inventory(loaded), {})
-    from fleet.facts.probed import probe_host_gpus
+        return build_fleet_plan(loaded)
+    from fleet.facts.probed import probe_hosts
 
-    if probe_timeout is None:
-        probed, notes = probe_host_gpus(loaded)
-    else:
-        probed, notes = probe_host_gpus(loaded, connect_timeout=probe_timeout)
-    return FleetPlan(plan_inventory(loaded, probed), notes)
+    answers = probe_hosts(loaded, connect_timeout=PROBE_CONNECT_TIMEOUT if probe_timeout is None else probe_timeout)
+    return build_fleet_plan(loaded, answers)
 
 
 # -- data for --json --------------------------------------------------------------------------------

@@ -19,15 +19,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fleet.facts.revisions import ENV as ENV
+from fleet.facts.revisions import ID_LENGTH as ID_LENGTH
+from fleet.facts.revisions import LIVE_ID_SH as LIVE_ID_SH
+from fleet.facts.revisions import META as META
+from fleet.facts.revisions import ROOT as ROOT
+from fleet.facts.revisions import UNIT as UNIT
 from fleet.render.units import RenderedFile
-
-ROOT = "/etc/fleet/revisions"
-META = "revision.json"
-UNIT = "unit"
-ENV = "env"
-ID_LENGTH = 16
-#: Prints the id of the live pair ``$U`` ``$E`` (shell variables set by the caller).
-LIVE_ID_SH = f'cat -- "$U" "$E" | sha256sum | cut -c1-{ID_LENGTH}'
 
 
 def revision_id(unit: bytes, env: bytes) -> str:

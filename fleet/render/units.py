@@ -17,9 +17,7 @@ from pathlib import Path
 import jinja2
 
 from fleet.errors import RenderError
-from fleet.inventory.schema import host_name_problem
-from fleet.plan.planner import HostPlan, Instance
-from fleet.render.escape import (
+from fleet.escape import (
     check_host_path,
     comment_text,
     env_file_value,
@@ -29,6 +27,8 @@ from fleet.render.escape import (
     systemd_text,
     systemd_word,
 )
+from fleet.inventory.schema import host_name_problem
+from fleet.plan.planner import HostPlan, Instance
 
 __all__ = [
     "HostPaths",

@@ -2,31 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fleet.errors import FleetError
-
-
-@dataclass(frozen=True)
-class PolicyProblem:
-    """One invalid rollout setting: where it came from, the field, the value and what is allowed."""
-
-    source: str  #: the inventory file, or "command line"
-    where: str  #: "group all", "host gpu01", or "--batches"
-    field: str
-    value: object
-    allowed: str
-
-    def __str__(self) -> str:
-        return f"{self.source}: {self.where}: {self.field}={self.value!r}: {self.allowed}"
-
-
-class PolicyError(FleetError):
-    """Invalid rollout settings; every problem is listed at once, before any host is touched."""
-
-    def __init__(self, problems: list[PolicyProblem]):
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+from fleet.inventory.policy import PolicyError as PolicyError
+from fleet.inventory.policy import PolicyProblem as PolicyProblem
 
 
 class LockHeld(FleetError):

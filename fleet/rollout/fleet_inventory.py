@@ -1,9 +1,9 @@
 """A serving fleet as the rollout engine sees it, read from an inventory: its instances (one per
 systemd unit ``fleet deploy`` installed), how to reach each host, the API keys and the policy.
 
-The instances are planned as ``fleet deploy`` planned them (``fleet.operations.host.host_plan``):
-a host without a ``gpu`` entry in the inventory is probed first (the NVML probe over SSH, one
-round trip per host, all hosts at once; read-only).
+The instances come from the fleet plan (``fleet.plan.outcomes.build_fleet_plan``, planned as
+``fleet deploy`` plans them): a host without a ``gpu`` entry in the inventory is probed first
+(the NVML probe over SSH, one round trip per host, all hosts at once; read-only).
 
 Everything else is checked here, before any host is touched: a bad inventory, a bad ``rollout``
 setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
@@ -25,7 +25,7 @@ from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
-from fleet.plan.outcomes import load_for_planning
+from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.executor import ExecutorError
@@ -145,20 +145,12 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
     if problems:
         raise FleetError("\n".join(problems))
     probes = _probe_unplanned(loaded.hosts, ssh)
-    for spec in loaded.hosts:
-        try:
-            plan = host_deploy.host_plan(spec.name, datas[spec.name], probes.get(spec.name))
-        except FleetError as exc:
-            problems.append(str(exc))
-            continue
-        address = spec.bind_address if spec.bind_address not in (None, "0.0.0.0", "::") else None
-        address = address or spec.ssh_hostname or spec.name
-        served = host_deploy.served_name(spec, plan)
-        for inst in plan.instances:
-            ref = InstanceRef(spec.name, inst.unit_name)
-            instances[ref] = InstanceSpec(
-                ref, f"fleet-{inst.unit_name}.service", f"http://{address}:{inst.port}", inst.port, inst.gpus, served
-            )
+    fleet_plan = build_fleet_plan(loaded, probes, deploy=True)  # planned as `fleet deploy` plans
+    problems += fleet_plan.refusals()
+    for planned in fleet_plan.instances():
+        ref = InstanceRef(planned.host, planned.name)
+        gpus = planned.placements[0].gpus  # one node per instance today
+        instances[ref] = InstanceSpec(ref, planned.unit, planned.url, planned.port, gpus, planned.served_name)
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(

@@ -240,18 +240,6 @@ def _from_config(path: Path) -> JournalLocation:
     return JournalLocation("postgresql", str(path), url=settings.url, password_ref=ref)
 
 
-def open_journal(where: str | Path | JournalLocation | None = None, *, write: bool = True) -> RolloutJournal:
-    """The journal ``where`` names (``locate`` rules), opened, its schema checked (and, to write,
-    created or migrated). ``JournalError`` (a ``FleetError``) for every way it cannot be."""
-    loc = where if isinstance(where, JournalLocation) else locate(where)
-    if loc.kind == "postgresql":
-        from fleet.rollout.journal_pg import PostgresJournal
-
-        return PostgresJournal(loc, write=write)
-    assert loc.path is not None
-    return Journal(loc.path, write=write)
-
-
 # ---- records -------------------------------------------------------------------------------------
 
 

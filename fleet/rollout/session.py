@@ -22,7 +22,7 @@ from fleet.rollout.engine import RolloutState, RolloutStatus, Target, new_rollou
 from fleet.rollout.errors import JournalError
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import JournalLocation, RolloutJournal, new_rollout_id
-from fleet.rollout.journal import open_journal as _open
+from fleet.rollout.journals import open_journal as _open
 from fleet.rollout.runner import Runner, open_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 

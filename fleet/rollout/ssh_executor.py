@@ -7,7 +7,7 @@ stops answering (``fleet.facts.sshlink``: a heartbeat, and a watchdog that close
 silent for ``SILENT_S``); a host found unreachable is not asked again for ``RETRY_AFTER_S``, and
 ``InstanceFacts.unreachable_since`` says when it was last heard from, for the engine's
 ``unreachable_timeout_s``. Every remote command is an argv list joined with
-``fleet.render.escape.ssh_command``; commands that change the host run under ``sudo -n``; an
+``fleet.escape.ssh_command``; commands that change the host run under ``sudo -n``; an
 error names a script by its name (``the fleet-switch script``), never by its text.
 
 What each step reads or does on a host:
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleet.errors import FleetError
+from fleet.escape import ssh_command
 from fleet.facts import sshlink
 from fleet.facts.hostfacts import parse_probe_output
 from fleet.facts.nvml import probe_command
@@ -60,7 +61,6 @@ from fleet.lb.traffic import BalancerError, Traffic
 from fleet.operations.files import write_command
 from fleet.operations.vllm import DEFAULT_ROOT, SWITCH_SH
 from fleet.render import revision as rev
-from fleet.render.escape import ssh_command
 from fleet.render.units import HostPaths
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.claims import (

@@ -316,9 +316,9 @@ class StandinEngine(Engine):
 
     def __init__(self, root: Path, model_dir: Path) -> None:
         super().__init__(root, model_dir)
-        from fleet.lab.index import build_standin_wheel, fetch_wheels
-        from fleet.lab.nvml import build_shim
-        from fleet.lab.profiles import load_profile
+        from fleetlab.index import build_standin_wheel, fetch_wheels
+        from fleetlab.nvml import build_shim
+        from fleetlab.profiles import load_profile
 
         self.shim_dir = build_shim(root / "shim").parent
         wheels = root / "wheels"

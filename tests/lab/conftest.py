@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab import lab as lab_ops
-from fleet.lab.ports import _listeners
-from fleet.lab.prereqs import check_prereqs, describe_missing
-from fleet.lab.state import LabDir, LabState
+from fleetlab import lab as lab_ops
+from fleetlab.ports import _listeners
+from fleetlab.prereqs import check_prereqs, describe_missing
+from fleetlab.state import LabDir, LabState
 
 
 def free_octet(start: int, avoid: frozenset[int] = frozenset()) -> int:

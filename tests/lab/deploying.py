@@ -9,7 +9,7 @@ from pathlib import Path
 
 import paramiko
 
-from fleet.lab import ssh
+from fleetlab import ssh
 
 from .conftest import LabFleet
 
@@ -51,6 +51,6 @@ def host_run(lab: LabFleet, command: str, timeout: float = 120) -> tuple[int, st
 
 
 def restart(lab: LabFleet) -> float:
-    from fleet.lab.lab import restart_host
+    from fleetlab.lab import restart_host
 
     return restart_host(lab.opts.name, lab.state.hosts[0].name, lab.opts.state_root)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleet.facts.nvml import NvmlProbe, carried_pynvml, probe_command
-from fleet.lab.apt_repo import DRIVER_VERSIONS, ensure_key
+from fleetlab.apt_repo import DRIVER_VERSIONS, ensure_key
 
 from .conftest import LabFleet
 from .deploying import REPO_ROOT, host_run, pyinfra, restart

@@ -30,9 +30,9 @@ from fleet.audit.report import LINK_DOWN, LINK_OK
 from fleet.facts.nvml import carried_pynvml
 from fleet.facts.runner import SshTarget, run_command, targets_from_inventory
 from fleet.inventory.load import load_pyinfra_inventory
-from fleet.lab import lab as lab_ops
-from fleet.lab.nvml import SOURCE as NVML_SOURCE
-from fleet.lab.profiles import PROFILE_DIR, list_profiles, load_profile
+from fleetlab import lab as lab_ops
+from fleetlab.nvml import SOURCE as NVML_SOURCE
+from fleetlab.profiles import PROFILE_DIR, list_profiles, load_profile
 from tests.lab.conftest import TEST_OCTET, bring_up, free_octet, require_lab, test_lab_options
 
 RM_MISMATCH = "h100-sxm-8-rm-mismatch"

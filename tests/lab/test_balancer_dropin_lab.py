@@ -21,8 +21,8 @@ import paramiko
 import pytest
 
 from fleet.inventory.spec import BalancerSpec
-from fleet.lab import ssh
 from fleet.lb.config import SYSTEM_STATE_FILE, SYSTEMD_DROPIN, systemd_dropin
+from fleetlab import ssh
 
 from .conftest import LabFleet
 

@@ -22,9 +22,9 @@ from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe, carried_pynvml
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import load_inventory
-from fleet.lab import lab as lab_ops
 from fleet.operations.host import host_plan
 from fleet.rollout.fleet_inventory import load_fleet
+from fleetlab import lab as lab_ops
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT, host_run

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab import airgap
-from fleet.lab import lab as lab_ops
+from fleetlab import airgap
+from fleetlab import lab as lab_ops
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT, host_run
@@ -137,7 +137,7 @@ def _listener(family: int, address: str) -> socket.socket | None:
 
 
 def test_hosts_reach_only_the_lab_index_and_apt_repository(served_lab: LabFleet) -> None:
-    """The lab's air gap (fleet.lab.airgap): the deploy above installed from the index and serves;
+    """The lab's air gap (fleetlab.airgap): the deploy above installed from the index and serves;
     a control-machine port that answers here, another lab address and ::1 are refused from the host."""
     assert host_run(served_lab, "systemctl is-active fleet-vllm-0.service")[1].strip() == "active"
     state = served_lab.state
@@ -364,7 +364,7 @@ def seed_model_cache() -> str:
 
 
 def on(lab: LabFleet, i: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
-    from fleet.lab import ssh
+    from fleetlab import ssh
 
     h = lab.state.hosts[i]
     client = ssh.connect(h.address, lab.state.ssh_port, lab.dir.control_key, lab.dir.known_hosts)

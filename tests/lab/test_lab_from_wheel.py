@@ -4,7 +4,7 @@ Builds fleet's wheel from this checkout, installs it into a fresh venv in a temp
 and from there (working directory outside the repository) runs ``fleet lab up --hosts 1``,
 ``fleet lab status``, ``fleet plan`` on the inventory it wrote, and ``fleet lab down``. The
 package index must build the vLLM stand-in from the source shipped in the package
-(``fleet/lab/standin_src``), and the generated inventory must land in the lab's state
+(``fleetlab/standin_src``), and the generated inventory must land in the lab's state
 directory, not in the working directory.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab import lab as lab_ops
+from fleetlab import lab as lab_ops
 
 from . import conftest
 from .conftest import TEST_OCTET, free_octet, require_lab
@@ -63,7 +63,7 @@ def test_fleet_lab_from_the_installed_wheel(installed: Path, tmp_path: Path) -> 
     env["PATH"] = f"{installed}:{env.get('PATH', '')}"
     fleet = str(installed / "fleet")
 
-    where = _run([str(installed / "python"), "-c", "from fleet.lab import index; print(index.STANDIN_DIR)"], work, env)
+    where = _run([str(installed / "python"), "-c", "from fleetlab import index; print(index.STANDIN_DIR)"], work, env)
     assert where.returncode == 0, where.stderr
     standin_dir = Path(where.stdout.strip())
     assert standin_dir.is_relative_to(installed.parent) and not standin_dir.is_relative_to(REPO), standin_dir

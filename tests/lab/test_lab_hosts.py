@@ -15,15 +15,16 @@ import paramiko
 import pytest
 
 from fleet.facts.nvml import NvmlProbe, probe_command
-from fleet.lab import cgroups, ssh
-from fleet.lab import lab as lab_ops
-from fleet.lab.mirror import find_mirror
-from fleet.lab.mounts import mounts_under
-from fleet.lab.ports import _listeners
-from fleet.lab.prereqs import check_prereqs, describe_missing
-from fleet.lab.profiles import load_profile
-from fleet.lab.sshkeys import generate_ed25519, known_hosts_line
-from fleet.lab.state import HostRecord
+from fleet.topology import host_gpus
+from fleetlab import cgroups, ssh
+from fleetlab import lab as lab_ops
+from fleetlab.mirror import find_mirror
+from fleetlab.mounts import mounts_under
+from fleetlab.ports import _listeners
+from fleetlab.prereqs import check_prereqs, describe_missing
+from fleetlab.profiles import load_profile
+from fleetlab.sshkeys import generate_ed25519, known_hosts_line
+from fleetlab.state import HostRecord
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 
@@ -297,7 +298,7 @@ def test_pynvml_in_a_host_sees_the_profile(lab_fleet: LabFleet, nvml_wheel: Path
     assert [[link.active for link in g.nvlinks] for g in seen.gpus] == expected_links
     expected_topo = [[profile.pcie_levels[a.slot][b.slot] if a is not b else None for b in gpus] for a in gpus]
     assert [list(row) for row in seen.common_ancestor] == expected_topo
-    assert set(seen.host_gpus().islands) == set(profile.host_gpus().islands)
+    assert set(host_gpus(seen).islands) == set(profile.host_gpus().islands)
 
 
 @pytest.mark.lab

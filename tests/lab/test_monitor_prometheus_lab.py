@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from fleet.lab import lab as lab_ops
+from fleetlab import lab as lab_ops
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT

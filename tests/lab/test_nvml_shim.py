@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from fleet.gpus import CATALOGUE
-from fleet.lab.nvml import LIBRARY_NAME, build_shim
-from fleet.lab.profiles import TOPOLOGY_LEVELS, LabProfile, list_profiles, load_profile
+from fleetlab.nvml import LIBRARY_NAME, build_shim
+from fleetlab.profiles import TOPOLOGY_LEVELS, LabProfile, list_profiles, load_profile
 
 NOT_SUPPORTED = {"error": "NVMLError_NotSupported"}
 GiB = 1024**3

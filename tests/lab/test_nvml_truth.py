@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from fleet.lab.nvml import build_shim
-from fleet.lab.profiles import list_profiles, load_profile
+from fleetlab.nvml import build_shim
+from fleetlab.profiles import list_profiles, load_profile
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-truth"
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from fleet.errors import PlanError
-from fleet.lab.profiles import load_profile
 from fleet.model.arch import load_model
 from fleet.plan.planner import plan_host
+from fleetlab.profiles import load_profile
 from tests.lab.test_vllm_standin_local import lab, run  # noqa: F401  (fixtures: installed stand-in, runner)
 from tests.unit.conftest import spec
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from fleet.lab import lab as lab_ops
-from fleet.lab.models import staging_command
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
+from fleetlab import lab as lab_ops
+from fleetlab.models import staging_command
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT

@@ -33,12 +33,12 @@ import paramiko
 import pytest
 
 from fleet.errors import FleetError
-from fleet.lab import lab as lab_ops
-from fleet.lab import ssh
-from fleet.lab.base import LOGIN_USER
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
 from fleet.rollout.journal import Journal
 from fleet.rollout.probe import InstanceProber
+from fleetlab import lab as lab_ops
+from fleetlab import ssh
+from fleetlab.base import LOGIN_USER
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT
@@ -741,7 +741,7 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
 #
 # A partition that cuts only fleet off from one lab host: the command under test runs in a cgroup
 # of its own, and an nftables output rule drops that cgroup's packets to the host's address
-# (``socket cgroupv2``, as the lab's air gap matches hosts: ``fleet/lab/airgap.py``); the lab's
+# (``socket cgroupv2``, as the lab's air gap matches hosts: ``fleetlab/airgap.py``); the lab's
 # hosts keep reaching their own addresses. A frozen host: its cgroup's ``cgroup.freeze`` (cgroup
 # v2), every process of it stopped while its kernel still answers TCP.
 
@@ -753,7 +753,7 @@ def own_cgroup(name: str) -> Iterator[Path]:
     """A cgroup (v2) of this test's own, below this process's (so what guards the test run's
     cgroup, the network guard of tests/conftest.py, guards it too); removed at the end (its
     processes are gone by then)."""
-    from fleet.lab.airgap import cgroup2_root
+    from fleetlab.airgap import cgroup2_root
 
     root = cgroup2_root()
     assert root is not None, "no cgroup v2 hierarchy"
@@ -783,7 +783,7 @@ def partition(cgroup: Path, address: str) -> Iterator[Callable[[], str]]:
     """Yields ``cut()``: from then on every packet ``cgroup``'s sockets send to ``address`` is
     dropped (no answer, no error: a partition). The rule is removed at the end, pass or fail.
     ``cut()`` returns the nft table's name, to read its counter."""
-    from fleet.lab.airgap import host_rule
+    from fleetlab.airgap import host_rule
 
     rule = host_rule("fleet-under-test", address, cgroup)
     table = f"fleet_test_{os.getpid()}"
@@ -813,8 +813,8 @@ def dropped(table: str) -> int:
 def frozen(lab: LabFleet, index: int) -> Iterator[Callable[[], None]]:
     """Yields ``freeze()``: every process of the host stops (cgroup v2 ``cgroup.freeze``); thawed
     at the end, pass or fail."""
-    from fleet.lab.airgap import host_cgroup
-    from fleet.lab.lab import machine_for
+    from fleetlab.airgap import host_cgroup
+    from fleetlab.lab import machine_for
 
     state = lab.state
     m = machine_for(lab.dir, state, state.hosts[index])
@@ -1100,7 +1100,7 @@ def test_a_changed_host_key_shows_both_fingerprints_and_the_right_known_hosts_fi
     exited 2. Now: SHA256 fingerprints (expected and offered), ``ssh-keygen -R ... -f FILE``, exit 1."""
     import runpy
 
-    from fleet.lab.lab import machine_for
+    from fleetlab.lab import machine_for
 
     lab, fleet = serving
     h1 = fleet.hosts[1]
@@ -1268,7 +1268,7 @@ def test_a_restart_under_load_behind_the_balancer_fails_no_request(
     its sessions end, it restarts, passes its gates and comes back; not one request fails. Then
     the same restart with ``--no-lb`` (the balancer keeps sending to draining instances, which
     answer HTTP 500 as vLLM does): requests fail, which shows the first count is not vacuous."""
-    from fleet.lab import balancer
+    from fleetlab import balancer
 
     lab, fleet = serving
     policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "drain_timeout_s": 30}
@@ -1339,7 +1339,7 @@ def test_drain_takes_a_host_out_under_load_a_restart_from_another_journal_skips_
     other; ``fleet deploy --limit`` of it reports it skipped and exits 0; ``fleet status`` shows it
     drained with the balancer's view. ``fleet undrain`` starts, gates and puts it back, failing no
     request, and removes the marker."""
-    from fleet.lab import balancer
+    from fleetlab import balancer
 
     lab, fleet = serving
     h0, h1 = fleet.hosts
@@ -1443,9 +1443,9 @@ def test_deploy_reconfigures_the_balancer_a_removed_host_leaves_traffic_first_an
     host's servers out of traffic before the reloaded configuration drops them (no request fails,
     the first host's servers stay UP); the whole inventory again brings them back, written disabled
     and set ready only once their instances pass the deploy's checks."""
-    from fleet.lab import balancer
     from fleet.lb.traffic import Balancer
     from fleet.lb.transport import LocalSocket
+    from fleetlab import balancer
 
     lab, fleet = serving
     h0, h1 = fleet.hosts
@@ -1503,7 +1503,7 @@ def test_a_reboot_for_a_driver_change_takes_the_host_out_of_traffic_first_and_ba
     repository has two) needs a reboot; ``fleet deploy --reboot`` takes that host's instances out
     of traffic and waits for their sessions before the reboot, and puts them back ``ready`` only
     once they serve again. No request fails. (The host keeps that driver afterwards.)"""
-    from fleet.lab import balancer
+    from fleetlab import balancer
 
     lab, fleet = serving
     h1 = fleet.hosts[1]
@@ -1569,7 +1569,7 @@ def power_cut(lab: LabFleet, index: int) -> None:
     loss does. Nothing is shut down cleanly."""
     import signal as sig
 
-    from fleet.lab.lab import machine_for
+    from fleetlab.lab import machine_for
 
     state = lab.state
     m = machine_for(lab.dir, state, state.hosts[index])

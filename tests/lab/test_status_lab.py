@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from fleet.lab import lab as lab_ops
-from fleet.lab import ssh
+from fleetlab import lab as lab_ops
+from fleetlab import ssh
 from tests.terminal import Terminal, table_rows
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options

@@ -24,10 +24,10 @@ import paramiko
 import pytest
 
 from fleet.gpus import HostGpus
-from fleet.lab import ssh
 from fleet.model.arch import load_model
 from fleet.plan.planner import HostPlan, plan_host
 from fleet.render.units import HostPaths, render_host
+from fleetlab import ssh
 from tests.unit.conftest import spec
 
 from .conftest import LabFleet

@@ -32,8 +32,8 @@ from typing import Any
 import paramiko
 import pytest
 
-from fleet.lab import ssh
-from fleet.lab.state import HostRecord
+from fleetlab import ssh
+from fleetlab.state import HostRecord
 from tests.lab.polling import wait_for
 
 from .conftest import LabFleet

@@ -32,9 +32,9 @@ from typing import Any
 
 import pytest
 
-from fleet.lab.index import build_standin_wheel, fetch_wheels
-from fleet.lab.nvml import build_shim
-from fleet.lab.profiles import load_profile
+from fleetlab.index import build_standin_wheel, fetch_wheels
+from fleetlab.nvml import build_shim
+from fleetlab.profiles import load_profile
 from tests.lab.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

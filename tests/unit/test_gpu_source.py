@@ -14,9 +14,10 @@ from fleet.facts.hostfacts import HostFacts, parse_probe
 from fleet.facts.nvml import NvmlProbe
 from fleet.gpus import GiB
 from fleet.inventory.spec import HostSpec, host_spec
-from fleet.lab.inventory_writer import declared_gpus
 from fleet.operations import host as host_deploy
 from fleet.plan.gpu_source import GpuMismatch, GpusNotKnownYet, gpu_source, mismatches
+from fleet.topology import host_gpus
+from fleetlab.inventory_writer import declared_gpus
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 BASE: dict[str, Any] = {
@@ -73,7 +74,7 @@ def test_a_real_driver_answer_plans_the_host_without_an_inventory_entry(fixture:
 )
 def test_an_agreeing_inventory_entry_is_a_passed_check_and_the_probe_plans(fixture: str, gpu: dict[str, Any]) -> None:
     probed = facts(fixture)
-    assert mismatches(spec(gpu).gpu, probed.host_gpus()) == []  # type: ignore[arg-type]
+    assert mismatches(spec(gpu).gpu, host_gpus(probed)) == []  # type: ignore[arg-type]
     source = gpu_source(spec(gpu), probed)
     assert source.origin == "probe" and source.gpus is not None and source.gpus.source == "probe"
 
@@ -142,7 +143,7 @@ def test_every_lab_profile_declares_what_its_simulated_nvml_answers() -> None:
         if not source.startswith("probe against the lab NVML library, profile "):
             continue
         profile = source.rsplit(" ", 1)[1]
-        found = mismatches(spec(declared_gpus(profile)).gpu, facts(path.stem).host_gpus())  # type: ignore[arg-type]
+        found = mismatches(spec(declared_gpus(profile)).gpu, host_gpus(facts(path.stem)))  # type: ignore[arg-type]
         missing = ["count: the inventory says 8, the probe found 7"]
         assert found == (missing if "gpu-missing" in profile else []), profile
         seen += 1
@@ -233,3 +234,26 @@ def test_deploy_checks_need_no_gpu_entry_but_still_refuse_bad_input_first(tmp_pa
     inv.write_text(f"gpus = {bad!r}\n")
     with pytest.raises(FleetError, match=r"missing/config\.json"):
         check_hosts(load_inventory(str(inv)))
+
+
+# ---- the one door: every answer in one value (decide_gpus) ---------------------------------------
+
+
+def test_one_decision_holds_what_is_declared_probed_chosen_and_how_they_differ() -> None:
+    from fleet.plan.gpu_source import decide_gpus
+
+    d = decide_gpus(spec({"sku": "h100-sxm-80gb", "count": 2}), facts("h200-vm"))
+    assert d.declared is not None and d.declared.count == 2 and d.declared.source == "catalogue:h100-sxm-80gb"
+    assert d.probed is not None and [g.name for g in d.probed.gpus] == ["NVIDIA H200"]
+    assert any(x.startswith("count: the inventory says 2, the probe found 1") for x in d.differences)
+    assert isinstance(d.refusal, GpuMismatch) and d.chosen.gpus is None  # a deploy refuses the host
+    assert d.for_plan() is d.probed  # fleet plan shows what the host has
+
+    agreed = decide_gpus(spec({"sku": "h200-sxm-141gb", "count": 1}), facts("h200-vm"))
+    assert agreed.differences == () and agreed.refusal is None and agreed.chosen.origin == "probe"
+
+    offline = decide_gpus(spec({"sku": "l40s-48gb", "count": 4}), None)
+    assert offline.probed is None and offline.chosen.origin == "inventory" and offline.for_plan() is not None
+
+    waiting = decide_gpus(spec(), "unreachable: 127.0.250.1:22 refused the connection (no sshd listening)")
+    assert waiting.declared is None and waiting.for_plan() is None and isinstance(waiting.refusal, PlanError)

@@ -8,6 +8,7 @@ on another (``load_for_planning``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,11 @@ def problems(extra: dict[str, Any]) -> list[str]:
         {"rack": "r12", "datacenter": "ams", "user_keys": ["rack", "datacenter"]},
         {"rack": "r12", "user_keys": ("rack",)},
         {"fleet_lab": {"name": "lab", "state_root": "/var/lib/fleet-lab"}},
+        {"reboot_command": ["/usr/local/bin/power-cycle", "--host", "gpu 07"]},
+        {"reboot_command": ("/usr/bin/ipmitool", "power", "cycle")},
     ],
     ids=["ssh", "ssh-more", "privileges", "execution", "other-connectors", "x_-prefix", "user_keys", "user_keys-tuple",
-         "fleet_lab"],
+         "fleet_lab", "reboot_command", "reboot_command-tuple"],
 )  # fmt: skip
 def test_keys_that_are_someones(extra: dict[str, Any]) -> None:
     assert problems(extra) == []
@@ -76,9 +79,15 @@ def test_keys_that_are_someones(extra: dict[str, Any]) -> None:
         ({"fleet_lab": {"name": "lab"}}, ["fleet_lab.state_root=None: required"]),
         ({"fleet_lab": {"name": "lab", "state_root": "rel"}}, ["fleet_lab.state_root='rel': an absolute path"]),
         ({"fleet_lab": {"name": "lab", "state_root": "/s", "root": "/"}}, ["fleet_lab.root='/': unknown key"]),
+        ({"reboot_command": "/sbin/reboot now"}, ["reboot_command='/sbin/reboot now'", "a list of words"]),
+        ({"reboot_command": []}, ["reboot_command=[]", "at least 1 item"]),
+        ({"reboot_command": ["power-cycle", "h1"]}, ["the first an absolute path"]),
+        ({"reboot_command": ["/bin/cycle", "h1\nreboot"]}, ["'h1\\nreboot']", "no line breaks"]),
+        ({"reboot_command": ["/bin/cycle", 7]}, ["reboot_command=['/bin/cycle', 7]"]),
     ],
     ids=["served_name", "modle", "tensor_parallel", "rack", "ssh_usr", "ssh_hostnme", "_sudoo", "winrm", "undeclared",
-         "user_keys-str", "user_keys-fleet-key", "user_keys-bad-name", "lab-missing", "lab-relative", "lab-extra"],
+         "user_keys-str", "user_keys-fleet-key", "user_keys-bad-name", "lab-missing", "lab-relative", "lab-extra",
+         "reboot-string", "reboot-empty", "reboot-relative", "reboot-newline", "reboot-not-a-word"],
 )  # fmt: skip
 def test_keys_that_are_nobodys(extra: dict[str, Any], expected: list[str]) -> None:
     found = problems(extra)
@@ -153,10 +162,10 @@ def test_example_inventory_loads_for_planning() -> None:
 
 
 def test_the_labs_own_inventory_loads_for_planning(tmp_path: Path) -> None:
-    from fleet.lab.apt_repo import AptRepo
-    from fleet.lab.balancer import balancer_entry
-    from fleet.lab.inventory_writer import render_inventory
-    from fleet.lab.state import HostRecord, LabDir, LabState
+    from fleetlab.apt_repo import AptRepo
+    from fleetlab.balancer import balancer_entry
+    from fleetlab.inventory_writer import render_inventory
+    from fleetlab.state import HostRecord, LabDir, LabState
 
     lab = LabDir("keys", state_root=tmp_path / "state")
     keyring = tmp_path / "nvidia.gpg"
@@ -172,6 +181,11 @@ def test_the_labs_own_inventory_loads_for_planning(tmp_path: Path) -> None:
         assert (loaded.hosts[0].balancer is not None) == (balancer is not None)
         data = loaded.pyinfra.get_host("keys-h1").data.dict()  # type: ignore[no-untyped-call]
         assert data["fleet_lab"] == {"name": "keys", "state_root": str(tmp_path / "state")}
+        # a deploy power-cycles a lab host through what the lab wrote, not through an import of the lab
+        assert loaded.hosts[1].reboot_command == (
+            sys.executable, "-m", "fleet.cli", "lab", "restart", "--name", "keys", "--state-root",
+            str(tmp_path / "state"), "keys-h2",
+        )  # fmt: skip
 
 
 def test_a_balancer_host_holds_pyinfras_keys_and_its_own_only(tmp_path: Path) -> None:

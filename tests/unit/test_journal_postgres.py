@@ -24,7 +24,8 @@ import pytest
 
 from fleet.rollout.engine import RolloutStatus, new_rollout
 from fleet.rollout.errors import JournalError, LockHeld
-from fleet.rollout.journal import SCHEMA_VERSION, Journal, JournalLocation, RolloutJournal, open_journal
+from fleet.rollout.journal import SCHEMA_VERSION, Journal, JournalLocation, RolloutJournal
+from fleet.rollout.journals import open_journal
 from fleet.rollout.runner import Runner, open_rollout, reopen_rollout
 from fleet.secrets import SecretRef
 from tests.lab.polling import wait_for
@@ -100,7 +101,7 @@ CHILD = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from fleet.rollout.engine import new_rollout
-    from fleet.rollout.journal import open_journal
+    from fleet.rollout.journals import open_journal
     from fleet.rollout.runner import Runner, open_rollout
     from tests.unit.test_rollout_engine import POLICY, Clock, SimFleet, targets
 
@@ -124,7 +125,7 @@ SECOND = textwrap.dedent(
     """
     import json, sys
     from fleet.rollout.errors import LockHeld
-    from fleet.rollout.journal import open_journal
+    from fleet.rollout.journals import open_journal
     from fleet.rollout.runner import Runner, reopen_rollout
     from tests.unit.test_rollout_engine import Clock, SimFleet
 

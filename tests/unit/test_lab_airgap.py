@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from fleet.lab import airgap
-from fleet.lab.airgap import Endpoint, HostRule
-from fleet.lab.errors import LabError
+from fleetlab import airgap
+from fleetlab.airgap import Endpoint, HostRule
+from fleetlab.errors import LabError
 
 HOSTS = [
     HostRule("lab-1", "127.0.120.11", "unified/fleet-lab/lab-1", 2),

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab import apt_repo
-from fleet.lab.nvml import build_shim
+from fleetlab import apt_repo
+from fleetlab.nvml import build_shim
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("dpkg-deb", "dpkg-scanpackages", "gpg", "gpgv", "gcc")),

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab import index
-from fleet.lab.inventory_writer import default_inventory
-from fleet.lab.state import LabDir
+from fleetlab import index
+from fleetlab.inventory_writer import default_inventory
+from fleetlab.state import LabDir
 
 
 @pytest.mark.parametrize(

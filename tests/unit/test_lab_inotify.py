@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab.prereqs import ensure_inotify_instances, inotify_instances_needed, running_nspawn_hosts
+from fleetlab.prereqs import ensure_inotify_instances, inotify_instances_needed, running_nspawn_hosts
 
 
 @pytest.mark.parametrize(

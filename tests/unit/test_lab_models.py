@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.lab.errors import LabError
-from fleet.lab.models import REVISION, staging_command
 from fleet.model.config import BUNDLED_MODELS
+from fleetlab.errors import LabError
+from fleetlab.models import REVISION, staging_command
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

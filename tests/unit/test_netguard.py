@@ -1,4 +1,4 @@
-"""The test run's network guard (``fleet/lab/netguard.py``, ``tests/conftest.py``).
+"""The test run's network guard (``fleetlab/netguard.py``, ``tests/conftest.py``).
 
 Pure parts as tables (the rules, reading nft's listing, this machine's package sources); then the
 guard itself, live where root, nft and cgroup v2 are here: a connection to a documentation
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from pytest_socket import SocketConnectBlockedError
 
-from fleet.lab import netguard
-from fleet.lab.netguard import Allowance, Source
+from fleetlab import netguard
+from fleetlab.netguard import Allowance, Source
 
 REPO = Path(__file__).resolve().parents[2]
 #: RFC 5737 TEST-NET-2: documentation only, never a real host (TEST-NET-1 is this machine's own subnet on some CI).
@@ -343,7 +343,7 @@ def test_nft_accepts_the_rules_and_the_guard_goes_away(net_guard: netguard.Guard
     listed = subprocess.run(["nft", "list", "table", "inet", net_guard.table], capture_output=True, text=True)
     assert listed.returncode == 0 and "jump guard" in listed.stdout, listed.stderr
     code = (
-        "import json; from fleet.lab import netguard; g = netguard.up(); "
+        "import json; from fleetlab import netguard; g = netguard.up(); "
         "print(json.dumps([g.table, str(g.cgroup)])); g.down()"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)

@@ -210,8 +210,8 @@ def nvml(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The environment under which the lab's NVML library answers as an 8x H100 SXM host."""
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc to build the lab's NVML library (scripts/install.sh installs it)")
-    from fleet.lab.nvml import build_shim
-    from fleet.lab.profiles import load_profile
+    from fleetlab.nvml import build_shim
+    from fleetlab.profiles import load_profile
 
     root = tmp_path_factory.mktemp("nvml")
     lib = build_shim(root / "lib")

@@ -16,6 +16,7 @@ import pytest
 
 from fleet.facts.hostfacts import VIRT_PASSTHROUGH, ProbeOutputError, parse_probe
 from fleet.facts.nvml import NvmlProbe, probe_command
+from fleet.topology import host_gpus
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 
@@ -127,7 +128,7 @@ def test_command_runs_the_script_and_reports_a_missing_python(tmp_path: Path) ->
 
 def test_host_gpus_for_the_planner() -> None:
     facts = NvmlProbe().process(load("h100-pcie-8-bridged"))
-    hg = facts.host_gpus()
+    hg = host_gpus(facts)
     assert hg.source == "probe" and hg.count == 8
     assert set(hg.islands) == {frozenset({0, 5}), frozenset({1, 2}), frozenset({3, 4}), frozenset({6, 7})}
     assert hg.sku is not None and hg.sku.key == "h100-pcie-80gb"

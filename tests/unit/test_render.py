@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import RenderError
-from fleet.gpus import HostGpus
-from fleet.model.arch import load_model
-from fleet.plan.planner import HostPlan, plan_host
-from fleet.render.escape import (
+from fleet.escape import (
     comment_text,
     env_file_value,
     ssh_command,
@@ -23,6 +20,9 @@ from fleet.render.escape import (
     systemd_assignment,
     systemd_text,
 )
+from fleet.gpus import HostGpus
+from fleet.model.arch import load_model
+from fleet.plan.planner import HostPlan, plan_host
 from fleet.render.units import HostPaths, RenderedFile, env_file, host_render_dir, render_host, unit_file, write_tree
 from tests.unit.conftest import spec
 
@@ -124,7 +124,7 @@ def test_systemd_analyze_security_rates_the_unit_ok(plan: HostPlan, tmp_path: Pa
     assert exposure <= 4.0, result.stdout[-1500:]
 
 
-# -- escaping where values land (fleet/render/escape.py) ------------------------------------------
+# -- escaping where values land (fleet/escape.py) ------------------------------------------
 
 
 @pytest.mark.parametrize(

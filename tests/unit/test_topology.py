@@ -20,7 +20,7 @@ import pytest
 
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
-from fleet.topology import free_memory, island_shape, islands, nvlink_counts, topo_matrix
+from fleet.topology import free_memory, host_gpus, island_shape, islands, nvlink_counts, topo_matrix
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "probe"
 
@@ -102,7 +102,7 @@ def test_free_memory_is_nvml_v2_free() -> None:
 
 
 def test_host_gpus_carry_the_probed_reserve_and_use() -> None:
-    hg = facts("h100-80gb-hbm3-vm").host_gpus()
+    hg = host_gpus(facts("h100-80gb-hbm3-vm"))
     (g,) = hg.gpus
     assert (g.memory_total, g.memory_reserved, g.memory_used) == (85520809984, 503316480, 0)
     assert hg.source == "probe" and hg.sku is not None and hg.sku.memory_reserved == g.memory_reserved
@@ -112,9 +112,9 @@ def test_host_gpus_carry_the_probed_reserve_and_use() -> None:
 def test_probed_compute_capability_is_the_gpus_not_the_catalogues() -> None:
     f = facts("h100-80gb-hbm3-vm")
     renamed = dataclasses.replace(f, gpus=tuple(dataclasses.replace(g, name="NVIDIA Unknown") for g in f.gpus))
-    hg = renamed.host_gpus()
+    hg = host_gpus(renamed)
     assert hg.sku is None and hg.compute_capability == (9, 0)
     unknown = dataclasses.replace(
         renamed, gpus=tuple(dataclasses.replace(g, compute_capability=None) for g in renamed.gpus)
     )
-    assert unknown.host_gpus().compute_capability is None
+    assert host_gpus(unknown).compute_capability is None

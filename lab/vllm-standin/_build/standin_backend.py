@@ -3,7 +3,7 @@
 Why not setuptools: building must work on an air-gapped control machine without fetching a
 build backend, and the wheel must carry fleet's vLLM argument surface, which lives outside this
 directory (``fleet/plan/vllm_surface.py`` and ``fleet/plan/data/vllm/serve-args-0.33.0.json``), both in
-a fleet checkout and in an installed fleet (where this directory is ``fleet/lab/standin_src``). This
+a fleet checkout and in an installed fleet (where this directory is ``fleetlab/standin_src``). This
 backend reads ``[project]`` from ``pyproject.toml``, copies every file under ``src/`` into a
 pure-Python wheel, and adds the surface under ``vllm/_vendor/`` at build time, so there is one
 surface and no hand-written second list. Only the standard library is used.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Where fleet's ``plan`` package is: in a fleet checkout the stand-in is ``lab/vllm-standin``;
-#: in an installed fleet it is package data at ``fleet/lab/standin_src``.
+#: in an installed fleet it is package data at ``fleetlab/standin_src``.
 PLAN_DIRS = (ROOT.parent.parent / "fleet" / "plan", ROOT.parent.parent / "plan")
 SURFACE_VERSION = "0.33.0"
 

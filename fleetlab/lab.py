@@ -17,17 +17,17 @@ from pathlib import Path
 
 import paramiko
 
-from fleet.lab import airgap, cgroups, hostfiles, inventory_writer, ssh
-from fleet.lab import balancer as lb_mod
-from fleet.lab import base as base_mod
-from fleet.lab.errors import LabError
-from fleet.lab.machine import Machine
-from fleet.lab.mirror import find_mirror
-from fleet.lab.mounts import mounts_under
-from fleet.lab.ports import port_conflict
-from fleet.lab.prereqs import ensure_inotify_instances, require_prereqs, running_nspawn_hosts
-from fleet.lab.sshkeys import generate_ed25519, known_hosts_line
-from fleet.lab.state import (
+from fleetlab import airgap, cgroups, hostfiles, inventory_writer, ssh
+from fleetlab import balancer as lb_mod
+from fleetlab import base as base_mod
+from fleetlab.errors import LabError
+from fleetlab.machine import Machine
+from fleetlab.mirror import find_mirror
+from fleetlab.mounts import mounts_under
+from fleetlab.ports import port_conflict
+from fleetlab.prereqs import ensure_inotify_instances, require_prereqs, running_nspawn_hosts
+from fleetlab.sshkeys import generate_ed25519, known_hosts_line
+from fleetlab.state import (
     DEFAULT_LAB_NAME,
     DEFAULT_STATE_ROOT,
     MAX_HOSTS,
@@ -59,18 +59,18 @@ class UpOptions:
     octet: int | None = None
     ssh_port: int = 22
     #: Where lab hosts install Python packages from. None: the lab's own index on 127.0.0.1
-    #: (``fleet.lab.index``), like an air-gapped fleet's mirror.
+    #: (``fleetlab.index``), like an air-gapped fleet's mirror.
     pip_index_url: str | None = None
     #: Bare hosts: GPUs without a driver (no NVML library) until a deploy installs the stand-in
-    #: driver from the lab's apt repository (``fleet.lab.apt_repo``) and the host restarts.
+    #: driver from the lab's apt repository (``fleetlab.apt_repo``) and the host restarts.
     bare: bool = False
-    #: Pre-stage the lab inventory's model in each host's vLLM cache (``fleet.lab.models``), as an
+    #: Pre-stage the lab inventory's model in each host's vLLM cache (``fleetlab.models``), as an
     #: operator pre-stages weights, so ``fleet deploy`` of the lab serves without further steps.
     stage_model: bool = False
     #: Cut hosts off every address but the package index's (and apt repository's) ``address:port``
-    #: (``fleet.lab.airgap``), as an air-gapped fleet is.
+    #: (``fleetlab.airgap``), as an air-gapped fleet is.
     air_gap: bool = True
-    #: Run HAProxy on this machine in front of the lab's instances (``fleet.lab.balancer``) and name
+    #: Run HAProxy on this machine in front of the lab's instances (``fleetlab.balancer``) and name
     #: it in the inventory's ``balancer`` entries. A lab that has one keeps it on a later ``up``.
     lb: bool = False
 
@@ -94,7 +94,7 @@ def machine_for(lab: LabDir, state: LabState, host: HostRecord) -> Machine:
 
 def _check_profiles(profiles: Sequence[str]) -> None:
     """Fail before touching anything if a profile name is unknown."""
-    from fleet.lab.profiles import load_profile
+    from fleetlab.profiles import load_profile
 
     for name in profiles:
         try:
@@ -189,7 +189,7 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     if not base_mod.is_complete(base_path):
         mirror = opts.mirror or find_mirror(base_mod.DEFAULT_SUITE)
         base_path = base_mod.ensure_base(mirror, opts.cache_dir, progress=progress)
-    from fleet.lab.nvml import build_shim
+    from fleetlab.nvml import build_shim
 
     shim = build_shim(opts.cache_dir / "nvml")
     state.hosts = desired
@@ -213,8 +213,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     index_url = opts.pip_index_url
     apt = None
     if index_url is None:
-        from fleet.lab.apt_repo import ensure_apt_repo
-        from fleet.lab.index import ensure_index
+        from fleetlab.apt_repo import ensure_apt_repo
+        from fleetlab.index import ensure_index
 
         index_url = ensure_index(lab.root)
         progress(f"package index at {index_url}")
@@ -256,7 +256,7 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
 
 
 def apply_air_gap(lab: LabDir, state: LabState) -> None:
-    """Load the lab's air gap for its running hosts (``fleet.lab.airgap``), or remove it when off."""
+    """Load the lab's air gap for its running hosts (``fleetlab.airgap``), or remove it when off."""
     if state.air_gap is None:
         airgap.remove(lab.name)
         return
@@ -273,8 +273,8 @@ def apply_air_gap(lab: LabDir, state: LabState) -> None:
 
 
 def _stage_model(lab: LabDir, state: LabState, hosts: list[HostRecord], progress: Progress) -> None:
-    from fleet.lab import ssh
-    from fleet.lab.models import stage_model
+    from fleetlab import ssh
+    from fleetlab.models import stage_model
 
     model = inventory_writer.FLEET_LAB_DEFAULTS["model"]
     for h in hosts:
@@ -332,7 +332,7 @@ def down(
         progress(f"stopping {d.name}")
         Machine(d.name, "", port, d).stop()
         stopped.append(d.name)
-    from fleet.lab.index import stop_index
+    from fleetlab.index import stop_index
 
     stop_index(lab.root)
     if lb_mod.stop(lab):

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.lab.base import LOGIN_USER
-from fleet.lab.errors import LabError
-from fleet.lab.state import HostRecord
+from fleetlab.base import LOGIN_USER
+from fleetlab.errors import LabError
+from fleetlab.state import HostRecord
 
 #: Inside the host: the directory nspawn binds read-only over /proc/driver.
 PROC_DRIVER_SOURCE = "/usr/lib/fleet-lab/proc-driver"
@@ -82,7 +82,7 @@ def identity_files(
 
 def gpu_files(profile_name: str) -> list[HostFile]:
     """The simulated GPUs' profile, driver version text and live-state dir (tmpfiles.d)."""
-    from fleet.lab.profiles import load_profile
+    from fleetlab.profiles import load_profile
 
     try:
         profile = load_profile(profile_name)
@@ -98,10 +98,10 @@ def gpu_files(profile_name: str) -> list[HostFile]:
 def bare_gpu_files(profile_name: str) -> list[HostFile]:
     """A host with GPUs and no driver: only the hardware description the driver will find.
 
-    The stand-in driver package (``fleet.lab.apt_repo``) loads it at boot; until then there is no
+    The stand-in driver package (``fleetlab.apt_repo``) loads it at boot; until then there is no
     ``libnvidia-ml.so.1``, no NVML profile and no ``/proc/driver/nvidia``.
     """
-    from fleet.lab.profiles import load_profile
+    from fleetlab.profiles import load_profile
 
     try:
         profile = load_profile(profile_name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from fleet.lab.errors import LabError
+from fleetlab.errors import LabError
 
 
 def generate_ed25519(path: Path, comment: str) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleet.lab.errors import LabError
+from fleetlab.errors import LabError
 
 
 def _deb822_stanzas(text: str) -> Iterator[dict[str, str]]:

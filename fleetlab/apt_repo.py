@@ -15,7 +15,7 @@ commands it would run on a real host, signature checking included:
   deploy installs under ``/etc/apt/keyrings`` and names in ``Signed-By``.
 
 The repository lives under the package index's root (``<lab>/index/apt/``) so the index's one
-detached HTTP server on 127.0.0.1 serves both (``fleet.lab.index.ensure_index``).
+detached HTTP server on 127.0.0.1 serves both (``fleetlab.index.ensure_index``).
 
 What the stand-in driver does on a host, the way a real one does (NVIDIA driver README,
 "Installing the driver"; Debian's ``nvidia-kernel-dkms`` postinst): installing it puts the
@@ -45,10 +45,10 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
 
-from fleet.lab.errors import LabError
-from fleet.lab.hostfiles import HARDWARE_PROFILE, NVML_PROFILE_PATH, PROC_DRIVER_SOURCE
-from fleet.lab.index import ensure_index, index_root
-from fleet.lab.locks import file_lock
+from fleetlab.errors import LabError
+from fleetlab.hostfiles import HARDWARE_PROFILE, NVML_PROFILE_PATH, PROC_DRIVER_SOURCE
+from fleetlab.index import ensure_index, index_root
+from fleetlab.locks import file_lock
 
 #: Driver versions the lab repository offers. 580.95.05 is the driver the lab's GPU profiles
 #: describe; 580.82.07 is an older release of the same branch, so pinning is observable (apt

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import os
 import pprint
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.lab.base import LOGIN_USER
-from fleet.lab.profiles import load_profile
-from fleet.lab.state import HostRecord, LabDir, LabState
+from fleetlab.base import LOGIN_USER
+from fleetlab.profiles import load_profile
+from fleetlab.state import HostRecord, LabDir, LabState
 
 if TYPE_CHECKING:
-    from fleet.lab.apt_repo import AptRepo
+    from fleetlab.apt_repo import AptRepo
 
 INVENTORY_NAME = "inventory.py"
 GROUP = "lab"
@@ -62,6 +63,14 @@ def declared_gpus(profile: str) -> dict[str, Any]:
     return {"sku": p.sku.key, "count": len(p.slots), "nvlink": p.fabric.value}
 
 
+def reboot_command(lab: LabDir, host: str) -> list[str]:
+    """How a deploy power-cycles a lab host: ``fleet lab restart`` with this Python's fleet."""
+    return [
+        sys.executable, "-m", "fleet.cli", "lab", "restart",
+        "--name", lab.name, "--state-root", str(lab.state_root), host,
+    ]  # fmt: skip
+
+
 def host_data(
     lab: LabDir,
     state: LabState,
@@ -80,9 +89,11 @@ def host_data(
         "ssh_strict_host_key_checking": "yes",
         "gpu": declared_gpus(host.profile),
         "bind_address": host.address,
-        # fleet_lab: which lab the host belongs to, so `fleet deploy --reboot` power-cycles it the
-        # lab's way (fleet.lab.lab.restart_host) instead of `systemctl reboot`.
+        # fleet_lab: which lab the host belongs to
         "fleet_lab": {"name": lab.name, "state_root": str(lab.state_root)},
+        # reboot_command: `fleet deploy --reboot` power-cycles the host the lab's way
+        # (fleetlab.lab.restart_host, through `fleet lab restart`) instead of `systemctl reboot`
+        "reboot_command": reboot_command(lab, host.name),
         **FLEET_LAB_DEFAULTS,
     }
     # pip_index_url: where lab hosts install packages from (the lab's package index); None = not set.

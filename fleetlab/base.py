@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from fleet.lab.errors import LabError
-from fleet.lab.locks import file_lock
-from fleet.lab.mounts import unmount_all_under
+from fleetlab.errors import LabError
+from fleetlab.locks import file_lock
+from fleetlab.mounts import unmount_all_under
 
 DEFAULT_CACHE_DIR = Path(os.environ.get("FLEET_LAB_CACHE", "/var/cache/fleet/lab"))
 DEFAULT_SUITE = "bookworm"

@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.lab import cgroups
-from fleet.lab.errors import LabError
-from fleet.lab.hostfiles import PROC_DRIVER_SOURCE
-from fleet.lab.mounts import is_mounted, mount_overlay, unmount_all_under
+from fleetlab import cgroups
+from fleetlab.errors import LabError
+from fleetlab.hostfiles import PROC_DRIVER_SOURCE
+from fleetlab.mounts import is_mounted, mount_overlay, unmount_all_under
 
 BOOT_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0

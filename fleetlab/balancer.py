@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet.lab.errors import LabError
-from fleet.lab.state import LabDir, LabState
+from fleetlab.errors import LabError
+from fleetlab.state import LabDir, LabState
 
 PORT = 8080
 START_TIMEOUT_S = 15.0

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fleet.lab.errors import LabError
+from fleetlab.errors import LabError
 
 DEFAULT_STATE_ROOT = Path(os.environ.get("FLEET_LAB_STATE", "/var/lib/fleet-lab"))
 DEFAULT_LAB_NAME = "lab"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet.lab.errors import LabError
+from fleetlab.errors import LabError
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from fleet.lab import cgroups
-from fleet.lab.errors import LabError
+from fleetlab import cgroups
+from fleetlab.errors import LabError
 
 #: nft names cgroup paths relative to this directory (nftables' SYSFS_CGROUPSV2_PATH).
 NFT_CGROUP_BASE = Path("/sys/fs/cgroup")

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fleet.lab.errors import LabError
+from fleetlab.errors import LabError
 
 
 def _unescape(field: str) -> str:

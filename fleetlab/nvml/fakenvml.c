@@ -3,7 +3,7 @@
  *
  * A shared library with the soname libnvidia-ml.so.1 that implements the part of the NVML C ABI
  * that the unmodified nvidia-ml-py (`import pynvml`) calls while fleet probes a host. It answers
- * from a per-host profile file rendered by fleet/lab/profiles.py (`key=value` lines) and from the
+ * from a per-host profile file rendered by fleetlab/profiles.py (`key=value` lines) and from the
  * live-state directory that GPU-memory holders (the vLLM stand-in) write to.
  *
  * Why a C library and not a Python mock: the probe, nvidia-ml-py and ctypes are the real parts;

@@ -58,9 +58,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet.lab import airgap, base, cgroups
-from fleet.lab.errors import LabError
-from fleet.lab.mirror import find_mirror
+from fleetlab import airgap, base, cgroups
+from fleetlab.errors import LabError
+from fleetlab.mirror import find_mirror
 
 TABLE_PREFIX = "fleet_guard_"
 CGROUP_PREFIX = "fleet-guard-"
@@ -530,10 +530,10 @@ def guarded(what: str, out: Callable[[str], None] = print) -> Iterator[Guard | N
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m fleet.lab.netguard CMD [ARG...]``: run a command under the guard."""
+    """``python -m fleetlab.netguard CMD [ARG...]``: run a command under the guard."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: python -m fleet.lab.netguard CMD [ARG...]  (runs CMD reaching only loopback; needs root)")
+        print("usage: python -m fleetlab.netguard CMD [ARG...]  (runs CMD reaching only loopback; needs root)")
         return 2
     rc = 0
     with guarded(" ".join(args), out=lambda line: print(line, file=sys.stderr)):

@@ -17,9 +17,9 @@ import shlex
 
 import paramiko
 
-from fleet.lab import ssh
-from fleet.lab.errors import LabError
 from fleet.model.config import BUNDLED_MODELS
+from fleetlab import ssh
+from fleetlab.errors import LabError
 
 SERVICE_USER = "vllm"
 SERVICE_HOME = "/var/lib/vllm"

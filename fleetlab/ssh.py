@@ -6,7 +6,7 @@ from pathlib import Path
 
 import paramiko
 
-from fleet.lab.base import LOGIN_USER
+from fleetlab.base import LOGIN_USER
 
 
 def connect(

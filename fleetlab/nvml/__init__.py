@@ -1,7 +1,7 @@
 """Build the lab's simulated NVML library (``libnvidia-ml.so.1``).
 
 The C source next to this module implements the part of the NVML C ABI that the unmodified
-``nvidia-ml-py`` calls; it answers from a profile rendered by :mod:`fleet.lab.profiles`. Lab hosts
+``nvidia-ml-py`` calls; it answers from a profile rendered by :mod:`fleetlab.profiles`. Lab hosts
 put the built library where ``dlopen("libnvidia-ml.so.1")`` finds it (``LD_LIBRARY_PATH`` or the
 loader cache), so the real probe code runs unchanged against simulated GPUs.
 """

@@ -1,12 +1,12 @@
 """Lab host profiles: what the simulated GPUs of one lab host look like.
 
-A profile is a small TOML file (``fleet/lab/profiles/<name>.toml``) that names a catalogue SKU
+A profile is a small TOML file (``fleetlab/profiles/<name>.toml``) that names a catalogue SKU
 and says only what is specific to the host: GPU count, driver versions, PCIe/NVLink topology,
 per-GPU overrides and faults. GPU-model facts (name, memory, compute capability, links, ...) come
 from :data:`fleet.gpus.CATALOGUE` and are never copied into a profile.
 
 :meth:`LabProfile.render` produces the ``key=value`` file the simulated NVML library
-(``fleet/lab/nvml/fakenvml.c``) reads; :meth:`LabProfile.host_gpus` is what a correct probe of
+(``fleetlab/nvml/fakenvml.c``) reads; :meth:`LabProfile.host_gpus` is what a correct probe of
 that host must conclude, so tests can compare the probe with the profile.
 
 Schema (all tables optional unless noted)::
@@ -489,7 +489,7 @@ class LabProfile:
 
 
 def list_profiles() -> list[str]:
-    """Names of the profiles shipped with fleet (``fleet/lab/profiles/*.toml``)."""
+    """Names of the profiles shipped with fleet (``fleetlab/profiles/*.toml``)."""
     return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
 
 

@@ -5,7 +5,7 @@ Lab hosts install vLLM the way an air-gapped fleet would, from a mirror:
 
 * the lab's vLLM stand-in, built with ``pip wheel --no-deps`` from its source: ``lab/vllm-standin``
   in a fleet checkout, or the same files shipped inside the fleet package as
-  ``fleet/lab/standin_src`` (so an installed fleet can run ``fleet lab up``); its in-tree build
+  ``fleetlab/standin_src`` (so an installed fleet can run ``fleet lab up``); its in-tree build
   backend vendors fleet's vLLM argument surface into the wheel;
 * the wheels the stand-in and a deploy need (``DEPLOY_REQUIREMENTS``: nvidia-ml-py,
   prometheus_client, setproctitle), fetched once with ``pip download --no-deps
@@ -43,15 +43,17 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from fleet.lab.errors import LabError
-from fleet.lab.locks import file_lock
+import fleet
 from fleet.operations.layout import NVML_PY_REQUIREMENT
+from fleetlab.errors import LabError
+from fleetlab.locks import file_lock
 
-FLEET_DIR = Path(__file__).resolve().parents[1]
-REPO_ROOT = FLEET_DIR.parent
+LAB_DIR = Path(__file__).resolve().parent
+FLEET_DIR = Path(fleet.__file__).resolve().parent
+REPO_ROOT = LAB_DIR.parent
 #: The stand-in's source: the checkout's ``lab/vllm-standin`` or the copy shipped in the package.
 CHECKOUT_STANDIN_DIR = REPO_ROOT / "lab" / "vllm-standin"
-PACKAGED_STANDIN_DIR = FLEET_DIR / "lab" / "standin_src"
+PACKAGED_STANDIN_DIR = LAB_DIR / "standin_src"
 STANDIN_DIR = CHECKOUT_STANDIN_DIR if (CHECKOUT_STANDIN_DIR / "pyproject.toml").is_file() else PACKAGED_STANDIN_DIR
 #: Files outside the stand-in's directory that go into its wheel (the vendored surface).
 STANDIN_EXTRA_INPUTS = (
