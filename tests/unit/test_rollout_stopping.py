@@ -83,3 +83,27 @@ def test_completion_gate_names_a_dead_engine(message: str) -> None:
 def test_completion_gate_names_a_drain() -> None:
     verdict, why = check_completion(CompletionAnswer(status=500, error="cannot schedule new futures after shutdown"))
     assert verdict is Check.BAD and "the server is draining or stopping" in why
+
+
+def test_after_a_sigkill_stop_the_gpu_check_holds_the_start_until_the_gpus_are_free(tmp_path: Path) -> None:
+    """The GPU check after a SIGKILLed stop is real: an engine core still holding the GPU (as one
+    whose API server deadlocked while loading would, were it outside the unit's cgroup) is named
+    and killed before the new release starts, and the stop's journaled outcome stays the SIGKILL."""
+    sim = SimFleet(Clock(), [1])
+    ref = InstanceRef("h0", "i0")
+    sim.orphan_on_stop.add(ref)
+    original = sim.stop_unit
+
+    def stop(r: InstanceRef) -> str:
+        original(r)
+        return stop_outcome({"Result": "timeout", "ActiveState": "failed", "ExecMainCode": "2", "ExecMainStatus": "9"})
+
+    sim.stop_unit = stop  # type: ignore[method-assign]
+    state, journal = run(tmp_path, sim, replace(POLICY, batches=(1,)))
+    assert state.status is RolloutStatus.DONE, state.reason
+    acts = [line.split()[0] for line in sim.log if not line.startswith("hook")]
+    assert acts == ["stop", "kill", "flip", "start"], sim.log
+    steps = {s.action: s for s in journal.steps("r1")}
+    assert steps["stop"].outcome_detail is not None
+    assert steps["stop"].outcome_detail.startswith("stopped by SIGKILL after TimeoutStopSec")
+    assert "orphaned engine left by the stopped unit" in steps["kill"].detail
