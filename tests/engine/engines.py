@@ -240,12 +240,15 @@ class Engine:
 
     name = ""
     start_s = 60.0
+    #: arguments every ``vllm serve`` of this engine gets before the scenario's own
+    base_args: tuple[str, ...] = ()
 
     def __init__(self, root: Path, model_dir: Path) -> None:
         self.root = root
         self.model_dir = model_dir
         self.servers: list[Server] = []
         self.spares: list[Server] = []  #: serving servers a later scenario may take
+        self.started = 0  #: servers started so far (names each one's log; ``servers`` shrinks)
 
     @property
     def vllm(self) -> Path:
@@ -260,7 +263,8 @@ class Engine:
     def start(self, *args: str, env: dict[str, str] | None = None, wait: bool = True,
               faults: dict[str, Any] | None = None) -> Server:  # fmt: skip
         port = free_port()
-        n = len(self.servers)
+        n = self.started
+        self.started += 1
         log_path = self.root / f"{self.name}-serve-{n}.log"
         full = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "FLEET_LAB_", "CUDA_"))}
         full.update(self.env())
@@ -269,7 +273,7 @@ class Engine:
             Path(full["FLEET_LAB_FAULTS"]).write_text(json.dumps(faults))
         full.update(env or {})
         argv = [str(self.vllm), "serve", str(self.model_dir), "--served-model-name", SERVED,
-                "--host", "127.0.0.1", "--port", str(port), *args]  # fmt: skip
+                "--host", "127.0.0.1", "--port", str(port), *self.base_args, *args]  # fmt: skip
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full, start_new_session=True)
         server = Server(self.name, proc, port, log_path, self.start_s)
@@ -355,6 +359,12 @@ class StandinEngine(Engine):
 class RealEngine(Engine):
     name = "real"
     start_s = REAL_START_S
+    #: No torch.compile: on CPU, vLLM traces the model with dynamo and compiles it with inductor
+    #: while loading (``CpuPlatform.check_and_update_config`` in ``vllm/platforms/cpu.py``, whose
+    #: comment says vLLM's own CPU CI skips that compile to save time). The scenarios look at the
+    #: API server and its processes, never at kernels: compiling only makes each load longer
+    #: (measured here under load 7-9: 266 s to ready compiled, 79 s with ``--enforce-eager``).
+    base_args = ("--enforce-eager",)
 
     def __init__(self, root: Path, model_dir: Path) -> None:
         super().__init__(root, model_dir)
