@@ -230,6 +230,15 @@ def check_models(answer: ModelsAnswer | None, model: str) -> tuple[Check, str]:
     return Check.PASS, f"/v1/models lists {model!r}"
 
 
+#: What a client gets from a request that meets a dead engine (``EngineDeadError`` in
+#: ``vllm/v1/engine/exceptions.py``): ``CLIENT_MESSAGE`` in 0.33.0, ``ENGINE_DEAD_MESSAGE`` in 0.32.0
+#: (measured on the real engine); ``engine_error_handler`` answers HTTP 500 and stops the server.
+ENGINE_DEAD_MESSAGES = (
+    "The server had an error while processing your request.",
+    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+)
+
+
 def check_completion(answer: CompletionAnswer | None) -> tuple[Check, str]:
     if answer is None:
         return Check.PENDING, "completion not probed"
@@ -239,6 +248,11 @@ def check_completion(answer: CompletionAnswer | None) -> tuple[Check, str]:
         return Check.FATAL, f"completion {answer.status}: the API key was refused (check api_key_ref)"
     if answer.status == 500 and "cannot schedule new futures after shutdown" in answer.error:
         return Check.BAD, f"completion {answer.why()}: {answer.error} (the server is draining or stopping)"
+    if answer.status == 500 and any(m in answer.error for m in ENGINE_DEAD_MESSAGES):
+        return Check.BAD, (
+            f"completion {answer.why()}: {answer.error} (the engine core died: EngineDeadError; vLLM's API "
+            "server exits at once and the unit restarts it)"
+        )
     if answer.status != 200:
         return Check.BAD, f"completion {answer.why()}" + (f": {answer.error}" if answer.error else "")
     if answer.finish_reason == "abort":

@@ -78,6 +78,7 @@ from fleet.rollout.gates import GpuEvents, GpuEventSeen, Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
 from fleet.rollout.policy import HookPlace, RolloutPolicy
 from fleet.rollout.probe import InstanceProber, _Reply
+from fleet.rollout.stopping import STOP_PROPS, stop_outcome
 
 SSH_TIMEOUT_S = 60.0
 #: ``systemctl stop`` waits for the unit's TimeoutStopSec (vLLM's drain); this bounds the wait here.
@@ -532,8 +533,12 @@ class SshExecutor:
 
     # ---- acting ----------------------------------------------------------------------------------
 
-    def stop_unit(self, ref: InstanceRef) -> None:
-        self.run(ref.host, ["systemctl", "stop", "--", self.spec(ref).unit], sudo=True, timeout=STOP_TIMEOUT_S)
+    def stop_unit(self, ref: InstanceRef) -> str:
+        unit = self.spec(ref).unit
+        self.run(ref.host, ["systemctl", "stop", "--", unit], sudo=True, timeout=STOP_TIMEOUT_S)
+        # systemctl stop returns 0 after a SIGKILL at TimeoutStopSec too: the unit's Result tells.
+        shown = self.run(ref.host, ["systemctl", "show", "-p", ",".join(STOP_PROPS), "--", unit])
+        return stop_outcome(show_properties(shown))
 
     def start_unit(self, ref: InstanceRef) -> None:
         s = self.spec(ref)
