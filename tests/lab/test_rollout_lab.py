@@ -1608,6 +1608,9 @@ def test_a_host_that_loses_power_mid_rollout_halts_it_naming_the_host(
     says what happened. Once the host is back, the same rollout finishes. (Runs last: it reboots.)"""
     lab, fleet = serving
     h0, h1 = fleet.hosts
+    for i in range(len(fleet.hosts)):  # the deploys of earlier tests may have pruned it (releases_kept)
+        if on_host(lab, i, f"test -e {ROOT}/releases/next/.fleet-release.json")[0] != 0:
+            make_release(lab, i, "next")
     policy = {"batches": [1, -1], "soak_s": 1, "probe_interval_s": 0.5, "timeouts": {"unit": 5, "health": 60},
               "host_deadline_s": 120, "progress_deadline_s": 300}  # fmt: skip
     inventory = inventory_with(fleet, tmp_path / "inventory.py", policy)
