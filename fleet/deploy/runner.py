@@ -40,15 +40,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import paramiko
+from pyinfra.api.command import StringCommand
 from pyinfra.api.config import Config
 from pyinfra.api.connect import disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
@@ -64,7 +66,7 @@ from fleet.escape import ssh_command
 from fleet.facts.drain import Drained, DrainMarker
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
-from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
+from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.inventory.spec import LoadedInventory
 from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
@@ -295,6 +297,54 @@ class DeployPhase:
     stopped: str | None = None
 
 
+#: ``fleet.facts.runner.run_fact_on_hosts``'s signature: (targets, fact class, *, args_for, **args)
+RunFact = Callable[..., Mapping[str, Any]]
+
+
+class FactsVia:
+    """Reads facts through the deploy's own pyinfra connections (``run_fact_on_hosts``'s
+    signature and answers), all hosts at once: the fact's command as it is (not under pyinfra's
+    sudo, as ``run_fact_on_hosts`` runs it), its output processed by the fact. A host not given,
+    or whose read does not come back as a value (no connection, a failed command, output the fact
+    cannot process), is read again on a connection of its own by ``run_fact_on_hosts``, whose
+    answer (a value or ``HostUnreachable`` with its reason) is then the answer."""
+
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts = {h.name: h for h in hosts}
+
+    def __call__(
+        self,
+        targets: Iterable[SshTarget],
+        fact_cls: type[FactBase[Any]],
+        *,
+        args_for: Callable[[str], Mapping[str, Any]] | None = None,
+        **args: Any,
+    ) -> dict[str, Any]:
+        import gevent
+
+        fact = fact_cls()
+        chosen = list(targets)
+        mine = [t for t in chosen if t.name in self.hosts]
+
+        def read(t: SshTarget) -> tuple[Any] | None:
+            kwargs = {**args, **(dict(args_for(t.name)) if args_for is not None else {})}
+            try:
+                ok, output = self.hosts[t.name].run_shell_command(
+                    StringCommand(str(fact.command(**kwargs))), _timeout=DEFAULT_TIMEOUT
+                )
+                return (fact.process(output.stdout_lines),) if ok else None
+            except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError, TimeoutError):
+                return None
+
+        greenlets = [gevent.spawn(read, t) for t in mine]
+        gevent.joinall(greenlets)
+        out = {t.name: a[0] for t, g in zip(mine, greenlets, strict=True) if (a := g.get()) is not None}
+        rest = [t for t in chosen if t.name not in out]
+        if rest:
+            out.update(run_fact_on_hosts(rest, fact_cls, args_for=args_for, **args))
+        return {t.name: out[t.name] for t in chosen if t.name in out}
+
+
 def _close(state: State) -> None:
     disconnect_all(state)
     for h in state.inventory:
@@ -432,53 +482,67 @@ def deploy(
             and results[h.name].reboot_required is None
         ], plans)  # fmt: skip
         progress(factcache.summary(caches))
+        # later phases read their facts through these connections where the host kept them (not rebooted)
+        via = FactsVia([
+            h for h in active
+            if results[h.name].status in ("changed", "unchanged") and results[h.name].reboot_required is None
+        ])  # fmt: skip
+        if budget.over():  # lock-step: hosts behind a failure did not finish their operations
+            budget.stop_others("not finished: the deploy stopped at the first failures")
+        if not start or budget.over():
+            if not start and not budget.over():  # units are installed, not started
+                _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+            return finish(budget.message() if budget.failed else None)
+        ready = _Ready()
+
+        def preflight() -> None:
+            ready.states = _unit_states(loaded, plans, _ready(results), early_states)
+            ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
+            ready.busy = [n for n in _ready(results) if n not in ready.quiet]
+            _preflight(loaded, plans, results, ready.busy, progress, step, staged, via)
+
+        def rebooting() -> None:
+            if reboot:
+                _reboot(loaded, plans, results, health_timeout, progress, step)
+
+        def units_once_probed() -> None:
+            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+
+        phases = [
+            DeployPhase("reboot (--reboot)", rebooting),
+            DeployPhase("units once probed", units_once_probed),
+            DeployPhase(
+                "preflight", preflight, stopped="nothing restarted: the deploy stopped after preflight refusals"
+            ),
+        ]
+        for phase in phases:
+            phase.run()
+            if budget.over():
+                if phase.stopped is not None:
+                    budget.stop_others(phase.stopped)
+                return finish(budget.message())
+        states, quiet = ready.states, ready.quiet
+        busy = [n for n in ready.busy if results[n].status not in FAILED]
+        serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
+        for name in [*quiet, *serving]:
+            if not _to_roll(name, states, staged):
+                _check_serving(loaded, plans, results, name, health_timeout, step)
+        balancer_results.extend(_balancers(loaded, plans, progress, step))
+        _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
+        rolling = [n for n in serving if _to_roll(n, states, staged)]
+        error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
+        _converged(
+            loaded,
+            plans,
+            results,
+            [n for n in busy if results[n].status not in (*FAILED, "stopped")],
+            staged,
+            via,
+        )
+        return finish(error)
     finally:
         conn.release()
         _close(state)
-    if budget.over():  # lock-step: hosts behind a failure did not finish their operations
-        budget.stop_others("not finished: the deploy stopped at the first failures")
-    if not start or budget.over():
-        if not start and not budget.over():  # units are installed, not started
-            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-        return finish(budget.message() if budget.failed else None)
-    ready = _Ready()
-
-    def preflight() -> None:
-        ready.states = _unit_states(loaded, plans, _ready(results), early_states)
-        ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
-        ready.busy = [n for n in _ready(results) if n not in ready.quiet]
-        _preflight(loaded, plans, results, ready.busy, progress, step, staged)
-
-    def rebooting() -> None:
-        if reboot:
-            _reboot(loaded, plans, results, health_timeout, progress, step)
-
-    def units_once_probed() -> None:
-        _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-
-    phases = [
-        DeployPhase("reboot (--reboot)", rebooting),
-        DeployPhase("units once probed", units_once_probed),
-        DeployPhase("preflight", preflight, stopped="nothing restarted: the deploy stopped after preflight refusals"),
-    ]
-    for phase in phases:
-        phase.run()
-        if budget.over():
-            if phase.stopped is not None:
-                budget.stop_others(phase.stopped)
-            return finish(budget.message())
-    states, quiet = ready.states, ready.quiet
-    busy = [n for n in ready.busy if results[n].status not in FAILED]
-    serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
-    for name in [*quiet, *serving]:
-        if not _to_roll(name, states, staged):
-            _check_serving(loaded, plans, results, name, health_timeout, step)
-    balancer_results.extend(_balancers(loaded, plans, progress, step))
-    _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
-    rolling = [n for n in serving if _to_roll(n, states, staged)]
-    error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
-    _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
-    return finish(error)
 
 
 @dataclass
@@ -552,6 +616,7 @@ def _converged(
     results: dict[str, HostResult],
     names: list[str],
     staged: Mapping[str, host_deploy.Staged],
+    run_fact: RunFact = run_fact_on_hosts,
 ) -> None:
     """Read again, on each host this run started or rolled instances on, what every instance runs
     and has in place; a host with an instance not on the inventory's release and configuration
@@ -571,7 +636,7 @@ def _converged(
             )
         }  # fmt: skip
 
-    answers = run_fact_on_hosts([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
+    answers = run_fact([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
     for name, answer in answers.items():
         r = results[name]
         if isinstance(answer, HostUnreachable):
@@ -838,6 +903,7 @@ def _preflight(
     progress: Progress,
     step: Step,
     staged: Mapping[str, host_deploy.Staged],
+    run_fact: RunFact = run_fact_on_hosts,
 ) -> None:
     """Refuse, per host, what would not start; a refused host is neither started nor restarted.
 
@@ -850,7 +916,7 @@ def _preflight(
     for name in ready:
         step(name, "preflight")
     venvs = {n: _venv(staged.get(n)) for n in ready}
-    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths(), venvs)
+    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths(), venvs, run_fact)
     for name, refusals in answers.items():
         if refusals:
             results[name].status = "refused"
