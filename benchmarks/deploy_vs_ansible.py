@@ -196,21 +196,21 @@ def fleet_times(hosts: int, root: Path) -> tuple[float, float]:
 def ansible_inventory(lab: Lab, files_dir: Path) -> dict[str, Any]:
     """Ansible's inventory for the lab and, per host, fleet's rendered units/env files on disk."""
     from fleet.inventory.spec import load_inventory
-    from fleet.operations import host as host_deploy
+    from fleet.render import part
     from fleet.render.units import HostPaths
 
     loaded = load_inventory(str(lab.opts.inventory))
     hosts: dict[str, Any] = {}
     for spec in loaded.hosts:
         data = loaded.pyinfra.get_host(spec.name).data.dict()
-        rendered = host_deploy.rendered_files(spec.name, data, HostPaths(venv="/opt/ansible/vllm"))
+        plan = part.host_plan(spec)
+        rendered = part.rendered_files(spec, plan, HostPaths(venv="/opt/ansible/vllm"))
         files = []
         for n, f in enumerate(rendered):
             local = files_dir / spec.name / f"{n}"
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(f.content)
             files.append({"src": str(local), "dest": f.path, "mode": f"{f.mode:04o}"})
-        plan = host_deploy.host_plan(spec.name, data)
         hosts[spec.name] = {
             "ansible_host": data["ssh_hostname"],
             "ansible_port": data["ssh_port"],

@@ -75,6 +75,7 @@ from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
+from fleet.render.part import HostPart, api_key, host_part
 from fleet.render.units import HostPaths
 from fleet.rollout.advice import next_steps
 from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target
@@ -158,12 +159,8 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
-        data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         try:
-            host_deploy.driver_settings(spec.name, data)
-            host_deploy.releases_kept(spec.name, data)
-            host_deploy.release_spec(spec.name, data, "3")
-            host_deploy.api_key(spec.name, data)
+            host_part(spec, None, _paths())  # its deploy keys and API key, before the GPUs are known
             outcome = declared.host(spec.name)
             if outcome.plan is not None:
                 plans[spec.name] = outcome.plan
@@ -204,16 +201,23 @@ def _failure(state: State, host: Host) -> str:
     return "an operation failed (see the log above)"
 
 
-def _add_deploy(state: State, func: Callable[..., Any], hosts: list[Host]) -> None:
+def _add_deploy(
+    state: State, func: Callable[..., Any], hosts: list[Host], parts: Mapping[str, HostPart] | None = None
+) -> None:
     """pyinfra's ``add_deploy`` for each host in its own greenlet, so the facts the operations read
     are gathered from all hosts at once (``add_deploy`` alone walks the hosts one after another).
     pyinfra's host context (``pyinfra.context.ctx_host``) is greenlet-local, and an operation's
-    order comes from its place in the code, not from when it was prepared. An error in one host's
-    data re-raises here."""
+    order comes from its place in the code, not from when it was prepared. ``parts``: each host's
+    part of the plan, given to ``func`` (``part=``). An error in one host's data re-raises here."""
     import gevent
 
+    def args(h: Host) -> dict[str, Any]:
+        return {"part": parts[h.name]} if parts is not None else {}
+
     with ctx_state.use(state):  # a process-wide context (not greenlet-local): set once, around all
-        greenlets = [gevent.spawn(add_deploy, state, func, host=h) for h in hosts if h in state.activated_hosts]
+        greenlets = [
+            gevent.spawn(add_deploy, state, func, host=h, **args(h)) for h in hosts if h in state.activated_hosts
+        ]
         gevent.joinall(greenlets)
     for g in greenlets:
         g.get()
@@ -439,10 +443,11 @@ def deploy(
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
-        caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
+        parts = _parts(loaded, plans, [h.name for h in active], waiting)
+        caches = factcache.install(state, active, lambda h: prefetch.vllm_host_facts(parts[h.name]))  # one batch
         if not dry:  # their units come from the second probe (_units_once_probed), not the gpu entry now
             host_deploy.units_later([h for h in active if h.name in unprobed and h.name not in waiting])
-        _add_deploy(state, host_deploy.vllm_host, active)
+        _add_deploy(state, host_deploy.vllm_host, active, parts)
         if dry:
             for h in active:
                 ops = _op_names(state, h, will=True)
@@ -727,7 +732,7 @@ def _units_once_probed(
             return
         for h in ready:
             step(h.name, "installing units")
-        _add_deploy(state, host_deploy.vllm_units, ready)
+        _add_deploy(state, host_deploy.vllm_units, ready, _parts(fresh, probed.plans, [h.name for h in ready]))
         try:
             run_ops(state)
         except PyinfraError as exc:
@@ -786,7 +791,17 @@ def _target(loaded: LoadedInventory, name: str) -> SshTarget:
 
 
 def _paths() -> HostPaths:
-    return HostPaths(venv=f"{vllm_ops.DEFAULT_ROOT}/current")
+    return host_deploy.PATHS
+
+
+def _parts(
+    loaded: LoadedInventory, plans: Mapping[str, HostPlan], names: list[str], waiting: Mapping[str, str] | None = None
+) -> dict[str, HostPart]:
+    """Each host's part of the plan, for its operations (``fleet.render.part``): from the plan this
+    run made for it, or without one while its GPUs are not known (``waiting`` says why)."""
+    return {
+        n: host_part(loaded.host(n), plans.get(n), _paths(), (waiting or {}).get(n, "")) for n in names
+    }  # fmt: skip
 
 
 def _ready(results: dict[str, HostResult]) -> list[str]:
@@ -937,7 +952,7 @@ def _endpoints_of(loaded: LoadedInventory, plans: dict[str, HostPlan], name: str
 
 
 def _api_key(loaded: LoadedInventory, name: str) -> str | None:
-    return host_deploy.api_key(name, loaded.pyinfra.get_host(name).data.dict())  # type: ignore[no-untyped-call]
+    return api_key(loaded.host(name))
 
 
 def _start(
@@ -965,7 +980,7 @@ def _start(
         for name in ready:
             step(name, "starting units")
         conn = sshwatch.connect(state)
-        _add_deploy(state, host_deploy.vllm_start, hosts)
+        _add_deploy(state, host_deploy.vllm_start, hosts, _parts(fresh, plans, ready))
         run_ops(state)
         for h in hosts:
             names = _op_names(state, h, will=False)
