@@ -345,6 +345,9 @@ def fleet3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
         assert opts.inventory is not None
         with open(opts.inventory, "a") as inventory:  # this fleet serves behind an API key
             inventory.write('for _name, _data in lab:\n    _data["api_key_ref"] = "env:FLEET_LAB_API_KEY"\n')
+            # the rollouts deploy runs here soak 2 s: the default 30 s soak is policy, not what these
+            # tests check (it made the model change below take ~290 s of CI)
+            inventory.write('for _name, _data in lab:\n    _data["rollout"] = {"soak_s": 2, "probe_interval_s": 0.5}\n')
         for i in range(3):
             rc, _out, err = on(lab, i, seed_model_cache())
             assert rc == 0, err

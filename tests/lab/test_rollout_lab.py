@@ -236,9 +236,16 @@ def test_canary_that_fails_to_load_is_rolled_back_and_the_rollout_halts(
     assert [a for _i, a, _d in steps] == ["stop", "flip", "start", "stop", "flip", "start"], steps
 
 
-def _wait_for_step(journal: Path, action: str, count: int, timeout: float = 120) -> str:
+def _wait_for_step(
+    journal: Path, action: str, count: int, timeout: float = 120, proc: subprocess.Popen[Any] | None = None
+) -> str:
+    """The id of the rollout in ``journal`` once ``count`` ``action`` steps succeeded. With ``proc`` (the
+    rollout's process), a process that ends first fails the wait at once, with what it printed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"the rollout exited {proc.returncode} before {count} {action} step(s):\n{out}\n{err}")
         if journal.exists():
             with Journal(journal) as j:
                 for r in j.history():
@@ -259,7 +266,7 @@ def test_sigkill_of_the_control_process_then_resume_finishes(
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # the second batch has begun: the second instance was stopped (mid-batch)
-        rid = _wait_for_step(journal, "stop", 2)
+        rid = _wait_for_step(journal, "stop", 2, proc=proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
@@ -1610,7 +1617,7 @@ def test_a_host_that_loses_power_mid_rollout_halts_it_naming_the_host(
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cut = False
     try:
-        rid = _wait_for_step(journal, "stop", 2)  # batch 2 began: its instance was stopped
+        rid = _wait_for_step(journal, "stop", 2, proc=proc)  # batch 2 began: its instance was stopped
         with Journal(journal) as j:
             second = [s.instance for s in j.steps(rid) if s.action == "stop"][1]
         assert second == f"{h1}/vllm-0", second
