@@ -22,7 +22,7 @@ The deploy keys read here (validated by ``fleet.inventory.schema``, exposed on `
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.errors import FleetError
@@ -65,8 +65,10 @@ class HostPart:
     #: None while the host's GPUs are not known (no NVML answer, no gpu entry): ``waiting`` says why
     plan: HostPlan | None
     waiting: str
-    files: tuple[RenderedFile, ...]  #: units and env files (with the API key), for the deploy's paths
-    revisions: tuple[Revision, ...]  #: each instance's configuration revision (its unit and env file)
+    #: units and env files (the env files carry the API key: not in the part's repr), for the deploy's paths
+    files: tuple[RenderedFile, ...] = field(repr=False)
+    #: each instance's configuration revision (its unit and env file)
+    revisions: tuple[Revision, ...] = field(repr=False)
     served: str  #: the model name the instances answer to
 
     @property

@@ -127,3 +127,14 @@ def test_an_api_key_ref_that_cannot_be_read_is_an_error_not_an_open_api(
         api_key("gpu-1", {**BASE, "api_key_ref": f"file:{key}"})
     assert "secret-value" not in str(err.value)
     assert api_key("gpu-1", BASE) is None  # no reference: the inventory asks for an open API
+
+
+def test_a_hosts_part_carries_its_rendered_files_but_never_shows_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "k-" + "s" * 30
+    monkeypatch.setenv("FLEET_TEST_PART_KEY", key)
+    data = {**BASE, "gpu": {"sku": "rtx-4090-24gb", "count": 2}, "api_key_ref": "env:FLEET_TEST_PART_KEY"}
+    p = part.host_part(part.spec_of("gpu-1", data), part.host_plan(part.spec_of("gpu-1", data)), host_deploy.PATHS)
+    assert any(key in f.content for f in p.files)  # the env files the deploy writes carry it
+    assert p.unit_names == [r.unit.path.rsplit("/", 1)[1] for r in p.revisions] and p.unit_names
+    assert key not in repr(p) and key not in str(p)
+    assert p.plan is not None and not p.from_probe  # planned from the gpu entry: its units are not enabled yet
