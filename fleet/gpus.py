@@ -484,6 +484,13 @@ class HostGpus:
         return len(self.gpus)
 
     @property
+    def usable(self) -> frozenset[int]:
+        """The GPUs the planner may place instances on: those in an island (a quarantined GPU is
+        left out of every island, ``fleet.gpuwatch.quarantine.usable_gpus``; indices keep their
+        meaning)."""
+        return frozenset().union(*self.islands)
+
+    @property
     def compute_capability(self) -> tuple[int, int] | None:
         """The lowest compute capability of the host's GPUs (what a kernel choice must fit), else
         its catalogue model's; None: not known (GPUs declared only by memory size)."""

@@ -4,22 +4,28 @@ Written into the host's overlay root before it boots (and refreshed by every ``u
 (hostname, /etc/hosts, machine-id), sshd listening on the host's own loopback address only with
 key auth only and the lab-made host key, the login key, and the simulated GPUs: the NVML shim as
 ``libnvidia-ml.so.1``, its profile, the text of ``/proc/driver/nvidia/version`` (bind-mounted over
-``/proc/driver`` by nspawn), and a tmpfiles.d entry for the shim's live-state dir.
+``/proc/driver`` by nspawn), a tmpfiles.d entry for the shim's live-state dir, and the host's PCI
+devices (``fleetlab.pcitree``, bound over ``/sys/bus/pci/devices`` by nspawn).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fleetlab.base import LOGIN_USER
 from fleetlab.errors import LabError
 from fleetlab.state import HostRecord
+
+if TYPE_CHECKING:
+    from fleetlab.profiles import LabProfile
 
 #: Inside the host: the directory nspawn binds read-only over /proc/driver.
 PROC_DRIVER_SOURCE = "/usr/lib/fleet-lab/proc-driver"
@@ -37,9 +43,10 @@ class HostFile:
     """One file to place in a host: path inside the host, content, mode, and owner."""
 
     path: str
-    content: str
+    content: str | bytes
     mode: int = 0o644
     owner: str = "root"
+    link_to: str | None = None  #: a symlink to this path (content and mode unused)
 
 
 def sshd_config(address: str, port: int) -> str:
@@ -80,18 +87,46 @@ def identity_files(
     ]
 
 
-def gpu_files(profile_name: str) -> list[HostFile]:
-    """The simulated GPUs' profile, driver version text and live-state dir (tmpfiles.d)."""
+def pci_files(profile: LabProfile, tree_dir: str | None = None) -> list[HostFile]:
+    """The profile's PCI hierarchy as sysfs shows it (``fleetlab.pcitree``): per function its
+    directory's attributes, and the ``devices`` symlink to it (absolute: ``tree_dir``, by default
+    where the host has it)."""
+    from fleetlab.pcitree import DEVICES_DIR, TREE_DIR, host_tree
+
+    try:
+        tree = host_tree(profile)
+    except ValueError as exc:
+        raise LabError(str(exc)) from exc
+    out = []
+    for f in tree:
+        where = f"{TREE_DIR}/{f.path}"
+        out += [
+            HostFile(f"{where}/config", f.config),
+            HostFile(f"{where}/vendor", f"{f.vendor:#06x}\n", 0o444),
+            HostFile(f"{where}/device", f"{f.device:#06x}\n", 0o444),
+            HostFile(f"{where}/class", f"{f.klass:#08x}\n", 0o444),
+            HostFile(f"{DEVICES_DIR}/{f.bdf}", "", link_to=f"{tree_dir or TREE_DIR}/{f.path}"),
+        ]
+    return out
+
+
+def _load(profile_name: str) -> LabProfile:
     from fleetlab.profiles import load_profile
 
     try:
-        profile = load_profile(profile_name)
+        return load_profile(profile_name)
     except ValueError as exc:
         raise LabError(f"lab profile: {exc}") from exc
+
+
+def gpu_files(profile_name: str) -> list[HostFile]:
+    """The simulated GPUs' profile, driver version text, live-state dir (tmpfiles.d) and PCI devices."""
+    profile = _load(profile_name)
     return [
         HostFile(NVML_PROFILE_PATH, profile.render()),
         HostFile(PROC_DRIVER_SOURCE + "/nvidia/version", profile.proc_driver_version_text(), 0o444),
         HostFile("/etc/tmpfiles.d/fleet-lab.conf", f"d {NVML_STATE_DIR} 1777 root root -\n"),
+        *pci_files(profile),
     ]
 
 
@@ -101,15 +136,11 @@ def bare_gpu_files(profile_name: str) -> list[HostFile]:
     The stand-in driver package (``fleetlab.apt_repo``) loads it at boot; until then there is no
     ``libnvidia-ml.so.1``, no NVML profile and no ``/proc/driver/nvidia``.
     """
-    from fleetlab.profiles import load_profile
-
-    try:
-        profile = load_profile(profile_name)
-    except ValueError as exc:
-        raise LabError(f"lab profile: {exc}") from exc
+    profile = _load(profile_name)
     return [
         HostFile(HARDWARE_PROFILE, profile.render()),
         HostFile("/etc/tmpfiles.d/fleet-lab.conf", f"d {NVML_STATE_DIR} 1777 root root -\n"),
+        *pci_files(profile),
     ]
 
 
@@ -151,9 +182,17 @@ def install_files(root: Path, files: list[HostFile]) -> None:
                 d.chmod(0o700)
                 shutil.chown(d, uid, gid)
         tmp = target.with_name(f".{target.name}.fleet-lab-tmp")
-        tmp.write_text(f.content)
-        tmp.chmod(f.mode)
-        shutil.chown(tmp, uid, gid)
+        tmp.unlink(missing_ok=True)
+        if f.link_to is not None:
+            tmp.symlink_to(f.link_to)
+            os.lchown(tmp, uid, gid)
+        else:
+            if isinstance(f.content, bytes):
+                tmp.write_bytes(f.content)
+            else:
+                tmp.write_text(f.content)
+            tmp.chmod(f.mode)
+            shutil.chown(tmp, uid, gid)
         tmp.replace(target)
 
 

@@ -25,6 +25,8 @@ from fleetlab import cgroups
 from fleetlab.errors import LabError
 from fleetlab.hostfiles import PROC_DRIVER_SOURCE
 from fleetlab.mounts import is_mounted, mount_overlay, unmount_all_under
+from fleetlab.pcitree import DEVICES_DIR as PCI_DEVICES_DIR
+from fleetlab.pcitree import SYSFS_DEVICES as PCI_SYSFS_DEVICES
 
 BOOT_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -140,6 +142,9 @@ class Machine:
             # A bind under /proc is made after nspawn enters the host, so the source is a path inside it.
             f"--bind-ro={PROC_DRIVER_SOURCE}:/proc/driver",
         ]
+        pci = self.root / PCI_DEVICES_DIR.lstrip("/")
+        if pci.is_dir():  # the host's own PCI devices (fleetlab.pcitree), not this machine's
+            nspawn.append(f"--bind-ro={pci}:{PCI_SYSFS_DEVICES}")
         if cgroups.systemd_is_pid1():
             return nspawn, []  # nspawn asks systemd for a scope of its own
         groups = cgroups.host_cgroups(self.name)

@@ -28,6 +28,9 @@ Schema (all tables optional unless noted)::
     virtualization = "none"        # none | passthrough: the GPUs are passed through to a VM;
                                    #   nvmlDeviceGetVirtualizationMode = 1 and NVLink is invisible
                                    #   (every link call NOT_SUPPORTED; [nvlink] is ignored)
+    nvml_events = true             # false: the driver supports no NVML event here
+                                   #   (nvmlDeviceGetSupportedEventTypes 0, RegisterEvents
+                                   #   NOT_SUPPORTED): XIDs are only in the kernel log
 
     [pcie]
     bus_ids = ["18", "2a", ...]    # hex bus numbers, or full "0000:18:00.0"
@@ -41,6 +44,9 @@ Schema (all tables optional unless noted)::
     cross_numa_level = "SYS"
     default_level = "PHB"          #   without numa/matrix: every pair
     cpu_affinity = ["0-47", ...]   # per slot, cpulist syntax
+    acs = "off"                    # ACS on the root and switch ports above the GPUs: off, or
+                                   #   redirect (P2P requests sent up to the root complex); the
+                                   #   host's /sys/bus/pci/devices shows it (fleetlab.pcitree)
 
     [nvlink]
     fabric = "switch"              # switch | pairs | none (default: the SKU's typical fabric)
@@ -106,6 +112,9 @@ P2P_GPU_NOT_SUPPORTED = 2
 P2P_NOT_SUPPORTED = 5
 #: ``nvmlGpuFabricState_t``
 FABRIC_STATES: dict[str, int] = {"not_supported": 0, "not_started": 1, "in_progress": 2, "completed": 3}
+#: ``nvmlDeviceGetSupportedEventTypes`` a real H100/H200 answered (driver 580.159.04,
+#: tests/fixtures/gpu-truth); the library drops the ECC bits where ECC is off, as NVML documents.
+EVENT_TYPES_RECORDED = 0xFF9F
 ECC_COUNTERS = ("corrected_volatile", "corrected_aggregate", "uncorrected_volatile", "uncorrected_aggregate")
 REMAP_FIELDS = ("correctable", "uncorrectable", "pending", "failure")
 _UUID_NAMESPACE = uuid.UUID("6f1c3e0a-6a53-4b8e-9c2e-2f0d8a7b5c41")
@@ -267,6 +276,9 @@ class LabProfile:
     memory_reserved: int = 0  #: bytes, NVML v2 ``reserved`` (the driver's reserve)
     numa_nodes: tuple[int, ...] = ()  #: host NUMA node per slot (``nvmlDeviceGetMemoryAffinity``)
     irqs: tuple[int, ...] = ()  #: ``nvmlDeviceGetIrqNum`` per slot
+    nvml_events: bool = True  #: the event API answers (False: every type NOT_SUPPORTED)
+    switch_groups: tuple[tuple[int, ...], ...] = ()  #: slots sharing a PCIe switch
+    pcie_acs: str = "off"  #: ``off`` or ``redirect``: ACS control of the ports above the GPUs
 
     @property
     def passthrough(self) -> bool:
@@ -455,6 +467,8 @@ class LabProfile:
         ]
         if gpu.serial is not None:
             out.append(f"serial={gpu.serial}")
+        # nvmlDeviceGetSupportedEventTypes as recorded on H100/H200 (driver 580), or none at all
+        out.append(f"event_types={EVENT_TYPES_RECORDED if self.nvml_events else 0:#x}")
         out.extend(self._render_board(gpu))
         if sku.ecc:
             enabled = int(self.ecc_enabled)
@@ -566,6 +580,9 @@ def _build(path: Path, top: _Fields) -> LabProfile:
         else sku.memory_reserved,
         numa_nodes=tuple(pcie.int_list("numa", length=count) or [0] * count),
         irqs=tuple(_irqs(top, count)),
+        nvml_events=host.bool_("nvml_events", True),
+        switch_groups=tuple(tuple(g) for g in pcie.list_("switch_groups") or []),
+        pcie_acs=pcie.choice("acs", "off", ("off", "redirect")),
     )
 
 

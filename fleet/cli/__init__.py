@@ -116,6 +116,7 @@ COMMANDS = {
     "audit": ("fleet.cli.audit", "audit"),
     "deploy": ("fleet.cli.deploy", "deploy"),
     "drain": ("fleet.cli.drain", "drain"),
+    "gpu": ("fleet.cli.gpu", "gpu"),
     "history": ("fleet.cli.history", "history"),
     "lab": ("fleet.cli.lab", "lab"),
     "lb": ("fleet.cli.lb", "lb"),
@@ -124,6 +125,7 @@ COMMANDS = {
     "restart": ("fleet.cli.rollout", "restart"),
     "rollback": ("fleet.cli.rollout", "rollback"),
     "rollout": ("fleet.cli.rollout", "rollout"),
+    "stage": ("fleet.cli.stage", "stage"),
     "status": ("fleet.cli.status", "status"),
     "undrain": ("fleet.cli.drain", "undrain"),
 }

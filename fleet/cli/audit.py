@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fleet.audit.findings import Severity
-from fleet.audit.run import judge, probe
+from fleet.audit.run import judge, probe, probe_acs, probe_watch
 from fleet.cli import console, fail
 from fleet.errors import FleetError
 from fleet.facts.runner import HostUnreachable, targets_from_inventory
@@ -47,6 +47,10 @@ def audit(
 ) -> None:
     """Probe every host's GPUs through NVML and check them against their model and their peers.
 
+    Also reads, as root (sudo -n) and without changing anything, the PCIe ACS setting of the
+    bridges between each host's GPUs: redirection there makes GPU peer-to-peer crawl or hang;
+    and the GPU watcher's record: a quarantined GPU is an error (`fleet gpu clear` lifts it).
+
     Exit code 0 when no finding reaches --fail-on, 1 when one does, 2 on bad input.
     """
     try:
@@ -70,7 +74,9 @@ def audit(
                 bar.update(task, advance=1, description=f"{host} {mark}")
 
             results = probe(loaded, progress=progress, python=python, timeout=timeout)
-    report = judge(loaded, results, time.monotonic() - started)
+    acs = probe_acs(loaded, timeout=timeout)
+    watch = probe_watch(loaded, timeout=timeout)
+    report = judge(loaded, results, time.monotonic() - started, acs=acs, watch=watch)
     if html_file:
         Path(html_file).write_text(report.to_html())
     if as_json:

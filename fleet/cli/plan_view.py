@@ -9,7 +9,7 @@ from rich.text import Text
 
 from fleet.gpus import GiB
 from fleet.plan.outcomes import HostOutcome
-from fleet.plan.planner import HostPlan, Instance
+from fleet.plan.planner import SET_BY_FLEET, HostPlan, Instance
 
 
 def _gib(n: int) -> str:
@@ -44,13 +44,34 @@ def memory_table(instance: Instance) -> Table:
     return table
 
 
+def node_table(instance: Instance) -> Table:
+    """The nodes of an instance spanning hosts: which hosts, the leader, each node's layers and KV."""
+    node = instance.node
+    assert node is not None
+    table = Table(box=None, show_header=True, pad_edge=False, header_style="dim")
+    for column in ("node", "host", "role", "layers", "KV tokens (instance)"):
+        table.add_column(column)
+    start = 0
+    for rank, (host, layers) in enumerate(zip(node.hosts, node.partition, strict=True)):
+        role = "leader: serves the API" if rank == 0 else "headless worker"
+        mark = "bold" if rank == node.rank else ""
+        table.add_row(
+            str(rank), host, role, f"{start}-{start + layers - 1} ({layers})", f"{node.instance_kv_tokens:,}",
+            style=mark,
+        )  # fmt: skip
+        start += layers
+    return table
+
+
 def flags_table(instance: Instance) -> Table:
     """One row per flag: the flag, its value, and under the value why it has it."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="cyan", no_wrap=True)
     table.add_column(ratio=1)
     for flag in instance.flags:
-        table.add_row(flag.option, Group(Text(flag.value or "(switch)", style="bold"), Text(flag.reason, style="dim")))
+        value = " ".join(flag.argv()[1:]) or "(switch)"
+        option = Text(flag.option, style="magenta" if flag.set_by != SET_BY_FLEET else "cyan")
+        table.add_row(option, Group(Text(value, style="bold"), Text(flag.reason, style="dim")))
     env = " ".join(f"{k}={v}" for k, v in instance.env)
     table.add_row(
         "environment",
@@ -101,10 +122,16 @@ def plan_panel(outcome: HostOutcome) -> Panel:
                 style="bold",
             )
         )
+        if instance.node is not None:
+            parts.append(node_table(instance))
         parts.append(flags_table(instance))
         parts.append(memory_table(instance))
+    follower = [i.node for i in plan.instances if i.node is not None and i.node.headless]
     summary = (
-        f"\n{len(plan.instances)} instance(s), {plan.total_kv_tokens:,} KV tokens, "
+        f"\nnode {follower[0].rank} of the instance led by {follower[0].leader} (headless: its KV tokens and "
+        "requests count at the leader)"
+        if follower and len(follower) == len(plan.instances)
+        else f"\n{len(plan.instances)} instance(s), {plan.total_kv_tokens:,} KV tokens, "
         f"{plan.workload_concurrency:,} concurrent requests of the workload "
         f"(target {spec.workload.target_concurrency})"
     )

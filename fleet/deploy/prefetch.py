@@ -8,7 +8,8 @@ The list follows what the operations read on a host where nothing changes (the r
 sees most): the driver's repository files, packages and loaded module; Python; the service
 user's groups, users and home; the releases; each instance's configuration revisions and unit
 state; each rendered unit and env file; whether the units (and the fabric manager, on NVSwitch
-hosts) are enabled; the units' states, which the deploy reads after the operations.
+hosts) are enabled; the units' states, which the deploy reads after the operations; the GPU
+watcher's files and unit.
 ``tests/lab/test_fleet_deploy_lab.py`` checks that a no-change re-run reads no fact on its own.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Arch, Groups, LinuxDistribution, Os, Users
-from pyinfra.facts.systemd import SystemdEnabled
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from fleet.facts.batch import FactRequest
 from fleet.facts.driver import NvidiaKernelModule, PythonVersion
@@ -27,6 +28,8 @@ from fleet.facts.unit_states import UnitStates
 from fleet.operations import host as host_deploy
 from fleet.operations import nvidia, units, vllm
 from fleet.plan.planner import HostPlan
+from fleet.render.gpuwatch import UNIT_NAME as WATCH_UNIT
+from fleet.render.gpuwatch import WatchSettings, watch_files
 from fleet.render.part import HostPart
 from fleet.render.units import HostPaths
 
@@ -44,6 +47,20 @@ def unit_state_units(plan: HostPlan, paths: HostPaths) -> tuple[tuple[str, tuple
          (f"{paths.unit_dir}/fleet-{i.unit_name}.service", f"{paths.env_dir}/{i.unit_name}.env"))
         for i in plan.instances
     )  # fmt: skip
+
+
+def gpu_watcher_facts(settings: WatchSettings | None = None) -> list[FactRequest]:
+    """What ``fleet.operations.gpuwatch.gpu_watcher`` reads: its two directories, its program and
+    unit files, whether the unit is enabled and running."""
+    settings = settings or WatchSettings()
+    out = [FactRequest(Directory, {"path": d}) for d in (settings.state_dir, settings.textfile_dir)]
+    for f in watch_files(settings):
+        out += _file(f.path)
+    out += [
+        FactRequest(SystemdEnabled, {"services": [WATCH_UNIT]}),
+        FactRequest(SystemdStatus, {"services": [WATCH_UNIT]}),
+    ]
+    return out
 
 
 def vllm_host_facts(part: HostPart) -> list[FactRequest]:
@@ -65,6 +82,7 @@ def vllm_host_facts(part: HostPart) -> list[FactRequest]:
         FactRequest(Users),
         FactRequest(Directory, {"path": paths.state_dir}),  # the service user's home
         FactRequest(VllmReleases, {"root": vllm.DEFAULT_ROOT}),
+        *gpu_watcher_facts(),
     ]
     if part.plan is None:
         return out  # no units to render yet (the host waits for its driver)

@@ -10,7 +10,9 @@ host whose NVML does not answer yet and has no entry waits: its units are render
 driver answers, later in the same run when this run's release or reboot brings it, else by the
 next deploy); prepare the operations
 (pyinfra runs each generator up to its first command: that is ``--dry``'s answer, per host and
-operation); execute in pyinfra's lock-step mode; preflight every host that is ready
+operation); execute in pyinfra's lock-step mode; stage each host's model where the inventory names
+a ``model_source`` (``fleet.deploy.staging``: copied, verified against the source's manifest,
+before anything restarts; the manifest is read before any host is touched); preflight every host that is ready
 (``fleet.deploy.preflight``: the host's vLLM parses the new argv, the model resolves, the GPUs are
 free or ours); start units that are not running (first deploy) and wait, from this machine, until
 each instance serves (``fleet.deploy.health``). A host that needs a reboot is reported and not
@@ -56,7 +58,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
-from fleet.deploy import factcache, prefetch, sshwatch
+from fleet.deploy import factcache, prefetch, sshwatch, staging
 from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
@@ -68,6 +70,7 @@ from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
+from fleet.gpuwatch.state import GpuWatchState, quarantine_of
 from fleet.inventory.spec import LoadedInventory
 from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
 from fleet.operations import host as host_deploy
@@ -83,6 +86,7 @@ from fleet.rollout.fleet_inventory import RolloutFleet, fleet_of
 from fleet.rollout.session import run_rollout
 from fleet.rollout.ssh_executor import SshExecutor
 from fleet.secrets import redact
+from fleet.weights.stage import describe as describe_staging
 
 Progress = Callable[[str], None]
 #: runs the rollout of the serving hosts: the fleet, and its targets (the CLI adds its live view)
@@ -156,6 +160,8 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     (``_probe_plans``).
     """
     declared = build_fleet_plan(loaded, deploy=True)
+    if (why := declared.multi_node_refusal("fleet deploy")) is not None:
+        raise FleetError(why)
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
@@ -244,14 +250,18 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> Pr
 
     with ctx_state.use(state):
         greenlets = [gevent.spawn(host_deploy.probe, h) for h in hosts]
-        gevent.joinall(greenlets)
+        watched = [gevent.spawn(h.get_fact, GpuWatchState) for h in hosts]  # quarantined GPUs
+        gevent.joinall(greenlets + watched)
     probes = {h.name: g.get() for h, g in zip(hosts, greenlets, strict=True)}
+    held = {h.name: quarantine_of(g.value) for h, g in zip(hosts, watched, strict=True) if g.successful()}
     these = dataclasses.replace(loaded, hosts=tuple(s for s in loaded.hosts if s.name in probes))
-    fleet_plan = build_fleet_plan(these, probes, deploy=True)
+    fleet_plan = build_fleet_plan(these, probes, deploy=True, quarantine=held)
     out = ProbePlans()
     for h in hosts:
         outcome = fleet_plan.host(h.name)
-        if outcome.plan is not None:
+        if outcome.multi_node:  # planned across hosts only once probed (no gpu entry): not deployed yet
+            out.refused[h.name] = fleet_plan.multi_node_refusal("fleet deploy") or "multi-node"
+        elif outcome.plan is not None:
             out.plans[h.name] = outcome.plan
         elif isinstance(outcome.refusal, GpusNotKnownYet):
             out.waiting[h.name] = str(outcome.refusal)
@@ -388,6 +398,7 @@ def deploy(
     t0 = time.monotonic()
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
+    manifests = staging.manifests(loaded) if not dry else {}  # a source that cannot be read: before any host
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
     results: dict[str, HostResult] = {}
@@ -506,6 +517,15 @@ def deploy(
             ready.busy = [n for n in _ready(results) if n not in ready.quiet]
             _preflight(loaded, plans, results, ready.busy, progress, step, staged, via)
 
+        def stage_models() -> None:  # model_source: copied and verified before anything restarts
+            up = [r.host for r in results.values() if r.status in ("changed", "unchanged")]  # reboot pending too
+            staged_models = staging.stage_hosts(loaded, up, manifests, progress, step)
+            for name, got in staged_models.items():
+                if got.ok:
+                    results[name].operations.append(describe_staging(got))
+                else:
+                    results[name].status, results[name].error = got.status, got.error
+
         def rebooting() -> None:
             if reboot:
                 _reboot(loaded, plans, results, health_timeout, progress, step)
@@ -514,6 +534,7 @@ def deploy(
             _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
 
         phases = [
+            DeployPhase("stage model", stage_models, stopped="nothing restarted: the deploy stopped after staging"),
             DeployPhase("reboot (--reboot)", rebooting),
             DeployPhase("units once probed", units_once_probed),
             DeployPhase(

@@ -59,7 +59,7 @@ import json
 import shlex
 import sys
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata, resources
@@ -95,7 +95,7 @@ if sys.version_info < MIN_PYTHON:
     answer = {"schema": SCHEMA, "status": "python-too-old", "python": sys.executable, "python_version": found,
               "error": {"class": "PythonTooOld", "message": message}}
     sys.stdout.write("\\n" + json.dumps(answer) + "\\n")
-    sys.exit(0)
+    sys.exit(TOO_OLD_EXIT)
 import base64
 import zlib
 from importlib.util import spec_from_loader
@@ -127,8 +127,8 @@ class CarriedModules(object):
         return _text(self.modules[name][1])
 
 
-sys.meta_path.insert(0, CarriedModules({"pynvml": (PYNVML_ORIGIN, PYNVML)}))
-exec(compile(_text(PROBE), "fleet-nvml-probe", "exec"), {"__name__": "__main__"})
+sys.meta_path.insert(0, CarriedModules(dict({"pynvml": (PYNVML_ORIGIN, PYNVML)}, **CARRIED)))
+exec(compile(_text(PROBE), PROGRAM_NAME, "exec"), {"__name__": "__main__"})
 """
 
 
@@ -195,16 +195,32 @@ def _blob(data: bytes) -> str:
     return base64.b64encode(zlib.compress(data, 6)).decode()  # level 9: 2% smaller, 5x the time
 
 
+def carried_program(
+    script: str,
+    name: str,
+    modules: Mapping[str, tuple[str, bytes]] | None = None,
+    too_old_exit: int = 0,
+) -> str:
+    """A self-contained Python program: the loader, ``script`` (run as ``__main__``, its code
+    object named ``name``), the carried pynvml and ``modules`` (import name -> (origin, text)),
+    each compressed and base64-encoded, so no quoting or here-document issue. The NVML probe is one;
+    the GPU watcher (``fleet.gpuwatch.program``) is another. An interpreter older than
+    :data:`MIN_PYTHON` prints the probe protocol's ``python-too-old`` answer and exits ``too_old_exit``."""
+    pynvml = carried_pynvml()
+    carried = {k: (origin, _blob(text)) for k, (origin, text) in (modules or {}).items()}
+    constants = (
+        f"SCHEMA = {SCHEMA!r}\nMIN_PYTHON = {MIN_PYTHON!r}\nTOO_OLD_EXIT = {too_old_exit!r}\n"
+        f"PYNVML_ORIGIN = {pynvml.origin!r}\nPYNVML = {_blob(pynvml.text)!r}\nCARRIED = {carried!r}\n"
+        f"PROGRAM_NAME = {name!r}\nPROBE = {_blob(script.encode())!r}\n"
+    )
+    return constants + _LOADER
+
+
 @cache
 def probe_program() -> str:
     """The Python program the host's interpreter reads on stdin: the loader, the probe script and
-    the carried pynvml (each compressed and base64-encoded, so no quoting or here-document issue)."""
-    pynvml = carried_pynvml()
-    constants = (
-        f"SCHEMA = {SCHEMA!r}\nMIN_PYTHON = {MIN_PYTHON!r}\nPYNVML_ORIGIN = {pynvml.origin!r}\n"
-        f"PYNVML = {_blob(pynvml.text)!r}\nPROBE = {_blob(probe_script().encode())!r}\n"
-    )
-    program = constants + _LOADER
+    the carried pynvml (:func:`carried_program`)."""
+    program = carried_program(probe_script(), "fleet-nvml-probe")
     if _END in program:  # pragma: no cover - guards the here-document
         raise RuntimeError(f"the probe program contains the here-document terminator {_END}")
     return program

@@ -127,13 +127,18 @@ def _ssh(spec: HostSpec) -> Listener:
     )
 
 
-def spec_port_problems(specs: Iterable[HostSpec]) -> list[FieldProblem]:
-    """Collisions of the declared ranges: ``port`` .. ``port + gpu.count - 1``, and ``ssh_port``."""
+def spec_listeners(specs: Iterable[HostSpec]) -> list[Listener]:
+    """The declared listeners: ``port`` .. ``port + gpu.count - 1``, and ``ssh_port``, of every host."""
     listeners: list[Listener] = []
     for spec in specs:
         count = spec.gpu.count if spec.gpu is not None else 1
         listeners += [_vllm(spec, spec.port, spec.port + count - 1), _ssh(spec)]
-    return collisions(listeners)
+    return listeners
+
+
+def spec_port_problems(specs: Iterable[HostSpec]) -> list[FieldProblem]:
+    """Collisions of the declared ranges: ``port`` .. ``port + gpu.count - 1``, and ``ssh_port``."""
+    return collisions(spec_listeners(specs))
 
 
 def plan_port_problems(hosts: Iterable[tuple[HostSpec, Sequence[int]]]) -> list[FieldProblem]:

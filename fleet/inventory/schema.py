@@ -27,6 +27,17 @@ The deploy's keys (``fleet.render.part`` reads them through ``HostSpec``):
 * ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
   ``releases_kept``: a whole number from 2 to 100.
 
+The serving settings fleet has no key of its own for (issue 23):
+
+* ``vllm_extra_args``: a mapping of ``vllm serve`` flag to value, the flag written as in
+  ``vllm serve --help`` (``--enforce-eager``; the ``--`` may be left out, ``_`` is read as ``-``
+  as vLLM does), the value ``true`` for a switch (``false`` for ``--no-...`` of an enable/disable
+  flag), a number or a string for one value, a list for a flag that takes several, a dict for a
+  JSON flag (``--compilation-config``). Here only its shape is checked (long flag names, at most
+  64 flags, printable one-line text, finite numbers); ``fleet.plan.extra_args`` checks it against
+  the pinned vLLM's argument surface when the inventory is loaded to plan;
+* ``serving_preset``: ``throughput``, ``latency`` or ``long_context`` (``fleet.plan.presets``).
+
 The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
 
 * ``kind``: ``haproxy`` (the only one fleet drives; ``rollout.hooks`` stay for anything else);
@@ -38,6 +49,15 @@ The load balancer in front of a group (``fleet.lb``), group or host data ``balan
 * ``backend``: the backend's name (default: the served model name, with every character HAProxy
   does not take in a name replaced by ``_``); server names are ``<host>:<instance>``, always;
 * ``timeout_s``: seconds one admin-socket command may take.
+
+Where the model's weights come from (``fleet.weights`` stages them on the hosts), ``model_source``:
+
+* ``{kind: dir, path: /srv/models}``: a directory on the control machine holding each model as
+  ``ORG/NAME/`` (what ``huggingface-cli download ORG/NAME --local-dir /srv/models/ORG/NAME``
+  writes); the directory must exist and be readable here, and hold ``ORG/NAME/config.json`` for
+  the host's ``model`` (a Hugging Face id: a path ``model`` is served from where it is). Checked
+  when the inventory is loaded, before any host is touched. ``kind`` leaves room for the sources
+  to come (an HTTP mirror laid out like the Hub, a store host): each a model of its own here.
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
@@ -68,7 +88,7 @@ import unicodedata
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
 from fleet.gpus import CATALOGUE, Fabric
 from fleet.secrets import SECRET_REF_HELP, looks_like_secret, parse_secret_ref
@@ -76,6 +96,10 @@ from fleet.secrets import SECRET_REF_HELP, looks_like_secret, parse_secret_ref
 #: Most GPUs one host can have, and so most instances: a host's ports are port .. port + 63.
 MAX_GPUS = 64
 MAX_PORT = 65535
+#: Most hosts one multi-node instance spans (``pipeline_parallel_size``: one pipeline stage per host).
+MAX_NODES = 64
+#: vLLM 0.33's default rendezvous port of a multi-node instance (``ParallelConfig.master_port``).
+DEFAULT_MASTER_PORT = 29501
 
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -84,6 +108,8 @@ _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
+#: A ``vllm serve`` flag's long name, with or without its ``--`` (vLLM's flags are lower case).
+_EXTRA_FLAG = re.compile(r"(?:--)?[a-z0-9][a-z0-9_-]{0,79}")
 
 #: Keys starting with this are the operator's own data: fleet never reads them.
 USER_PREFIX = "x_"
@@ -235,6 +261,28 @@ def _keyring(value: str) -> str:
     return value
 
 
+def _source_dir(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError("an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/models")
+    if not os.path.isdir(value):
+        raise ValueError(
+            "no such directory on this machine: the model source is read here (fleet copies the files to the "
+            "hosts); create it, copy the models into it as ORG/NAME/, or point model_source.path at where they are"
+        )
+    if not os.access(value, os.R_OK | os.X_OK):
+        raise ValueError(
+            f"not readable by this user (uid {os.getuid()}): give it read and search permission "
+            "(chmod a+rx), or run fleet as a user who can read it"
+        )
+    return value
+
+
+def source_model_dir(root: str, model: str) -> str:
+    """Where a ``dir`` model source holds ``model`` (``org/name``): ``ROOT/org/name``."""
+    return os.path.join(root, *model.split("/"))
+
+
 def _driver_version(value: str) -> str:
     if not _DRIVER_VERSION.fullmatch(value):
         raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it)")
@@ -244,6 +292,24 @@ def _driver_version(value: str) -> str:
 def _extra(value: str) -> str:
     if not _EXTRA.fullmatch(value):
         raise ValueError("an extra's name: letters, digits, '.', '_', '-', starting and ending with a letter or digit")
+    return value
+
+
+EXTRA_FLAG_RULE = (
+    "a `vllm serve` flag's long name as `vllm serve --help` shows it, e.g. '--enforce-eager' "
+    "(lower-case letters, digits, '-', '_'; no value in the name: the value is the entry's value)"
+)
+
+
+def _extra_flag(value: str) -> str:
+    if not _EXTRA_FLAG.fullmatch(value):
+        raise ValueError(EXTRA_FLAG_RULE)
+    return value
+
+
+def _extra_text(value: str) -> str:
+    if len(value) > 4096 or not _printable(value):
+        raise ValueError("one line of at most 4096 printable characters (no line breaks, tabs or control characters)")
     return value
 
 
@@ -349,6 +415,17 @@ Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
 UserKey = Annotated[str, AfterValidator(_user_key)]
+ExtraFlag = Annotated[str, AfterValidator(_extra_flag)]
+ExtraText = Annotated[str, AfterValidator(_extra_text)]
+ExtraScalar = bool | int | Annotated[float, Field(allow_inf_nan=False)] | ExtraText
+#: One ``vllm_extra_args`` value: a switch, one value, several values, or a JSON object.
+ExtraValue = (
+    ExtraScalar
+    | Annotated[list[ExtraScalar], Field(min_length=1, max_length=64)]
+    | Annotated[tuple[ExtraScalar, ...], Field(min_length=1, max_length=64)]
+    | dict[str, JsonValue]
+)
+PRESETS: tuple[str, ...] = ("throughput", "latency", "long_context")
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -375,6 +452,18 @@ class BalancerData(BaseModel):
     config: AbsPath = DEFAULT_HAPROXY_CONFIG
     backend: HaproxyName | None = None
     timeout_s: Annotated[float, Field(ge=1.0, le=600.0, allow_inf_nan=False)] = 5.0
+
+
+SourceDir = Annotated[str, AfterValidator(_source_dir)]
+
+
+class DirSourceData(BaseModel):
+    """``model_source: {kind: dir, path}``: models in a directory on the control machine."""
+
+    model_config = _STRICT
+
+    kind: Literal["dir"]
+    path: SourceDir
 
 
 class WorkloadData(BaseModel):
@@ -459,6 +548,7 @@ class HostData(BaseModel):
     model: ModelId
     workload: WorkloadData
     model_config_: PathText | None = Field(default=None, alias="model_config")
+    model_source: DirSourceData | None = None
     served_model_name: ServedName | None = None
     weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
@@ -478,6 +568,8 @@ class HostData(BaseModel):
     nvidia_driver_version: DriverVersion | None = None
     nvidia_fabric_manager: bool | None = None
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
+    vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
+    serving_preset: Literal["throughput", "latency", "long_context"] | None = None
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
@@ -488,6 +580,9 @@ class HostData(BaseModel):
     ) = ()
     ssh_port: Annotated[int, Field(ge=1, le=MAX_PORT)] = 22
     ssh_hostname: Address | None = None
+    multi_node: bool = False
+    master_port: Annotated[int, Field(ge=1024, le=MAX_PORT)] | None = None
+    pipeline_parallel_size: Annotated[int, Field(ge=2, le=MAX_NODES)] | None = None
 
 
 class BalancerHostData(BaseModel):
@@ -518,6 +613,7 @@ KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
+SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -535,6 +631,9 @@ FIELD_HELP: dict[str, str] = {
     "nvidia_driver_version": "a driver version like '580.95.05' (a string)",
     "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
     "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
+    "vllm_extra_args": "a mapping of `vllm serve` flag to value, e.g. {'--enforce-eager': True, "
+    "'--max-num-queued-reqs': 512, '--compilation-config': {'mode': 3}}",
+    "serving_preset": "one of throughput, latency, long_context (or leave it out for vLLM's defaults)",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
     "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
     "backend?, timeout_s?}",
@@ -542,6 +641,8 @@ FIELD_HELP: dict[str, str] = {
     "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
+    "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model",
+    "model_source.kind": "dir (a directory on this machine)",
     "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
     "reboot_command": "a list of words, the first an absolute path: a program on this machine that power-cycles "
     "the host (run without a shell), e.g. ['/usr/local/bin/power-cycle', 'gpu-07']",
@@ -554,6 +655,30 @@ def port_range_problem(data: HostData) -> str | None:
     count = data.gpu.count if data.gpu is not None else 1
     if data.port + count - 1 > MAX_PORT:
         return f"port {data.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
+    return None
+
+
+def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
+    """(field, value, why) when ``model_source`` does not hold the host's ``model``, or None."""
+    source = data.model_source
+    if source is None:
+        return None
+    if data.model.startswith("/"):
+        return (
+            "model_source", source.path,
+            f"stages models named by Hugging Face id; model is a path ({data.model}), served from where it "
+            "is: name the model by id (org/name) to stage it, or remove model_source",
+        )  # fmt: skip
+    config = os.path.join(source_model_dir(source.path, data.model), "config.json")
+    if not os.path.isfile(config):
+        return (
+            "model_source.path", source.path,
+            f"holds no {data.model}/config.json ({config} is not there): put the model's files in "
+            f"{source_model_dir(source.path, data.model)} (huggingface-cli download {data.model} --local-dir "
+            "that directory), or fix model or model_source",
+        )  # fmt: skip
+    if not os.access(config, os.R_OK):
+        return ("model_source.path", source.path, f"{config} is not readable by this user: chmod a+r it")
     return None
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,15 +35,18 @@ from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.drivers import DEFAULT_DRIVER
 from fleet.inventory.load import HostEntry, read_inventory
+from fleet.inventory.multinode import multi_node_problems
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
 from fleet.inventory.schema import (
     BALANCER_KEYS,
+    DEFAULT_MASTER_PORT,
     FIELD_HELP,
     FLEET_KEYS,
     GPU_KEYS,
     KNOWN_KEYS,
     PYINFRA_KEYS_READ,
+    SOURCE_KEYS,
     USER_PREFIX,
     WORKLOAD_KEYS,
     BalancerData,
@@ -52,7 +56,9 @@ from fleet.inventory.schema import (
     LabData,
     driver_problem,
     haproxy_name,
+    model_source_problem,
     port_range_problem,
+    source_model_dir,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
@@ -73,6 +79,12 @@ __all__ = [
 
 #: Reads a model's config on this machine (``fleet.model.arch.load_model``); a ``FleetError`` says why not.
 ModelCheck = Callable[[str, str | None], object]
+#: A valid host's problems a later stage can tell at load time (``fleet.plan.extra_args``: the
+#: extra flags against the pinned vLLM's surface), reported with the inventory's other problems.
+HostCheck = Callable[["HostSpec"], list[FieldProblem]]
+#: One ``vllm_extra_args`` value as a ``HostSpec`` keeps it (hashable): a switch, a number, a
+#: string, several (a tuple), or a JSON object as its compact JSON text.
+ExtraArgValue = bool | int | float | str | tuple[bool | int | float | str, ...]
 
 WeightPrecision = Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"]
 KvCacheDtype = Literal["auto", "fp8"]
@@ -155,6 +167,19 @@ class BalancerHost:
 
 
 @dataclass(frozen=True)
+class ModelSource:
+    """``model_source``: where the weights come from. ``dir``: a directory on this machine holding
+    ``ORG/NAME/`` per model. (An HTTP mirror laid out like the Hub and a store host are kinds to
+    come, each with its own fields beside ``kind``.)"""
+
+    kind: Literal["dir"]
+    path: str
+
+    def model_dir(self, model: str) -> str:
+        return source_model_dir(self.path, model)
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """Everything fleet needs to know about one host from the inventory."""
 
@@ -164,6 +189,8 @@ class HostSpec:
     model: str
     workload: Workload
     model_config: str | None = None
+    #: where ``fleet stage`` and ``fleet deploy`` copy the model's weights from (None: not staged)
+    model_source: ModelSource | None = None
     served_model_name: str | None = None
     weights: WeightPrecision = "auto"
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -184,12 +211,21 @@ class HostSpec:
     nvidia_driver_version: str | None = None
     nvidia_fabric_manager: bool | None = None  #: None: on for NVSwitch hosts
     vllm_extras: tuple[str, ...] = ()
+    #: ``vllm_extra_args`` in the inventory's order: (flag as written, value); ``fleet.plan.extra_args``
+    vllm_extra_args: tuple[tuple[str, ExtraArgValue], ...] = ()
+    serving_preset: str | None = None  #: ``fleet.plan.presets``; None: vLLM's defaults
     releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
     balancer: BalancerSpec | None = None  #: the load balancer in front of its instances
     #: how this machine power-cycles the host (argv, run without a shell); None: ``systemctl reboot``
     reboot_command: tuple[str, ...] | None = None
+    #: the host may be one node of an instance spanning hosts of its group (``fleet.inventory.multinode``)
+    multi_node: bool = False
+    #: the rendezvous port of a multi-node instance on its leader (vLLM's ``--master-port``)
+    master_port: int = DEFAULT_MASTER_PORT
+    #: pipeline stages (= hosts) of a multi-node instance; None: the fewest that fit
+    pipeline_parallel_size: int | None = None
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
@@ -214,10 +250,11 @@ class LoadedInventory:
     #: every host with ``role: balancer`` (selected or not: the serving hosts' balancers are reached)
     balancer_hosts: tuple[BalancerHost, ...] = ()
     model_check: ModelCheck | None = field(default=None, compare=False, repr=False)
+    host_check: HostCheck | None = field(default=None, compare=False, repr=False)
 
     def reload(self, limit: list[str] | None = None) -> LoadedInventory:
         """The same inventory read again (pyinfra's ``Inventory`` and ``State`` are single-use)."""
-        return load_inventory(self.path, limit, self.overrides, self.model_check)
+        return load_inventory(self.path, limit, self.overrides, self.model_check, self.host_check)
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -367,9 +404,10 @@ def _allowed(err: Any, fld: str) -> str:
         return "required: " + FIELD_HELP.get(fld, "a value")
     if kind == "extra_forbidden":
         parent, _, key = fld.rpartition(".")
-        keys = {"workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS}.get(
-            parent, ()
-        )
+        keys = {
+            "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
+            "model_source": SOURCE_KEYS,
+        }.get(parent, ())  # fmt: skip
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
@@ -400,7 +438,7 @@ def _value_loc(loc: tuple[Any, ...], fld: str) -> tuple[Any, ...]:
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
     # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
-    known = (FLEET_KEYS, WORKLOAD_KEYS, GPU_KEYS, BALANCER_KEYS, LAB_KEYS, PYINFRA_KEYS_READ)
+    known = (FLEET_KEYS, WORKLOAD_KEYS, GPU_KEYS, BALANCER_KEYS, LAB_KEYS, SOURCE_KEYS, PYINFRA_KEYS_READ)
     names = [p for p in parts if any(p in keys for keys in known)]
     return ".".join(names) or ".".join(parts)
 
@@ -414,8 +452,14 @@ def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | N
         return HostData.model_validate(fields)
     except ValidationError as exc:
         seen: set[str] = set()
-        for err in exc.errors(include_url=False):
+        errors = exc.errors(include_url=False)
+        for fld, value, allowed in _extra_args_errors(errors, fields):
+            seen.add(fld)
+            h.problem(fld, value, allowed)
+        for err in errors:
             loc = tuple(err["loc"])
+            if loc[0] == "vllm_extra_args" and len(loc) > 1:
+                continue  # reported above, one line per flag
             fld = _field_name(loc)
             if err["type"] == "extra_forbidden":
                 fld = f"{_field_name(loc[:-1])}.{loc[-1]}"
@@ -425,6 +469,35 @@ def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | N
             value = _at(fields, loc) if err["type"] == "extra_forbidden" else _at(fields, _value_loc(loc, fld))
             h.problem(fld, value, _allowed(err, fld))
         return None
+
+
+#: What one ``vllm_extra_args`` value may be, for a value of no allowed type.
+EXTRA_VALUE_HELP = (
+    "true (a switch; false for the --no- form of an enable/disable flag), a number, a string, a list of "
+    "those (a flag that takes several values), or a dict (a flag that takes a JSON object)"
+)
+
+
+def _extra_args_errors(errors: Sequence[Any], fields: dict[str, Any]) -> list[tuple[str, object, str]]:
+    """One (field, value, allowed) per refused ``vllm_extra_args`` entry, instead of one per union member."""
+    raw = fields.get("vllm_extra_args")
+    found: dict[str, tuple[str, object, str]] = {}
+    for err in errors:
+        loc = tuple(err["loc"])
+        if loc[0] != "vllm_extra_args" or len(loc) < 2:
+            continue
+        flag = str(loc[1])
+        fld = f"vllm_extra_args.{flag}"
+        msg = str(err["msg"])
+        if "[key]" in loc:
+            found[fld] = (fld, flag, msg.removeprefix("Value error, "))
+            continue
+        value = raw.get(loc[1]) if isinstance(raw, dict) else None
+        if msg.startswith("Value error, ") or err["type"] in ("finite_number", "too_long", "too_short"):
+            found[fld] = (fld, value, msg.removeprefix("Value error, ").removeprefix("Input should be "))
+        elif fld not in found:
+            found[fld] = (fld, value, EXTRA_VALUE_HELP)
+    return list(found.values())
 
 
 def _api_key_ref(h: _Host, data: dict[str, Any], refused: set[str]) -> SecretRef | None:
@@ -487,6 +560,16 @@ def _gpu_spec(raw: GpuData | None) -> GpuSpec | None:
     return GpuSpec(raw.count, memory_gib=raw.memory_gib, nvlink=raw.fabric or Fabric.NONE)
 
 
+def _extra_value(value: object) -> ExtraArgValue:
+    """A validated ``vllm_extra_args`` value, hashable: lists become tuples, objects JSON text."""
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    assert isinstance(value, bool | int | float | str)
+    return value
+
+
 def host_spec(
     inventory: str,
     name: str,
@@ -517,6 +600,12 @@ def host_spec(
         h.problem("port", valid.port, why)
     if valid is not None and (bad := driver_problem(valid, DEFAULT_DRIVER)) is not None:
         h.problem(*bad)
+    if valid is not None and not valid.multi_node:
+        for key in ("master_port", "pipeline_parallel_size"):
+            if (value := getattr(valid, key)) is not None:
+                h.problem(key, value, f"only read for multi-node instances: set multi_node: true (or remove {key})")
+    if valid is not None and (bad := model_source_problem(valid)) is not None:
+        h.problem(*bad)
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
@@ -526,7 +615,11 @@ def host_spec(
         groups=groups,
         model=valid.model,
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
-        model_config=valid.model_config_,
+        # no model_config: the planner reads the model's config.json from the source (never a
+        # different copy than the one the hosts get)
+        model_config=valid.model_config_
+        or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
+        model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
         kv_cache_dtype=valid.kv_cache_dtype,
@@ -547,11 +640,16 @@ def host_spec(
         or DEFAULT_DRIVER.get(".".join(valid.vllm_version.split(".")[:2])),
         nvidia_fabric_manager=valid.nvidia_fabric_manager,
         vllm_extras=tuple(valid.vllm_extras),
+        vllm_extra_args=tuple((k, _extra_value(v)) for k, v in valid.vllm_extra_args.items()),
+        serving_preset=valid.serving_preset,
         releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
         balancer=_balancer_spec(valid.balancer, valid.model, valid.served_model_name),
         reboot_command=tuple(valid.reboot_command) if valid.reboot_command is not None else None,
+        multi_node=valid.multi_node,
+        master_port=valid.master_port if valid.master_port is not None else DEFAULT_MASTER_PORT,
+        pipeline_parallel_size=valid.pipeline_parallel_size,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
 
@@ -651,11 +749,13 @@ def load_inventory(
     limit: list[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     model_check: ModelCheck | None = None,
+    host_check: HostCheck | None = None,
 ) -> LoadedInventory:
     """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's;
     ``overrides``: host data given on the command line (``fleet rollout --model``), over every host's;
     ``model_check``: read each selected serving host's model config on this machine (the commands
-    that plan pass ``fleet.model.arch.load_model``), so a missing model is reported with the rest.
+    that plan pass ``fleet.model.arch.load_model``), so a missing model is reported with the rest;
+    ``host_check``: a later stage's checks of each selected valid host (``fleet.plan.extra_args``).
 
     Every host is validated, problems are reported for the selected ones; the cross-host rules
     (``ports.py``) see every valid host, since a host left out by ``--limit`` still holds its ports.
@@ -685,15 +785,20 @@ def load_inventory(
             checked.append((entry, spec))
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
+    problems += [p for p in multi_node_problems(specs) if selected is None or p.host in selected]
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
+    if host_check is not None:
+        problems += [p for s in specs if selected is None or s.name in selected for p in host_check(s)]
     if problems:
         order = {entry.name: n for n, entry in enumerate(files.hosts)}
         raise InventoryError(sorted(problems, key=lambda p: order.get(p.host, -1)))  # host by host
     chosen = tuple(s for s in specs if selected is None or s.name in selected)
     if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
-    return LoadedInventory(str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check)
+    return LoadedInventory(
+        str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check
+    )
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

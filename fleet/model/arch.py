@@ -170,6 +170,10 @@ class ModelArch:
             params += 3 * h * self.shared_expert_intermediate_size + h  # Qwen-MoE shared expert + gate
         return params
 
+    def layer_parameters(self, layer: int) -> int:
+        """Parameters of one decoder layer (attention, norms, MLP or experts): what a pipeline stage loads."""
+        return self._attention_params() + 2 * self.hidden_size + self._mlp_params(layer)
+
     @property
     def computed_parameters(self) -> int:
         """Parameter count from the architecture.

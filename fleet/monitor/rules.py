@@ -10,7 +10,9 @@ Sources: metric names from ``fleet.monitor.metric_names`` (vLLM's ``vllm/v1/metr
 summaries"); unit restarts from node_exporter's systemd collector (``collector/systemd_linux.go``:
 ``node_systemd_service_restart_total{name}``, systemd's ``NRestarts``; on with
 ``--collector.systemd --collector.systemd.enable-restarts-metrics``); audit findings from the
-textfile ``fleet.monitor.findings`` writes (node_exporter's textfile collector serves it).
+textfile ``fleet.monitor.findings`` writes (node_exporter's textfile collector serves it); GPU
+quarantine and the watcher's NVML session from the textfile the GPU watcher writes on each host
+(``fleet.gpuwatch.watcher.textfile``: ``fleet_gpu_quarantined``, ``fleet_gpu_watch_up``).
 """
 
 from __future__ import annotations
@@ -189,6 +191,29 @@ def alert_rules(names: MetricNames, th: Thresholds, hosts: tuple[str, ...]) -> l
             "Run `fleet audit INVENTORY --limit {{ $labels.host }}` for the details; a degraded link or a GPU "
             "with errors: drain the host (`fleet restart` with the host excluded from traffic) and open a "
             "hardware ticket; a driver mismatch: redeploy the pinned driver.",
+        ),
+        _alert(
+            "FleetGpuQuarantined",
+            f'fleet_gpu_quarantined{{job="{NODE_JOB}", {sel}}} == 1',
+            "0s",
+            "ticket",
+            "GPU {{ $labels.gpu }} of {{ $labels.host }} is quarantined ({{ $labels.kind }} {{ $labels.xid }})",
+            "fleet's GPU watcher recorded a critical event on this GPU ({{ $labels.kind }} {{ $labels.xid }}, "
+            "NVIDIA's action: {{ $labels.action }}): deploys and rollouts plan the host around it.",
+            "`fleet audit INVENTORY --limit {{ $labels.host }}` shows the event; follow NVIDIA's action for the XID "
+            "(reset the GPU, reboot, or a hardware ticket), then lift the quarantine: "
+            "`fleet gpu clear INVENTORY {{ $labels.host }} {{ $labels.gpu }} --why TEXT`.",
+        ),
+        _alert(
+            "FleetGpuWatcherDown",
+            f'fleet_gpu_watch_up{{job="{NODE_JOB}", {sel}}} == 0',
+            "15m",
+            "ticket",
+            "the GPU watcher on {{ $labels.host }} has no NVML session",
+            "fleet's GPU watcher has been re-initialising NVML for 15 minutes: the driver is not loaded or was "
+            "replaced, so XID and ECC events of this host go unrecorded.",
+            "`journalctl -u fleet-gpu-watch -n 100` and `nvidia-smi` on the host; a pending driver reboot: "
+            "reboot through `fleet drain` / `fleet undrain`.",
         ),
     ]
 

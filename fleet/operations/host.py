@@ -31,6 +31,7 @@ from fleet.facts.nvml import NvmlProbe
 from fleet.facts.releases import VllmReleases, running_release
 from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_instances
 from fleet.operations import layout, nvidia, revisions, units, vllm
+from fleet.operations.gpuwatch import gpu_watcher
 from fleet.render.part import DriverSettings, HostDataError, HostPart
 from fleet.render.revision import Revision
 from fleet.render.units import HostPaths
@@ -227,5 +228,6 @@ def vllm_host(part: HostPart) -> None:
     """The whole host, from its part (planned and checked by the caller: an inventory gpu entry the
     probe contradicts stopped the host before this)."""
     nvidia_driver(driver=part.driver)
+    gpu_watcher()
     vllm_release(part=part)
     vllm_units(part=part)

@@ -37,6 +37,7 @@ from fleet.errors import FleetError, PlanError, PlanProblem
 from fleet.facts.hostfacts import GpuFacts, HostFacts
 from fleet.facts.units import OUR_UNIT_PREFIX
 from fleet.gpus import CATALOGUE, GiB, HostGpus
+from fleet.gpuwatch.quarantine import usable_gpus
 from fleet.inventory.spec import GpuSpec, HostSpec
 from fleet.topology import host_gpus
 
@@ -262,20 +263,46 @@ def _chosen(spec: HostSpec, probe: HostFacts | str | None, probed: HostGpus | No
     return GpuSource(probed, "probe")
 
 
-def decide_gpus(spec: HostSpec, probe: HostFacts | str | None) -> GpuDecision:
+def decide_gpus(
+    spec: HostSpec, probe: HostFacts | str | None, quarantined: Mapping[int, str] | None = None
+) -> GpuDecision:
     """The host's GPUs from its inventory entry and its probe (see the module docstring); pure.
 
     ``probe``: the probe's answer; a string: why there is none (unreachable, output not
-    understood); None: not probed (planning offline).
+    understood); None: not probed (planning offline). ``quarantined``: GPU index -> why (the GPU
+    watcher's record, ``fleet.gpuwatch.state``): those GPUs get no instance
+    (``fleet.gpuwatch.quarantine.usable_gpus``), and a host with none left is refused.
     """
     declared = spec.gpu.host_gpus() if spec.gpu is not None else None
     probed = planning_gpus(probe) if isinstance(probe, HostFacts) and probe.ok and probe.gpus else None
     differences = tuple(mismatches(spec.gpu, probed)) if spec.gpu is not None and probed is not None else ()
+    if quarantined and probed is not None:
+        probed = usable_gpus(probed, quarantined)
     try:
         chosen = _chosen(spec, probe, probed)
+        if quarantined and chosen.gpus is not None:
+            chosen = replace(chosen, gpus=_around_quarantine(spec, chosen.gpus, quarantined))
     except (GpuMismatch, PlanError) as exc:
         return GpuDecision(declared, probed, GpuSource(None, "none", str(exc)), differences, exc)
     return GpuDecision(declared, probed, chosen, differences)
+
+
+class AllGpusQuarantined(PlanError):
+    """Every GPU of the host is quarantined: nothing can be planned on it, by any command."""
+
+
+def _around_quarantine(spec: HostSpec, gpus: HostGpus, quarantined: Mapping[int, str]) -> HostGpus:
+    usable = usable_gpus(gpus, quarantined)
+    if not usable.usable:
+        why = "; ".join(f"GPU {i}: {w}" for i, w in sorted(quarantined.items()))
+        raise AllGpusQuarantined(
+            PlanProblem(
+                spec.name,
+                f"every GPU is quarantined ({why})",
+                ways_out=[f"repair the GPUs, then lift the quarantine: fleet gpu clear {spec.name} GPU --why TEXT"],
+            )
+        )
+    return usable
 
 
 def gpu_source(spec: HostSpec, probe: HostFacts | str | None) -> GpuSource:

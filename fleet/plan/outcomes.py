@@ -19,10 +19,20 @@ from typing import TYPE_CHECKING, Any
 from fleet.errors import FleetError, ModelConfigError, PlanError, PlanProblem
 from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.gpus import GiB, HostGpus
+from fleet.inventory.multinode import pools
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
-from fleet.plan.gpu_source import GpuDecision, GpusNotKnownYet, decide_gpus, gpus_for, planning_gpus_of
-from fleet.plan.planner import HostPlan, Instance, plan_host
+from fleet.plan.extra_args import extra_args_problems
+from fleet.plan.gpu_source import (
+    AllGpusQuarantined,
+    GpuDecision,
+    GpusNotKnownYet,
+    decide_gpus,
+    gpus_for,
+    planning_gpus_of,
+)
+from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
+from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
 
 if TYPE_CHECKING:
     from fleet.facts.hostfacts import HostFacts
@@ -81,6 +91,7 @@ class HostOutcome:
 
     @property
     def instances(self) -> tuple[PlannedInstance, ...]:
+        """The instances this host serves; one spanning hosts is listed once, at its leader (node 0)."""
         if self.plan is None:
             return ()
         name, served, address = self.spec.name, self.served_name or self.plan.model, _address(self.spec)
@@ -89,14 +100,22 @@ class HostOutcome:
                 name,
                 i.unit_name,
                 f"fleet-{i.unit_name}.service",
-                (Placement(name, i.gpus),),
+                tuple(Placement(h, i.gpus, r) for r, h in enumerate(i.node.hosts))
+                if i.node is not None
+                else (Placement(name, i.gpus),),
                 i.port,
                 f"http://{address}:{i.port}",
                 served,
                 i,
             )
             for i in self.plan.instances
+            if i.serves
         )
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether this host is a node of an instance spanning hosts."""
+        return self.plan is not None and any(i.node is not None for i in self.plan.instances)
 
 
 def planning_inputs(spec: HostSpec) -> HostSpec:
@@ -175,6 +194,60 @@ def _plan_all(
             )
         except FleetError as exc:
             outcomes.append(HostOutcome(spec, None, PlanProblem(spec.name, str(exc)), gpus=decision, refusal=exc))
+    return _across_hosts(specs, outcomes, gpus_of, models)
+
+
+def _does_not_fit(outcome: HostOutcome) -> bool:
+    """The host was refused because the model does not fit it (``planner._no_fit``), nothing else."""
+    return (
+        outcome.plan is None
+        and type(outcome.refusal) is PlanError
+        and outcome.problem is not None
+        and any(w in outcome.problem.summary for w in ("does not fit", "do not fit", "no room for one sequence"))
+    )
+
+
+def _across_hosts(
+    specs: tuple[HostSpec, ...],
+    outcomes: list[HostOutcome],
+    gpus_of: Callable[[HostSpec], HostGpus],
+    models: Mapping[tuple[str, str | None], ModelArch | ModelConfigError],
+) -> list[HostOutcome]:
+    """Instances spanning hosts (``fleet.plan.multinode``): a ``multi_node`` group whose model fits
+    none of its hosts is planned as a whole; a host that did not opt in learns how many would do."""
+    by_name = {o.spec.name: k for k, o in enumerate(outcomes)}
+    for pool in pools(specs).values():
+        names = {m.name for m in pool}
+        members = [s for s in specs if s.name in names]
+        found = [outcomes[by_name[s.name]] for s in members]
+        arch = models.get((members[0].model, members[0].model_config))
+        if not all(_does_not_fit(o) for o in found) or not isinstance(arch, ModelArch):
+            continue
+        try:
+            gpus = {s.name: gpus_of(s) for s in specs if s.name in {m.name for m in members}}
+            team = [s for s in specs if s.name in {m.name for m in members}]
+            plans = plan_multi_node(team, gpus, arch, {s.name: _address(s) for s in team})
+            for o in found:
+                outcomes[by_name[o.spec.name]] = dataclasses.replace(
+                    o, plan=plans[o.spec.name], problem=None, refusal=None
+                )
+        except PlanError as exc:
+            for o in found:
+                problem = dataclasses.replace(exc.problem, host=o.spec.name)
+                outcomes[by_name[o.spec.name]] = dataclasses.replace(o, problem=problem, refusal=PlanError(problem))
+    for k, o in enumerate(outcomes):
+        arch = models.get((o.spec.model, o.spec.model_config))
+        if o.spec.multi_node or not _does_not_fit(o) or not isinstance(arch, ModelArch) or o.problem is None:
+            continue
+        try:
+            needed = nodes_needed(o.spec, gpus_of(o.spec), arch)
+        except FleetError:
+            continue
+        if needed is None:
+            continue
+        way = f"multi_node: true on a group of {needed.nodes} such hosts: {describe(needed)}"
+        problem = dataclasses.replace(o.problem, ways_out=[*o.problem.ways_out, way])
+        outcomes[k] = dataclasses.replace(o, problem=problem, refusal=PlanError(problem))
     return outcomes
 
 
@@ -191,8 +264,9 @@ def load_for_planning(
     path: str | Path, limit: list[str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> LoadedInventory:
     """Load an inventory to plan it: every host's model config is read here with the rest of the
-    checks, so a missing model on one host is reported together with a bad value on another."""
-    return load_inventory(path, limit, overrides, model_check=load_model)
+    checks, so a missing model on one host is reported together with a bad value on another; and
+    each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``)."""
+    return load_inventory(path, limit, overrides, model_check=load_model, host_check=extra_args_problems)
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:
@@ -219,6 +293,19 @@ class FleetPlan:
         """Every instance of the fleet, inventory order (hosts, then their instances)."""
         return [i for o in self.outcomes for i in o.instances]
 
+    def multi_node_refusal(self, command: str) -> str | None:
+        """Why ``command`` (a deploy or a rollout) refuses this plan, or None: it has instances spanning
+        hosts, which ``fleet plan`` shows but nothing deploys or rolls yet (issue 21's later part)."""
+        spanning = [i for i in self.instances() if len(i.placements) > 1]
+        if not spanning:
+            return None
+        named = "; ".join(f"{i.host}/{i.name} on {', '.join(p.host for p in i.placements)}" for i in spanning)
+        return (
+            f"{command}: multi-node deploy is not built yet: the plan has instances spanning hosts ({named}). "
+            "Nothing was touched. `fleet plan` shows them; to deploy now, serve a model that fits one host "
+            "(weights: fp8, kv_cache_dtype: fp8, a smaller model) or remove multi_node from the group"
+        )
+
     def refusals(self) -> list[str]:
         """Why a deploy or rollout cannot plan some hosts, one text per host (empty: all planned)."""
         return [str(o.refusal) for o in self.outcomes if o.plan is None and o.refusal is not None]
@@ -239,6 +326,7 @@ def build_fleet_plan(
     *,
     deploy: bool = False,
     model_loader: Callable[[str, str | None], ModelArch] = load_model,
+    quarantine: Mapping[str, Mapping[int, str]] | None = None,
 ) -> FleetPlan:
     """The one function from inventory and facts to the fleet plan (pure given its inputs).
 
@@ -246,10 +334,12 @@ def build_fleet_plan(
     ``deploy``: plan as a deploy or rollout does (``fleet.plan.gpu_source``: an inventory entry the
     probe contradicts refuses the host; a host whose NVML does not answer yet and that declares
     nothing waits); otherwise as ``fleet plan`` does (the probe where it answered with GPUs, else the
-    declaration, and the difference shown).
+    declaration, and the difference shown). ``quarantine``: host -> GPU index -> why (the GPU
+    watcher's records, ``fleet.gpuwatch.state.read_quarantine``): planned around.
     """
     answers = {name: _answer(r) for name, r in (probes or {}).items()}
-    decisions = {s.name: decide_gpus(s, answers.get(s.name)) for s in loaded.hosts}
+    held = quarantine or {}
+    decisions = {s.name: decide_gpus(s, answers.get(s.name), held.get(s.name)) for s in loaded.hosts}
     if deploy:
 
         def gpus_of(spec: HostSpec) -> HostGpus:
@@ -263,7 +353,14 @@ def build_fleet_plan(
         return FleetPlan(_plan_all(loaded.hosts, gpus_of, model_loader, decisions), {}, loaded)
     probed = {name: d.probed for name, d in decisions.items() if d.probed is not None}
     notes = planning_gpus_of(probes)[1] if probes is not None else {}
-    outcomes = _plan_all(loaded.hosts, lambda spec: gpus_for(spec, probed), model_loader, decisions)
+
+    def plan_gpus(spec: HostSpec) -> HostGpus:
+        refusal = decisions[spec.name].refusal
+        if isinstance(refusal, AllGpusQuarantined):
+            raise refusal
+        return gpus_for(spec, probed)
+
+    outcomes = _plan_all(loaded.hosts, plan_gpus, model_loader, decisions)
     return FleetPlan(outcomes, notes, loaded)
 
 
@@ -278,10 +375,16 @@ def plan_fleet(
     loaded = load_for_planning(path, limit)
     if offline:
         return build_fleet_plan(loaded)
+    from fleet.facts.hostfacts import HostFacts
     from fleet.facts.probed import probe_hosts
+    from fleet.gpuwatch.state import read_quarantine
 
-    answers = probe_hosts(loaded, connect_timeout=PROBE_CONNECT_TIMEOUT if probe_timeout is None else probe_timeout)
-    return build_fleet_plan(loaded, answers)
+    connect = PROBE_CONNECT_TIMEOUT if probe_timeout is None else probe_timeout
+    answers = probe_hosts(loaded, connect_timeout=connect)
+    reachable = dataclasses.replace(
+        loaded, hosts=tuple(h for h in loaded.hosts if isinstance(answers.get(h.name), HostFacts))
+    )
+    return build_fleet_plan(loaded, answers, quarantine=read_quarantine(reachable, connect_timeout=connect))
 
 
 # -- data for --json --------------------------------------------------------------------------------
@@ -291,9 +394,19 @@ def _gib(n: int) -> float:
     return round(n / GiB, 3)
 
 
+def _flag_data(flag: Flag) -> dict[str, Any]:
+    """A flag for --json; one the inventory set (``vllm_extra_args``) says so, and all its values."""
+    data: dict[str, Any] = {"option": flag.option, "value": flag.value, "reason": flag.reason}
+    if flag.more:
+        data["values"] = [flag.value, *flag.more]
+    if flag.set_by != SET_BY_FLEET:
+        data["set_by"] = flag.set_by
+    return data
+
+
 def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str, Any]:
     m = instance.memory
-    return {
+    data: dict[str, Any] = {
         "index": instance.index,
         "unit": f"fleet-{instance.unit_name}.service",
         "gpus": list(instance.gpus),
@@ -301,7 +414,7 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
         "port": instance.port,
         "argv": [f"{venv}/bin/vllm", "serve", *instance.argv],
         "env": dict(instance.env),
-        "flags": [{"option": f.option, "value": f.value, "reason": f.reason} for f in instance.flags],
+        "flags": [_flag_data(f) for f in instance.flags],
         "memory": {
             "gpu_total_gib": _gib(m.gpu_total),
             "nvml_total_gib": _gib(m.nvml_total),
@@ -332,6 +445,23 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "workload_concurrency": m.workload_concurrency,
         },
     }
+    if (node := instance.node) is not None:  # a node of an instance spanning hosts (absent otherwise)
+        data["node"] = {
+            "rank": node.rank,
+            "nnodes": len(node.hosts),
+            "hosts": list(node.hosts),
+            "leader": node.leader,
+            "headless": node.headless,
+            "master": node.master,
+            "layers": [node.layers[0], node.layers[1]],
+            "layers_per_node": list(node.partition),
+            "node_kv_blocks": m.kv_blocks,
+            "node_kv_tokens": m.kv_tokens,
+            "instance_kv_blocks": node.instance_kv_blocks,
+            "instance_kv_tokens": node.instance_kv_tokens,
+            "instance_workload_concurrency": instance.workload_concurrency,
+        }
+    return data
 
 
 def outcome_data(outcome: HostOutcome) -> dict[str, Any]:

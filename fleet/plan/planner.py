@@ -42,7 +42,9 @@ from fleet.gpus import ESTIMATED_RESERVE, Fabric, GiB, HostGpus, MiB
 from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
 from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
-from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout
+from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout, LayerKind, kv_layout
+from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
+from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
 
 DEFAULT_UTILIZATION = 0.90
@@ -66,6 +68,11 @@ CUDA_GRAPH_RANGE = (int(0.2 * GiB), int(1.5 * GiB))
 NON_TORCH_ERROR = int(0.25 * GiB)
 
 
+#: ``Flag.set_by`` of the flags fleet plans; an inventory's ``vllm_extra_args`` are ``"you"``.
+SET_BY_FLEET = "fleet"
+SET_BY_YOU = "you"
+
+
 @dataclass(frozen=True)
 class Flag:
     """One ``vllm serve`` option, its value, and why it has that value."""
@@ -73,9 +80,11 @@ class Flag:
     option: str
     value: str | None
     reason: str
+    more: tuple[str, ...] = ()  #: further values of a flag that takes several (``nargs='+'``)
+    set_by: str = SET_BY_FLEET  #: "fleet" (planned) or "you" (``vllm_extra_args``)
 
     def argv(self) -> list[str]:
-        return [self.option] if self.value is None else [self.option, self.value]
+        return ([self.option] if self.value is None else [self.option, self.value]) + list(self.more)
 
 
 @dataclass(frozen=True)
@@ -126,8 +135,31 @@ class MemoryMath:
 
 
 @dataclass(frozen=True)
+class NodeRole:
+    """This host's part of an instance spanning hosts (``fleet.plan.multinode``): one pipeline stage."""
+
+    rank: int  #: vLLM's ``--node-rank``; rank 0 leads (serves the API), the others run ``--headless``
+    hosts: tuple[str, ...]  #: every node's host, in rank order
+    layers: tuple[int, int]  #: this stage's decoder layers [start, end) (vLLM's ``get_pp_indices``)
+    partition: tuple[int, ...]  #: layers per stage, in rank order
+    master: str  #: ``address:port`` of the leader's rendezvous (``--master-addr``/``--master-port``)
+    #: the instance's KV cache: vLLM gives every rank the smallest rank's block count
+    #: (``get_kv_cache_configs``), so these are the instance's tokens, equal on every node
+    instance_kv_tokens: int
+    instance_kv_blocks: int
+
+    @property
+    def leader(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def headless(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass(frozen=True)
 class Instance:
-    """One ``vllm serve`` process on a group of GPUs."""
+    """One ``vllm serve`` process on a group of GPUs (for a multi-node instance: this host's node of it)."""
 
     index: int
     gpus: tuple[int, ...]
@@ -137,6 +169,21 @@ class Instance:
     flags: tuple[Flag, ...]
     env: tuple[tuple[str, str], ...]
     memory: MemoryMath
+    node: NodeRole | None = None  #: None: the instance runs on this host alone
+
+    @property
+    def serves(self) -> bool:
+        """Whether this process serves the API (a single-host instance, or a multi-node leader)."""
+        return self.node is None or not self.node.headless
+
+    @property
+    def kv_tokens(self) -> int:
+        """The instance's KV-cache tokens (a multi-node instance's: the smallest rank's blocks)."""
+        return self.node.instance_kv_tokens if self.node is not None else self.memory.kv_tokens
+
+    @property
+    def workload_concurrency(self) -> int:
+        return self.kv_tokens // max(1, self.memory.kv_tokens_per_request)
 
     @property
     def argv(self) -> list[str]:
@@ -169,11 +216,12 @@ class HostPlan:
 
     @property
     def total_kv_tokens(self) -> int:
-        return sum(i.memory.kv_tokens for i in self.instances)
+        """KV tokens of the instances this host serves (a multi-node instance counts at its leader)."""
+        return sum(i.kv_tokens for i in self.instances if i.serves)
 
     @property
     def workload_concurrency(self) -> int:
-        return sum(i.memory.workload_concurrency for i in self.instances)
+        return sum(i.workload_concurrency for i in self.instances if i.serves)
 
 
 # -- small pure pieces ----------------------------------------------------------------------------
@@ -325,18 +373,29 @@ def memory_math(
     kv_bytes: int,
     batch: tuple[int, int],
     kv_tokens_per_request: int,
+    stage: tuple[LayerKind, ...] | None = None,
 ) -> MemoryMath:
     """The per-GPU arithmetic vLLM does at start, with our estimates.
 
     ``request_memory`` (``vllm/v1/worker/utils.py``) and ``determine_available_memory``
     (``vllm/v1/worker/gpu_worker.py``); the KV cache by ``fleet.model.kv``.
+
+    ``stage``: the attention kinds of the layers one pipeline stage holds (multi-node instances:
+    ``weights_total`` is then that stage's weights, and its GPUs hold only those layers' KV cache);
+    None: the whole model.
     """
     budget = math.ceil(gpu.cuda_total * utilization)
     weights = -(-weights_total // tp)
-    non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 else 0)
+    non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 or stage is not None else 0)
     activations = activation_peak(arch, tp, *batch)
     kv_budget = budget - weights - non_torch - activations - CUDA_GRAPH_BYTES
-    layout = arch.kv_layout(tp, kv_bytes)
+    if stage is None:
+        layout = arch.kv_layout(tp, kv_bytes)
+        per_token = arch.kv_bytes_per_token(tp, kv_bytes)
+    else:
+        page = arch.page_bytes(tp, kv_bytes)
+        layout = kv_layout(stage, page, arch.sliding_window, arch.attention_chunk_size)
+        per_token = len(stage) * page // BLOCK_SIZE
     in_flight = ASYNC_BATCHES * batch[0]
     kv_tokens = layout.tokens(kv_budget, max_model_len, in_flight)
     partial = MemoryMath(
@@ -348,7 +407,7 @@ def memory_math(
         activation_peak=activations,
         cuda_graphs=CUDA_GRAPH_BYTES,
         kv_budget=kv_budget,
-        kv_bytes_per_token=arch.kv_bytes_per_token(tp, kv_bytes),
+        kv_bytes_per_token=per_token,
         kv_tokens=kv_tokens,
         max_model_len=max_model_len,
         kv_tokens_per_request=kv_tokens_per_request,
@@ -406,9 +465,9 @@ def utilization_for(spec: HostSpec, gpus: HostGpus, group: tuple[int, ...]) -> t
 
 def gpu_groups(gpus: HostGpus, tp: int, pcie_tp: bool) -> list[tuple[int, ...]]:
     """Split the host's GPUs into groups of ``tp`` that stay inside one NVLink island."""
-    islands = [frozenset(range(gpus.count))] if pcie_tp else list(gpus.islands)
+    islands = [gpus.usable] if pcie_tp else list(gpus.islands)
     groups: list[tuple[int, ...]] = []
-    for island in sorted(islands, key=min):
+    for island in sorted((i for i in islands if i), key=min):
         members = sorted(island)
         groups += [tuple(members[i : i + tp]) for i in range(0, len(members) - tp + 1, tp)]
     return sorted(groups)
@@ -424,7 +483,7 @@ def candidate_tps(arch: ModelArch, gpus: HostGpus, spec: HostSpec, pcie_tp: bool
     """TP sizes vLLM accepts for this model on these GPUs that fit inside an NVLink island, smallest first."""
     if spec.tensor_parallel_size is not None:
         return [spec.tensor_parallel_size]
-    largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
+    largest = len(gpus.usable) if pcie_tp else max((len(i) for i in gpus.islands), default=0)
     return [tp for tp in range(1, largest + 1) if is_power_of_two(tp) and tp_problem(arch, gpus, tp) is None]
 
 
@@ -434,6 +493,7 @@ class _Layout:
     groups: tuple[tuple[int, ...], ...]
     memory: tuple[MemoryMath, ...]
     utilization: tuple[tuple[float, str], ...]
+    batch: Batch | None = None  #: the ``serving_preset``'s batch; None: vLLM's defaults
 
     @property
     def feasible(self) -> bool:
@@ -449,28 +509,53 @@ def _layout(
 ) -> _Layout:
     groups = tuple(gpu_groups(gpus, tp, pcie_tp))
     utils = tuple(utilization_for(spec, gpus, g) for g in groups)
-    batch = batch_defaults(gpus)
     per_request = min(max_len, spec.workload.kv_tokens_per_request)
-    memory = tuple(
-        memory_math(
-            arch,
-            weights,
-            tp,
-            min((gpu_memory(gpus, i) for i in g), key=lambda m: m.cuda_total),
-            u[0],
-            max_len,
-            kv_dtype_bytes(spec, arch),
-            batch,
-            per_request,
+
+    def memories(batch: tuple[int, int]) -> tuple[MemoryMath, ...]:
+        return tuple(
+            memory_math(
+                arch,
+                weights,
+                tp,
+                min((gpu_memory(gpus, i) for i in g), key=lambda m: m.cuda_total),
+                u[0],
+                max_len,
+                kv_dtype_bytes(spec, arch),
+                batch,
+                per_request,
+            )
+            for g, u in zip(groups, utils, strict=True)
         )
-        for g, u in zip(groups, utils, strict=True)
-    )
+
+    memory = memories(batch_defaults(gpus))
+    preset: Batch | None = None
+    if spec.serving_preset is not None and groups:
+        preset = _preset(spec, gpus, max_len, memory, len(groups))
+        memory = memories(preset.pair)  # the activation peak follows the batch, and the KV cache with it
+        again = _preset(spec, gpus, max_len, memory, len(groups))
+        if again.pair != preset.pair:
+            preset, memory = again, memories(again.pair)
     fitting = [k for k, m in enumerate(memory) if m.fits]
     if fitting and len(fitting) < len(groups):  # serve on the groups that fit; the rest stay idle
         return _Layout(
-            tp, tuple(groups[k] for k in fitting), tuple(memory[k] for k in fitting), tuple(utils[k] for k in fitting)
+            tp,
+            tuple(groups[k] for k in fitting),
+            tuple(memory[k] for k in fitting),
+            tuple(utils[k] for k in fitting),
+            preset,
         )
-    return _Layout(tp, groups, memory, utils)
+    return _Layout(tp, groups, memory, utils, preset)
+
+
+def _preset(spec: HostSpec, gpus: HostGpus, max_len: int, memory: tuple[MemoryMath, ...], instances: int) -> Batch:
+    """The ``serving_preset``'s batch (``fleet.plan.presets``) from the KV cache at vLLM's default batch;
+    the KV requests are counted again at the preset's batch and the sequences capped to them."""
+    target = -(-spec.workload.target_concurrency // instances)  # this instance's share
+    fits = min(m.workload_concurrency for m in memory)
+    assert spec.serving_preset is not None
+    return preset_batch(
+        spec.serving_preset, batch_defaults(gpus), max_len, spec.workload.p95_input_tokens, target, fits
+    )
 
 
 def choose_layout(layouts: list[_Layout], target: int) -> tuple[_Layout | None, bool]:
@@ -531,7 +616,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
             f"workload p95 sequence {spec.workload.p95_sequence_tokens} tokens exceeds the model's maximum "
             f"{arch.max_model_len}; --max-model-len capped, longer requests will be rejected"
         )
-    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and len(gpus.usable) > 1
     pcie_tp = pcie_only and spec.allow_pcie_tensor_parallel
     if spec.tensor_parallel_size is not None:
         _check_pinned_tp(spec, gpus, arch, pcie_tp, ways_out)
@@ -560,16 +645,19 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
     notes += _defaults_notes(spec, arch)
     notes += _kv_notes(arch, chosen.memory[0])
     used = {i for g in chosen.groups for i in g}
-    idle = tuple(i for i in range(gpus.count) if i not in used)
+    idle = tuple(i for i in sorted(gpus.usable) if i not in used)
     if idle:
         warnings.append(
             f"GPUs {', '.join(map(str, idle))} stay idle: no group of {chosen.tp} there fits "
             "(NVLink island too small, or memory already in use)"
         )
     instances = tuple(
-        _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util)
+        _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util, chosen.batch)
         for k, (group, mem, util) in enumerate(zip(chosen.groups, chosen.memory, chosen.utilization, strict=True))
     )
+    extra = _extra_flags(spec)
+    if extra:
+        instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
     for instance in instances:
         _validate_argv(spec, instance)
     return HostPlan(
@@ -590,9 +678,9 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
 def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool) -> None:
     tp = spec.tensor_parallel_size
     assert tp is not None
-    pcie_only = all(len(i) == 1 for i in gpus.islands) and gpus.count > 1
+    pcie_only = all(len(i) == 1 for i in gpus.islands) and len(gpus.usable) > 1
     problem = tp_problem(arch, gpus, tp)
-    largest = gpus.count if pcie_tp else max(len(i) for i in gpus.islands)
+    largest = len(gpus.usable) if pcie_tp else max((len(i) for i in gpus.islands), default=0)
     over_pcie = False
     if problem is None and tp > largest:
         over_pcie = pcie_only and tp <= gpus.count
@@ -722,6 +810,7 @@ def _instance(
     tp: int,
     mem: MemoryMath,
     util: tuple[float, str],
+    batch: Batch | None = None,
 ) -> Instance:
     flags: list[Flag] = [Flag("--served-model-name", spec.served_model_name or spec.model, "the name clients ask for")]
     if spec.bind_address:
@@ -752,6 +841,9 @@ def _instance(
         flags.append(Flag("--kv-cache-dtype", "fp8", "inventory asks for an FP8 KV cache: twice the tokens"))
     if not spec.prefix_caching:
         flags.append(Flag("--no-enable-prefix-caching", None, "inventory turns prefix caching off"))
+    if batch is not None:
+        flags.append(Flag("--max-num-batched-tokens", str(batch.max_num_batched_tokens), batch.tokens_reason))
+        flags.append(Flag("--max-num-seqs", str(batch.max_num_seqs), batch.seqs_reason))
     if spec.shutdown_timeout > 0:
         flags.append(
             Flag(
@@ -764,6 +856,31 @@ def _instance(
     visible = ",".join(gpus.gpus[i].uuid if by_uuid else str(i) for i in group)
     env = (("CUDA_VISIBLE_DEVICES", visible), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
     return Instance(index, group, tp, port, spec.model, tuple(flags), env, mem)
+
+
+def _extra_flags(spec: HostSpec) -> tuple[Flag, ...]:
+    """The inventory's ``vllm_extra_args`` as flags "set by you", after fleet's own (``fleet.plan.extra_args``).
+
+    ``load_for_planning`` reports a refused extra flag with the inventory's problems; a spec that
+    did not come through it gets the same verdict here, as a plan error.
+    """
+    parsed = parse_extra_args(spec.vllm_extra_args, spec.vllm_version)
+    if parsed.problems:
+        raise PlanError(
+            PlanProblem(
+                spec.name,
+                "vllm_extra_args: " + "; ".join(f"{f.split('.', 1)[1]}: {why}" for f, _, why in parsed.problems),
+                ways_out=["remove or correct the flags named, or set the inventory key each names"],
+            )
+        )
+    flags: list[Flag] = []
+    for f in parsed.flags:
+        if f.option in parsed.appends:
+            flags += [Flag(f.option, v, SET_BY_YOU_REASON, set_by=SET_BY_YOU) for v in f.values]
+        else:
+            first = f.values[0] if f.values else None
+            flags.append(Flag(f.option, first, SET_BY_YOU_REASON, more=f.values[1:], set_by=SET_BY_YOU))
+    return tuple(flags)
 
 
 def _validate_argv(spec: HostSpec, instance: Instance) -> None:
@@ -826,7 +943,7 @@ def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> str:
             return way
     return (
         f"needs more than one host: even 8 × {name} in one host cannot hold it; use a smaller or "
-        "quantized model (fleet plans one vLLM server per host group, not pipeline parallel across hosts)"
+        "quantized model, or an instance spanning hosts (multi_node: true on the host's group)"
     )
 
 
@@ -866,7 +983,11 @@ def _no_fit(
         else:
             summary = "the weights do not fit in GPU memory"
     else:
-        largest = gpus.count if pcie_only and spec.allow_pcie_tensor_parallel else max(len(i) for i in gpus.islands)
+        largest = (
+            len(gpus.usable)
+            if pcie_only and spec.allow_pcie_tensor_parallel
+            else max((len(i) for i in gpus.islands), default=0)
+        )
         refused = [
             f"TP {t}: {why}" for t in range(1, largest + 1) if is_power_of_two(t) and (why := tp_problem(arch, gpus, t))
         ]

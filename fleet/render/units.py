@@ -111,7 +111,7 @@ def templates_dir() -> Path:
 
 
 def unit_file(plan: HostPlan, instance: Instance, paths: HostPaths = HostPaths()) -> RenderedFile:
-    timeout_stop = int(dict(f.argv() for f in instance.flags if f.value is not None).get("--shutdown-timeout", 0) or 0)
+    timeout_stop = int({f.option: f.value for f in instance.flags}.get("--shutdown-timeout") or 0)
     content = (
         _environment()
         .get_template("vllm.service.j2")

@@ -37,8 +37,10 @@ class Executor(Protocol):
         ``model``: the served model the instance should list now (the completion asks for it)."""
         ...
 
-    def stop_unit(self, ref: InstanceRef) -> None:
-        """``systemctl stop``: SIGTERM, vLLM drains for ``--shutdown-timeout``; returns once stopped."""
+    def stop_unit(self, ref: InstanceRef) -> str | None:
+        """``systemctl stop``: SIGTERM, vLLM drains for ``--shutdown-timeout``; returns once stopped,
+        with how the stop ended for the journal (``fleet.rollout.stopping.stop_outcome``: a
+        SIGKILL after ``TimeoutStopSec`` is a known outcome, not an error)."""
         ...
 
     def start_unit(self, ref: InstanceRef) -> None: ...

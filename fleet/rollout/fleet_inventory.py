@@ -147,6 +147,8 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
     probes = _probe_unplanned(loaded.hosts, ssh)
     fleet_plan = build_fleet_plan(loaded, probes, deploy=True)  # planned as `fleet deploy` plans
     problems += fleet_plan.refusals()
+    if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
+        raise FleetError(why)
     for planned in fleet_plan.instances():
         ref = InstanceRef(planned.host, planned.name)
         gpus = planned.placements[0].gpus  # one node per instance today

@@ -20,6 +20,13 @@ Gates, in order; the first that does not pass decides:
 5. **metrics** (optional): bounds on ``/metrics`` values; no data is not a pass (Flagger halts on
    "no values found"; Argo Rollouts errors on an empty result).
 
+Before all of them, **gpu**: the GPU watcher's events on the instance's GPUs since fleet started
+it (``fleet.gpuwatch``; the executor reads the host's record). An XID that needs a reset, a
+reboot or service, a double-bit ECC error, an application XID (the engine's own fault) or an XID
+fleet's catalogue does not know is fatal at once, whatever ``/health`` says: an instance that
+loads while its GPU throws XID 79 is not healthy. Corrected (single-bit) ECC errors and
+informational XIDs pass. Not observed (no watcher on the host) gates nothing.
+
 Each gate has its own timeout, counted from the moment every gate before it first passed (or,
 for a gate that passed before and fails again, from when it started failing). When all gates pass
 the soak starts; any failure resets it (Nomad ``min_healthy_time``; Kubernetes
@@ -38,6 +45,7 @@ from fleet.rollout.policy import GATE_NAMES, MetricThreshold, RolloutPolicy
 
 
 class Gate(StrEnum):
+    GPU = "gpu"
     UNIT = "unit"
     HEALTH = "health"
     MODELS = "models"
@@ -118,6 +126,23 @@ class MetricsAnswer(HttpAnswer):
 
 
 @dataclass(frozen=True)
+class GpuEventSeen:
+    """One event the GPU watcher recorded on one of the instance's GPUs."""
+
+    gpu: int
+    at: float
+    what: str  #: ``XID 79 (reboot): ...``
+    action: str  #: fleet.gpuwatch.catalog.ACTIONS
+
+
+@dataclass(frozen=True)
+class GpuEvents:
+    """The watcher's events on the instance's GPUs since fleet started it."""
+
+    events: tuple[GpuEventSeen, ...] = ()
+
+
+@dataclass(frozen=True)
 class Probe:
     """Everything observed about one instance at ``at``; a probe not made is None."""
 
@@ -128,6 +153,7 @@ class Probe:
     completion: CompletionAnswer | None = None
     metrics: MetricsAnswer | None = None
     unreachable: str = ""  #: the host could not be asked (SSH failed): why
+    gpu_events: GpuEvents | None = None
 
 
 # ---- one observation, gate by gate ----------------------------------------------------------------
@@ -147,6 +173,21 @@ class Expect:
     model: str
     baseline_restarts: int = 0
     thresholds: tuple[MetricThreshold, ...] = ()
+
+
+#: Watcher actions (fleet.gpuwatch.catalog) that pass the gpu gate: corrected, informational.
+GPU_EVENTS_PASSING = ("info",)
+
+
+def check_gpu_events(seen: GpuEvents | None) -> tuple[Check, str]:
+    if seen is None:
+        return Check.PASS, "GPU events not observed (no GPU watcher on the host)"
+    bad = [e for e in seen.events if e.action not in GPU_EVENTS_PASSING]
+    if bad:
+        first = bad[0]
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        return Check.FATAL, f"GPU {first.gpu} reported {first.what} after fleet started the instance{more}"
+    return Check.PASS, f"no GPU event that fails the instance ({len(seen.events)} corrected or informational)"
 
 
 def check_unit(unit: UnitState | None, baseline_restarts: int) -> tuple[Check, str]:
@@ -189,6 +230,15 @@ def check_models(answer: ModelsAnswer | None, model: str) -> tuple[Check, str]:
     return Check.PASS, f"/v1/models lists {model!r}"
 
 
+#: What a client gets from a request that meets a dead engine (``EngineDeadError`` in
+#: ``vllm/v1/engine/exceptions.py``): ``CLIENT_MESSAGE`` in 0.33.0, ``ENGINE_DEAD_MESSAGE`` in 0.32.0
+#: (measured on the real engine); ``engine_error_handler`` answers HTTP 500 and stops the server.
+ENGINE_DEAD_MESSAGES = (
+    "The server had an error while processing your request.",
+    "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+)
+
+
 def check_completion(answer: CompletionAnswer | None) -> tuple[Check, str]:
     if answer is None:
         return Check.PENDING, "completion not probed"
@@ -198,6 +248,11 @@ def check_completion(answer: CompletionAnswer | None) -> tuple[Check, str]:
         return Check.FATAL, f"completion {answer.status}: the API key was refused (check api_key_ref)"
     if answer.status == 500 and "cannot schedule new futures after shutdown" in answer.error:
         return Check.BAD, f"completion {answer.why()}: {answer.error} (the server is draining or stopping)"
+    if answer.status == 500 and any(m in answer.error for m in ENGINE_DEAD_MESSAGES):
+        return Check.BAD, (
+            f"completion {answer.why()}: {answer.error} (the engine core died: EngineDeadError; vLLM's API "
+            "server exits at once and the unit restarts it)"
+        )
     if answer.status != 200:
         return Check.BAD, f"completion {answer.why()}" + (f": {answer.error}" if answer.error else "")
     if answer.finish_reason == "abort":
@@ -228,6 +283,9 @@ def evaluate(probe: Probe, expect: Expect) -> list[tuple[Gate, Check, str]]:
     """The gates in order up to the first that does not pass (later ones are not reached)."""
     if probe.unreachable:
         return [(Gate.UNIT, Check.PENDING, f"host unreachable: {probe.unreachable}")]
+    gpu, gpu_detail = check_gpu_events(probe.gpu_events)
+    if gpu is Check.FATAL:  # before the others: a GPU fault decides whatever /health says
+        return [(Gate.GPU, gpu, gpu_detail)]
     checks: tuple[Callable[[], tuple[Check, str]], ...] = (
         lambda: check_unit(probe.unit, expect.baseline_restarts),
         lambda: check_health(probe.health),

@@ -115,7 +115,7 @@ class Runner:
         ex, ref = self.executor, action.ref
         assert ref is not None
         if action.kind is Act.STOP:
-            ex.stop_unit(ref)
+            return ex.stop_unit(ref) or "ok"
         elif action.kind is Act.START:
             ex.start_unit(ref)
         elif action.kind is Act.KILL:

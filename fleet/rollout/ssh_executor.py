@@ -45,7 +45,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fleet.errors import FleetError
@@ -56,6 +56,7 @@ from fleet.facts.nvml import probe_command
 from fleet.facts.releases import MARKER, main_exe_sh, release_of, running_release
 from fleet.facts.runner import SshTarget
 from fleet.facts.systemctl_show import show_properties, shown_unit
+from fleet.gpuwatch.state import parse_since_start, since_start_argv
 from fleet.lb.runtime import AdminState
 from fleet.lb.traffic import BalancerError, Traffic
 from fleet.operations.files import write_command
@@ -73,10 +74,11 @@ from fleet.rollout.claims import (
     safe_word,
 )
 from fleet.rollout.executor import ExecutorError
-from fleet.rollout.gates import Probe, UnitState
+from fleet.rollout.gates import GpuEvents, GpuEventSeen, Probe, UnitState
 from fleet.rollout.observe import GpuProcess, InstanceFacts
 from fleet.rollout.policy import HookPlace, RolloutPolicy
 from fleet.rollout.probe import InstanceProber, _Reply
+from fleet.rollout.stopping import STOP_PROPS, stop_outcome
 
 SSH_TIMEOUT_S = 60.0
 #: ``systemctl stop`` waits for the unit's TimeoutStopSec (vLLM's drain); this bounds the wait here.
@@ -509,12 +511,34 @@ class SshExecutor:
                 return Probe(time.time(), unreachable=str(exc))
         # ``probe_timeout_s`` bounds each gate request: a completion from an engine that is alive
         # but hung (or stalled) is a timeout after that long, not after the executor's default.
-        return self.prober(ref, policy.probe_timeout_s).probe(model, policy, unit)
+        probe = self.prober(ref, policy.probe_timeout_s).probe(model, policy, unit)
+        return replace(probe, gpu_events=self.gpu_events(ref))
+
+    def gpu_events(self, ref: InstanceRef) -> GpuEvents | None:
+        """The GPU watcher's events on the instance's GPUs since its unit started (the gates' gpu
+        gate); None where the host has no watcher record or it cannot be read (not observed)."""
+        s = self.spec(ref)
+        try:
+            rc, out, _err = self._conns[ref.host].run(
+                ssh_command(["sudo", "-n", *since_start_argv(s.unit, s.gpus)]),
+                self.ssh_timeout_s,
+                label="reading the GPU watcher's record",
+            )
+        except ExecutorError:
+            return None
+        status, events = parse_since_start(out) if rc == 0 else ("bad-output", [])
+        if status != "ok":
+            return None
+        return GpuEvents(tuple(GpuEventSeen(gpu, e.at, e.describe(), e.action) for gpu, e in events))
 
     # ---- acting ----------------------------------------------------------------------------------
 
-    def stop_unit(self, ref: InstanceRef) -> None:
-        self.run(ref.host, ["systemctl", "stop", "--", self.spec(ref).unit], sudo=True, timeout=STOP_TIMEOUT_S)
+    def stop_unit(self, ref: InstanceRef) -> str:
+        unit = self.spec(ref).unit
+        self.run(ref.host, ["systemctl", "stop", "--", unit], sudo=True, timeout=STOP_TIMEOUT_S)
+        # systemctl stop returns 0 after a SIGKILL at TimeoutStopSec too: the unit's Result tells.
+        shown = self.run(ref.host, ["systemctl", "show", "-p", ",".join(STOP_PROPS), "--", unit])
+        return stop_outcome(show_properties(shown))
 
     def start_unit(self, ref: InstanceRef) -> None:
         s = self.spec(ref)

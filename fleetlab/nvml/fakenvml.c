@@ -18,6 +18,13 @@
  *                         holds lines "<nvml_index> <bytes>"; it counts while the pid is alive
  *                         (/proc/<pid> exists and is not a zombie). Re-read on every memory or
  *                         process query, so "GPU busy/free" is visible at once.
+ *                         A file "events" there holds injected faults, one a line:
+ *                         "<unix time> <nvml_index> xid <n>" | "... sbe" | "... dbe": an XID, a
+ *                         single-bit or a double-bit ECC error on that GPU at that time. The event API
+ *                         (nvmlEventSetWait_v2) delivers each one, once per event set, when its time
+ *                         has come and the set registered that type on that GPU before it (NVML:
+ *                         "All events that occurred before this call are not recorded"); ECC faults
+ *                         that are due also count in nvmlDeviceGetTotalEccErrors.
  *
  * Fidelity: every query a real driver (580.159.04) answered on an H100 80GB HBM3 and an H200, each
  * passed through to a VM, is answered alike (tests/fixtures/gpu-truth, tests/lab/test_nvml_truth.py):
@@ -32,11 +39,13 @@
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <stddef.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -52,6 +61,8 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_GPU_NOT_FOUND = 28,
@@ -229,6 +240,8 @@ struct fake_device {
     int nvlink_hidden;                /* passthrough VM: the links exist but NVML shows none */
     int conf_compute;                 /* Hopper and newer: confidential-computing capable */
     int p2p[MAX_GPUS][P2P_CAPS_INDEX_COUNT];
+    unsigned long long event_types;   /* nvmlDeviceGetSupportedEventTypes */
+    int event_types_set;
 };
 
 static struct fake_device g_devs[MAX_GPUS];
@@ -473,6 +486,9 @@ static void parse_gpu_key(struct fake_device *d, const char *key, const char *va
         d->numa_node = (unsigned)v[0];
     } else if (strcmp(key, "nvlink_hidden") == 0) {
         d->nvlink_hidden = (int)v[0];
+    } else if (strcmp(key, "event_types") == 0) {
+        d->event_types = v[0];
+        d->event_types_set = 1;
     } else if (strcmp(key, "conf_compute") == 0) {
         d->conf_compute = (int)v[0];
     } else if (strcmp(key, "ecc") == 0 && n >= 6) {
@@ -556,13 +572,25 @@ static const char *state_dir(void)
 }
 
 /* Load the profile into the device table; NVML_ERROR_DRIVER_NOT_LOADED if it cannot be read. */
+/* The profile file this process initialised against (device, inode and change time: an inode
+ * number can be reused by the file that replaces it). */
+static dev_t g_profile_dev;
+static ino_t g_profile_ino;
+static struct timespec g_profile_ctime;
+
 static nvmlReturn_t load_profile(void)
 {
     FILE *f = fopen(profile_path(), "r");
     char line[8192];
+    struct stat st;
 
     if (f == NULL)
         return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (fstat(fileno(f), &st) == 0) {
+        g_profile_dev = st.st_dev;
+        g_profile_ino = st.st_ino;
+        g_profile_ctime = st.st_ctim;
+    }
     memset(g_devs, 0, sizeof g_devs);
     g_count = 0;
     g_cuda_version = 0;
@@ -749,6 +777,8 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t result)
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
     case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
@@ -1029,6 +1059,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device
 
 /* ---- ECC, remapping, MIG, persistence, power, temperature ------------------------------- */
 
+static unsigned long long due_ecc_faults(unsigned int gpu, unsigned long long type);
+
 EXPORT nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t device, int *current, int *pending)
 {
     CHECK_DEVICE(device);
@@ -1050,7 +1082,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorTy
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!device->has_ecc || !device->ecc_current)
         return NVML_ERROR_NOT_SUPPORTED;
-    *eccCounts = device->ecc_counts[errorType][counterType];
+    /* an injected fault that is due counts in both the volatile and the aggregate counter */
+    *eccCounts = device->ecc_counts[errorType][counterType] +
+                 due_ecc_faults(dev_index(device), errorType == 0 ? 0x1ull : 0x2ull);
     return NVML_SUCCESS;
 }
 
@@ -1444,6 +1478,299 @@ EXPORT nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t device, nvmlGpuFabri
     return NVML_SUCCESS;
 }
 
+/* ---- events (nvml.h "Event Handling Methods") ------------------------------------------------
+ *
+ * Faults are lines of <state dir>/events, "<unix time> <nvml index> xid <n>|sbe|dbe", written by
+ * the lab (fleetlab.nvml.faults). Each event set delivers each due fault once, in time order, for
+ * the types it registered on that GPU before the fault's time. Return codes are those the NVML API
+ * reference gives for each function; nvmlEventSetWait_v2 answers NVML_ERROR_UNKNOWN ("any
+ * unexpected error") once the driver it was initialised against is gone or replaced (the profile
+ * file removed or written anew), which is how the lab reloads a driver under a running watcher.
+ */
+
+typedef struct fake_event_set *nvmlEventSet_t;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+_Static_assert(sizeof(nvmlEventData_t) == 32, "nvmlEventData_t layout");
+
+enum {
+    EVENT_SINGLE_BIT_ECC = 0x1,
+    EVENT_DOUBLE_BIT_ECC = 0x2,
+    EVENT_XID_CRITICAL = 0x8,
+};
+/* nvmlEventTypeAll (pynvml 13.615): every event bit NVML defines. */
+#define EVENT_TYPE_ALL 0xFF9Full
+/* What a real H100/H200 (driver 580) answered to nvmlDeviceGetSupportedEventTypes. */
+#define EVENT_TYPES_RECORDED 0xFF9Full
+#define EVENT_BITS 16
+#define MAX_EVENT_SETS 32
+#define MAX_FAULTS 4096
+#define NO_INSTANCE 0xFFFFFFFFu
+
+typedef struct {
+    double at;
+    unsigned int gpu;
+    unsigned long long type;
+    unsigned long long data;
+} fault_t;
+
+struct fake_event_set {
+    int used;
+    double registered_at[MAX_GPUS][EVENT_BITS]; /* 0: that type is not registered on that GPU */
+    unsigned char delivered[MAX_FAULTS];
+};
+
+static struct fake_event_set g_sets[MAX_EVENT_SETS];
+static fault_t g_faults[MAX_FAULTS];
+static unsigned int g_nfaults;
+static struct stat g_faults_stat;
+static int g_faults_loaded;
+
+static double now_realtime(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int valid_set(nvmlEventSet_t set)
+{
+    if (set == NULL || set < g_sets || set >= g_sets + MAX_EVENT_SETS)
+        return 0;
+    if (((const char *)set - (const char *)g_sets) % sizeof(struct fake_event_set) != 0)
+        return 0;
+    return set->used;
+}
+
+static int bit_index(unsigned long long type)
+{
+    for (int i = 0; i < EVENT_BITS; i++)
+        if (type == (1ull << i))
+            return i;
+    return -1;
+}
+
+/* One fault line; 0 if malformed (the line still takes its index, so indices stay stable). */
+static int parse_fault(const char *line, fault_t *out)
+{
+    double at;
+    unsigned int gpu;
+    char kind[8];
+    unsigned long long data = 0;
+    int n = sscanf(line, "%lf %u %7s %llu", &at, &gpu, kind, &data);
+
+    if (n < 3 || gpu >= MAX_GPUS)
+        return 0;
+    if (strcmp(kind, "xid") == 0 && n == 4) {
+        *out = (fault_t){at, gpu, EVENT_XID_CRITICAL, data};
+    } else if (strcmp(kind, "sbe") == 0) {
+        *out = (fault_t){at, gpu, EVENT_SINGLE_BIT_ECC, 0};
+    } else if (strcmp(kind, "dbe") == 0) {
+        *out = (fault_t){at, gpu, EVENT_DOUBLE_BIT_ECC, 0};
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Re-read the fault file when it changed (inode, size or mtime); keep the old list otherwise. */
+static void load_faults(void)
+{
+    char path[4096], line[256];
+    struct stat st;
+    FILE *f;
+
+    snprintf(path, sizeof path, "%s/events", state_dir());
+    if (stat(path, &st) != 0) {
+        g_nfaults = 0;
+        g_faults_loaded = 0;
+        return;
+    }
+    if (g_faults_loaded && st.st_ino == g_faults_stat.st_ino && st.st_size == g_faults_stat.st_size &&
+        st.st_mtim.tv_sec == g_faults_stat.st_mtim.tv_sec && st.st_mtim.tv_nsec == g_faults_stat.st_mtim.tv_nsec)
+        return;
+    f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    g_nfaults = 0;
+    while (g_nfaults < MAX_FAULTS && fgets(line, sizeof line, f) != NULL) {
+        if (!parse_fault(line, &g_faults[g_nfaults]))
+            g_faults[g_nfaults] = (fault_t){0, MAX_GPUS, 0, 0}; /* never deliverable */
+        g_nfaults++;
+    }
+    fclose(f);
+    g_faults_stat = st;
+    g_faults_loaded = 1;
+}
+
+/* Due ECC faults of one type on one GPU: they count like the driver's volatile counters. */
+static unsigned long long due_ecc_faults(unsigned int gpu, unsigned long long type)
+{
+    double now = now_realtime();
+    unsigned long long n = 0;
+
+    load_faults();
+    for (unsigned int i = 0; i < g_nfaults; i++)
+        if (g_faults[i].gpu == gpu && g_faults[i].type == type && g_faults[i].at <= now)
+            n++;
+    return n;
+}
+
+static unsigned long long supported_events(nvmlDevice_t device)
+{
+    unsigned long long types = device->event_types_set ? device->event_types : EVENT_TYPES_RECORDED;
+    /* "ECC events are available only on ECC enabled devices" (nvmlDeviceRegisterEvents) */
+    if (!device->has_ecc || !device->ecc_current)
+        types &= ~(unsigned long long)(EVENT_SINGLE_BIT_ECC | EVENT_DOUBLE_BIT_ECC);
+    return types;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types)
+{
+    CHECK_DEVICE(device);
+    CHECK_PTR(types);
+    *types = supported_events(device);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set)
+{
+    CHECK_INIT();
+    CHECK_PTR(set);
+    for (int i = 0; i < MAX_EVENT_SETS; i++) {
+        if (!g_sets[i].used) {
+            memset(&g_sets[i], 0, sizeof g_sets[i]);
+            g_sets[i].used = 1;
+            *set = &g_sets[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_UNKNOWN;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set)
+{
+    CHECK_INIT();
+    if (!valid_set(set))
+        return NVML_ERROR_UNKNOWN;
+    set->used = 0;
+    return NVML_SUCCESS;
+}
+
+/*
+ * "If function reports NVML_ERROR_NOT_SUPPORTED, event set can still be used. None of the
+ * requested eventTypes are registered in that case." Unknown bits are INVALID_ARGUMENT.
+ */
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long eventTypes,
+                                             nvmlEventSet_t set)
+{
+    double now = now_realtime();
+
+    CHECK_DEVICE(device);
+    if (!valid_set(set) || (eventTypes & ~EVENT_TYPE_ALL) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if ((eventTypes & ~supported_events(device)) != 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    for (int b = 0; b < EVENT_BITS; b++)
+        if ((eventTypes & (1ull << b)) && set->registered_at[dev_index(device)][b] == 0)
+            set->registered_at[dev_index(device)][b] = now;
+    return NVML_SUCCESS;
+}
+
+/* The driver this process initialised against is still the one loaded. */
+static int same_driver(void)
+{
+    struct stat st;
+    return stat(profile_path(), &st) == 0 && st.st_dev == g_profile_dev && st.st_ino == g_profile_ino &&
+           st.st_ctim.tv_sec == g_profile_ctime.tv_sec && st.st_ctim.tv_nsec == g_profile_ctime.tv_nsec;
+}
+
+/* The earliest due, undelivered fault this set registered for; -1 if none. *next: the earliest
+ * registered fault still to come (or 0). */
+static int next_fault(nvmlEventSet_t set, double now, double *next)
+{
+    int best = -1;
+
+    *next = 0;
+    for (unsigned int i = 0; i < g_nfaults; i++) {
+        const fault_t *f = &g_faults[i];
+        int b = bit_index(f->type);
+        double since;
+        if (b < 0 || f->gpu >= g_count || set->delivered[i])
+            continue;
+        since = set->registered_at[f->gpu][b];
+        if (since == 0 || f->at < since)
+            continue;
+        if (f->at > now) {
+            if (*next == 0 || f->at < *next)
+                *next = f->at;
+            continue;
+        }
+        if (best < 0 || f->at < g_faults[best].at)
+            best = (int)i;
+    }
+    return best;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeoutms)
+{
+    double deadline = now_realtime() + timeoutms / 1000.0;
+
+    CHECK_INIT();
+    if (!valid_set(set))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    CHECK_PTR(data);
+    for (;;) {
+        double now = now_realtime(), next, nap;
+        int i;
+        if (!same_driver())
+            return NVML_ERROR_UNKNOWN;
+        load_faults();
+        i = next_fault(set, now, &next);
+        if (i >= 0) {
+            const fault_t *f = &g_faults[i];
+            set->delivered[i] = 1;
+            data->device = &g_devs[f->gpu];
+            data->eventType = f->type;
+            /* "eventData: Stores XID error for the device in the event of
+             * nvmlEventTypeXidCriticalError, eventData is 0 for any other event." */
+            data->eventData = f->type == EVENT_XID_CRITICAL ? f->data : 0;
+            data->gpuInstanceId = NO_INSTANCE;
+            data->computeInstanceId = NO_INSTANCE;
+            return NVML_SUCCESS;
+        }
+        if (now >= deadline)
+            return NVML_ERROR_TIMEOUT;
+        nap = deadline - now;
+        if (nap > 0.05) /* the fault file is polled at 20 Hz while a caller waits */
+            nap = 0.05;
+        if (next > now && next - now < nap)
+            nap = next - now;
+        struct timespec ts = {(time_t)nap, (long)((nap - (double)(time_t)nap) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The first version's nvmlEventData_t ends after eventData (no MIG instance ids): 24 bytes. */
+EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, void *data, unsigned int timeoutms)
+{
+    nvmlEventData_t full;
+    nvmlReturn_t r;
+
+    CHECK_PTR(data);
+    r = nvmlEventSetWait_v2(set, &full, timeoutms);
+    if (r == NVML_SUCCESS)
+        memcpy(data, &full, offsetof(nvmlEventData_t, gpuInstanceId));
+    return r;
+}
+
 /* ==== everything else the real driver answers =================================================
  *
  * Every one-argument nvmlDevice* and no-argument nvmlSystem* query of pynvml, as a real driver
@@ -1674,13 +2001,6 @@ EXPORT nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev
     return event_reasons(device, reasons, 1);
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types)
-{
-    CHECK_DEVICE(device);
-    CHECK_PTR(types);
-    *types = 0xFF9Full; /* as recorded on H100/H200 */
-    return NVML_SUCCESS;
-}
 
 /* Two-phase: too small a buffer -> the count and INSUFFICIENT_SIZE. Highest clock first. */
 EXPORT nvmlReturn_t nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t device, unsigned int *count,

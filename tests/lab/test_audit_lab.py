@@ -48,6 +48,8 @@ EXPECTED: dict[str, set[Key]] = {
     "l40s-4": set(),
     "a10-1": set(),
     "h100-pcie-8-bridged": set(),
+    # ACS left on by the BIOS: peer-to-peer between GPUs of different bridged pairs is redirected
+    "h100-pcie-8-bridged-acs": {("pcie-acs-redirect", "error", None, None)},
     # the profile is a workstation with persistence mode off (the driver's default)
     "rtx4090-2": {("persistence-off", "warning", 0, None), ("persistence-off", "warning", 1, None)},
     "h100-sxm-8-link-down": {("nvlink-down", "error", 3, 7), ("fleet-topology", "warning", None, None)},

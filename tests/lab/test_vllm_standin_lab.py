@@ -154,7 +154,9 @@ def template_lines(*keys: str) -> list[str]:
     return [line for line in text.splitlines() if line.split("=", 1)[0] in keys]
 
 
-def unit_text(address: str, port: int, kill_mode: str, tp: int = 1, restart: bool = False, env: str = "") -> str:
+def unit_text(
+    address: str, port: int, kill_mode: str, tp: int = 1, restart: bool = False, env: str = "", timeout_stop: int = 40
+) -> str:
     unit_extra = service_extra = ""
     if restart:
         unit_extra = "\n".join(template_lines("StartLimitIntervalSec", "StartLimitBurst"))
@@ -172,7 +174,7 @@ def unit_text(address: str, port: int, kill_mode: str, tp: int = 1, restart: boo
             --port {port} --tensor-parallel-size {tp} --max-model-len 8192 --shutdown-timeout 10
         KillMode={kill_mode}
         KillSignal=SIGTERM
-        TimeoutStopSec=40
+        TimeoutStopSec={timeout_stop}
         {service_extra}
         """)
 
@@ -182,10 +184,12 @@ def unit(host: Host) -> Iterator[Callable[..., tuple[str, str]]]:
     """Install and start a unit; returns ``(name, base url)``. Removed, processes killed, at teardown."""
     names: list[str] = []
 
-    def install(kill_mode: str, tp: int = 1, restart: bool = False, env: str = "") -> tuple[str, str]:
+    def install(
+        kill_mode: str, tp: int = 1, restart: bool = False, env: str = "", timeout_stop: int = 40
+    ) -> tuple[str, str]:
         name = f"standin-{kill_mode}-{len(names)}.service"
         port = free_port(host.record.address)
-        host.put(f"{HOME}/{name}", unit_text(host.record.address, port, kill_mode, tp, restart, env))
+        host.put(f"{HOME}/{name}", unit_text(host.record.address, port, kill_mode, tp, restart, env, timeout_stop))
         host.run(f"sudo -n mv {HOME}/{name} /etc/systemd/system/{name} && sudo -n systemctl daemon-reload")
         names.append(name)
         host.run(f"sudo -n systemctl start {name}")
@@ -355,3 +359,32 @@ def test_crash_loop_hits_the_start_limit(host: Host, unit: Callable[..., tuple[s
     assert journal.count("EngineCore encountered a fatal error.") == burst  # every allowed start crashed
     assert "Start request repeated too quickly." in journal
     assert host.workers() == []
+
+
+@pytest.mark.parametrize("outcome", ["killed", "deadlock", "ignored"])
+def test_stop_while_loading_ends_in_a_known_state(
+    host: Host, unit: Callable[..., tuple[str, str]], outcome: str
+) -> None:
+    """``systemctl stop`` while the model loads, whichever of the real engine's three ways the
+    SIGTERM takes (fault ``sigterm_while_loading``): killed is a clean stop; a deadlock or an
+    ignored SIGTERM ends in SIGKILL at ``TimeoutStopSec``, which ``systemctl stop`` does not report
+    (exit 0) but the unit's ``Result`` does (``fleet.rollout.stopping``: what the rollout journals).
+    Either way ``KillMode=mixed`` leaves no engine core and NVML shows the GPUs free."""
+    from fleet.facts.systemctl_show import show_properties
+    from fleet.rollout.stopping import STOP_PROPS, stop_outcome
+
+    faults = f"{HOME}/faults-{outcome}.json"
+    host.put(faults, json.dumps({"sigterm_while_loading": outcome, "load_seconds": 8}))
+    name, _url = unit("mixed", env=f"FLEET_LAB_FAULTS={faults}", timeout_stop=5)
+    assert wait_for(lambda: bool(host.titled("EngineCore")), timeout=30)
+    started = time.monotonic()
+    host.run(f"sudo -n systemctl stop {name}", timeout=60)  # exits 0 in all three cases
+    took = time.monotonic() - started
+    said = stop_outcome(show_properties(host.run(f"systemctl show -p {','.join(STOP_PROPS)} {name}")))
+    if outcome == "killed":
+        assert said == "stopped" and took < 5, (said, took)
+    else:
+        assert said.startswith("stopped by SIGKILL after TimeoutStopSec (Result=timeout"), said
+        assert took >= 5
+    assert host.pids(name) == [] and host.workers() == []
+    assert all(not g["procs"] for g in host.gpus())

@@ -27,10 +27,12 @@ from typing import Any
 
 import pytest
 
-from fleet.gpus import HostGpus
+from fleet.gpus import Fabric, HostGpus
+from fleet.inventory.spec import HostSpec, Workload
 from fleet.model.arch import ModelArch, load_model
 from fleet.model.fp8_blocks import fp8_blocks
-from fleet.plan.planner import batch_defaults, gpu_memory, memory_math
+from fleet.plan.multinode import Pipeline, pipeline, plan_multi_node, pp_partition
+from fleet.plan.planner import batch_defaults, gpu_memory, memory_math, resolve_precision
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "models"
@@ -82,6 +84,60 @@ TP_SWEEP = [1, 2, 3, 4, 5, 6, 7, 8, 16]
 FP8_MODELS = ["qwen3-30b-a3b-fp8", "qwen3-4b-fp8"]
 FP8_TPS = [1, 2, 4, 8, 16]
 CAPABILITIES = [(9, 0), (8, 9), (8, 0), (8, 6)]
+
+
+@dataclass(frozen=True)
+class PpCase:
+    """An instance over ``pp`` hosts (one pipeline stage each) at TP ``tp`` on each."""
+
+    model: str  #: fixture directory
+    kind: str  #: what the model stands for: dense (MHA), GQA, MoE, MLA
+    tp: int
+    pp: int
+    sku: str = "h100-sxm-80gb"
+    max_model_len: int = 4096
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-tp{self.tp}-pp{self.pp}"
+
+
+PP_CASES = [
+    PpCase(model, kind, tp, pp)
+    for model, kind, tp in [
+        ("vicuna-7b-16k", "dense", 1),
+        ("llama-3.1-8b", "GQA", 2),
+        ("qwen3-30b-a3b", "MoE", 1),
+        ("mixtral-8x7b", "MoE", 2),
+        ("deepseek-v2-lite", "MLA", 1),
+    ]
+    for pp in (2, 3)
+]
+
+
+def pp_spec(case: PpCase, name: str = "n0") -> HostSpec:
+    return HostSpec(
+        name, "inv.py", ("pool",), str(FIXTURES / case.model), Workload(case.max_model_len - 512, 512, 0.0, 1),
+        multi_node=True, pipeline_parallel_size=case.pp, tensor_parallel_size=case.tp,
+    )  # fmt: skip
+
+
+def fleet_pipeline(case: PpCase) -> Pipeline:
+    a = arch(case.model)
+    spec = pp_spec(case)
+    gpus = HostGpus.from_catalogue(case.sku, case.tp, Fabric.SWITCH if case.tp > 1 else None)
+    found = pipeline(spec, gpus, a, resolve_precision(spec, a), case.pp, case.tp, False)
+    assert found is not None and found.fits, case
+    return found
+
+
+def fleet_argvs(case: PpCase) -> list[list[str]]:
+    """Every node's ``vllm serve`` argv, as fleet plans the instance over ``pp`` hosts."""
+    members = [pp_spec(case, f"n{r}") for r in range(case.pp)]
+    gpus = HostGpus.from_catalogue(case.sku, case.tp, Fabric.SWITCH if case.tp > 1 else None)
+    plans = plan_multi_node(members, dict.fromkeys((m.name for m in members), gpus), arch(case.model),
+                            {m.name: f"10.0.0.{r + 1}" for r, m in enumerate(members)})  # fmt: skip
+    return [plans[m.name].instances[0].argv for m in members]
 
 
 def fp8_key(model: str, tp: int, capability: tuple[int, int]) -> str:
@@ -168,6 +224,22 @@ def oracle_answers() -> dict[str, dict[str, Any]]:
             for capability in CAPABILITIES:
                 requests.append({"model_dir": str(FIXTURES / model), "tp": tp, "fp8_blocks": list(capability)})
                 keys.append(fp8_key(model, tp, capability))
+    for pp_case in PP_CASES:
+        p = fleet_pipeline(pp_case)
+        requests.append(
+            {
+                "model_dir": str(FIXTURES / pp_case.model),
+                "tp": pp_case.tp,
+                "pp": pp_case.pp,
+                "kv_cache_dtype": "auto",
+                "max_model_len": pp_case.max_model_len,
+                "available_memory": [s.memory.kv_budget for s in p.stages],
+                "max_num_batched_tokens": p.stages[0].memory.in_flight_tokens // 2,
+            }
+        )
+        keys.append(pp_case.id)
+    requests.append({"argvs": [argv for c in PP_CASES for argv in fleet_argvs(c)]})
+    keys.append("argvs")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA", "VLLM"))}
     env |= {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false"}
     done = subprocess.run(
@@ -229,6 +301,37 @@ def test_fp8_block_verdict_is_vllms(model: str, tp: int, capability: tuple[int, 
     else:
         assert mine.problem is not None and got["refused"].rstrip(".") in mine.problem, (mine.problem, got)
     assert mine.refined == (tuple(got["refined"]) if got["refined"] else None)
+
+
+@pytest.mark.parametrize("case", PP_CASES, ids=[c.id for c in PP_CASES])
+def test_pipeline_stages_and_kv_are_vllms(case: PpCase) -> None:
+    """Per node: its layers (``get_pp_indices``) and its own KV blocks; the instance: every node's
+    blocks (the smallest stage's) and the ``GPU KV cache size`` tokens."""
+    got = answer(case.id)
+    p = fleet_pipeline(case)
+    assert [list(s.layers) for s in p.stages] == got["bounds"]
+    assert [s.memory.kv_blocks for s in p.stages] == got["own_blocks"]
+    assert [p.kv_blocks] * case.pp == got["num_blocks"]
+    assert p.kv_tokens == got["kv_tokens"]
+
+
+def test_pipeline_cases_cover_the_kinds_uneven_splits_and_unequal_stages() -> None:
+    assert {c.kind for c in PP_CASES} == {"dense", "GQA", "MoE", "MLA"} and {c.pp for c in PP_CASES} == {2, 3}
+    assert any(len(set(pp_partition(arch(c.model).num_layers, c.pp))) > 1 for c in PP_CASES)
+    assert any(len({s.memory.kv_blocks for s in fleet_pipeline(c).stages}) > 1 for c in PP_CASES)
+
+
+def test_vllms_parser_accepts_every_nodes_argv() -> None:
+    parsed = answer("argvs")["parsed"]
+    expected = [(c, rank) for c in PP_CASES for rank in range(c.pp)]
+    assert len(parsed) == len(expected)
+    for got, (case, rank) in zip(parsed, expected, strict=True):
+        assert got["ok"], (case.id, rank, got)
+        assert (got["nnodes"], got["node_rank"], got["pipeline_parallel_size"], got["tensor_parallel_size"]) == (
+            case.pp, rank, case.pp, case.tp,
+        )  # fmt: skip
+        assert (got["master_addr"], got["master_port"], got["headless"]) == ("10.0.0.1", 29501, rank > 0)
+        assert got["distributed_executor_backend"] == "mp"
 
 
 def test_fp8_sweep_covers_each_kind_of_verdict() -> None:

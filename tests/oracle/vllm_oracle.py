@@ -36,6 +36,8 @@ the hybrid manager off only for chunked local attention).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 import traceback
@@ -140,27 +142,7 @@ def answer(case: dict[str, Any]) -> dict[str, Any]:
     specs = _layer_specs(mc, pc, case["kv_cache_dtype"])
     mc.max_model_len = case["max_model_len"]
     mc.original_max_model_len = case["max_model_len"]
-    hybrid_off = getattr(mc.hf_text_config, "attention_chunk_size", None) is not None
-    cache = SimpleNamespace(
-        num_gpu_blocks_override=None,
-        prefix_cache_retention_interval=None,
-        kv_cache_layout="LBNHC",
-        get_resolved_kv_cache_layout=lambda: (
-            __import__("vllm.v1.kv_cache_layout").v1.kv_cache_layout.KVCacheLayout.LBNHC
-        ),
-    )
-    vc = SimpleNamespace(
-        model_config=mc,
-        parallel_config=pc,
-        cache_config=cache,
-        scheduler_config=SimpleNamespace(
-            disable_hybrid_kv_cache_manager=hybrid_off, max_num_batched_tokens=case["max_num_batched_tokens"]
-        ),
-        attention_config=SimpleNamespace(hisparse_config=None),
-        speculative_config=None,
-        kv_transfer_config=None,
-        max_in_flight_tokens=2 * case["max_num_batched_tokens"],
-    )
+    vc = _config(mc, pc, case["max_num_batched_tokens"])
     groups = planning.get_kv_cache_groups(vc, dict(specs))
     out["num_groups"] = len(groups)
     out["page_bytes"] = next(iter(specs.values())).page_size_bytes
@@ -172,6 +154,32 @@ def answer(case: dict[str, Any]) -> dict[str, Any]:
     except ValueError as exc:
         out |= {"fits": False, "error": str(exc).split(".")[0]}
     return out
+
+
+def _config(mc: Any, pc: Any, max_num_batched_tokens: int) -> Any:
+    """The parts of a ``VllmConfig`` vLLM's KV planning reads (CUDA's defaults), around a real ``ModelConfig``."""
+    hybrid_off = getattr(mc.hf_text_config, "attention_chunk_size", None) is not None
+    cache = SimpleNamespace(
+        num_gpu_blocks_override=None,
+        prefix_cache_retention_interval=None,
+        kv_cache_layout="LBNHC",
+        get_resolved_kv_cache_layout=lambda: (
+            __import__("vllm.v1.kv_cache_layout").v1.kv_cache_layout.KVCacheLayout.LBNHC
+        ),
+    )
+    return SimpleNamespace(
+        model_config=mc,
+        parallel_config=pc,
+        cache_config=cache,
+        scheduler_config=SimpleNamespace(
+            disable_hybrid_kv_cache_manager=hybrid_off, max_num_batched_tokens=max_num_batched_tokens
+        ),
+        attention_config=SimpleNamespace(hisparse_config=None),
+        speculative_config=None,
+        kv_transfer_config=None,
+        max_in_flight_tokens=2 * max_num_batched_tokens,
+        num_prefill_lookahead_tokens=0,
+    )
 
 
 def _cuda_platform(capability: tuple[int, int]) -> Any:
@@ -258,12 +266,81 @@ def fp8_blocks(case: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def pipeline(case: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's answer for one instance over ``pp`` pipeline stages (multi-node, one stage per node).
+
+    The layers of each stage from ``get_pp_indices`` (``vllm/distributed/utils.py``, with
+    ``VLLM_PP_LAYER_PARTITION`` unset); each stage's KV specs are its layers' (as its workers
+    register them); ``get_global_kv_cache_groups`` groups the whole model, ``get_kv_cache_configs``
+    sizes every stage from its own available memory and gives all the smallest stage's block count;
+    ``get_kv_cache_capacity`` gives the instance's tokens. Each stage alone (one worker) gives its
+    own block count.
+    """
+    from vllm.config import ParallelConfig
+    from vllm.distributed.utils import get_pp_indices
+    from vllm.v1.core import kv_cache_planning as planning
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+
+    mc = model_config(case["model_dir"])
+    tp, pp = case["tp"], case["pp"]
+    pc = ParallelConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    mc.verify_with_parallel_config(pc)
+    specs = _layer_specs(mc, pc, case["kv_cache_dtype"])
+    layers = mc.get_total_num_hidden_layers()
+    bounds = [get_pp_indices(layers, rank, pp) for rank in range(pp)]
+    workers = [{f"layers.{i}.attn": specs[f"layers.{i}.attn"] for i in range(start, end)} for start, end in bounds]
+    mc.max_model_len = mc.original_max_model_len = case["max_model_len"]
+    vc = _config(mc, pc, case["max_num_batched_tokens"])
+    groups = planning.get_global_kv_cache_groups(vc, workers)
+    memory = case["available_memory"]
+    own = [
+        planning.get_kv_cache_configs(vc, [w], [m], groups)[0].num_blocks for w, m in zip(workers, memory, strict=True)
+    ]
+    configs = planning.get_kv_cache_configs(vc, workers, memory, groups)
+    tokens, _ = get_kv_cache_capacity(vc, configs[0])
+    return {"bounds": [list(b) for b in bounds], "own_blocks": own, "num_blocks": [c.num_blocks for c in configs],
+            "kv_tokens": tokens}  # fmt: skip
+
+
+def parses(case: dict[str, Any]) -> dict[str, Any]:
+    """Whether vLLM's own ``vllm serve`` parser (``make_arg_parser``, ``vllm/entrypoints/common/cli_args.py``)
+    accepts each argv, and the parallel settings it reads from it. Building the parser asks for the
+    platform's device type: a CUDA platform stands in (``_cuda_platform``), as no GPU is here."""
+    import vllm.platforms
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    platform = _cuda_platform((9, 0))
+    type(platform).device_type = "cuda"
+    type(platform).device_name = "cuda"
+    vllm.platforms._current_platform = platform
+    out = []
+    for argv in case["argvs"]:
+        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                ns = parser.parse_args(argv)
+        except SystemExit:
+            out.append({"ok": False, "error": said.getvalue().strip().splitlines()[-1:]})
+            continue
+        keys = ("nnodes", "node_rank", "master_addr", "master_port", "headless", "pipeline_parallel_size",
+                "tensor_parallel_size", "distributed_executor_backend")  # fmt: skip
+        out.append({"ok": True, **{k: getattr(ns, k) for k in keys}})
+    return {"parsed": out}
+
+
 def main() -> None:
     cases = json.load(sys.stdin)
     answers = []
     for case in cases:
         try:
-            answers.append(fp8_blocks(case) if "fp8_blocks" in case else answer(case))
+            if "pp" in case:
+                answers.append(pipeline(case))
+            elif "argvs" in case:
+                answers.append(parses(case))
+            else:
+                answers.append(fp8_blocks(case) if "fp8_blocks" in case else answer(case))
         except Exception as exc:  # report, so the test shows which model broke the oracle
             answers.append({"oracle_error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2000:]})
     json.dump(answers, sys.stdout)

@@ -185,7 +185,7 @@ def test_export_cli_writes_a_config_promtool_accepts(tmp_path: Path) -> None:
     assert "SUCCESS: 1 rule files found" in check.stdout + check.stderr
     rules = subprocess.run([PROMTOOL, "check", "rules", str(out / "rules/fleet-vllm.yml")], capture_output=True,
                            text=True)  # fmt: skip
-    assert rules.returncode == 0 and "SUCCESS: 16 rules found" in rules.stdout, rules.stdout + rules.stderr
+    assert rules.returncode == 0 and "SUCCESS: 20 rules found" in rules.stdout, rules.stdout + rules.stderr
     metrics = subprocess.run([PROMTOOL, "check", "metrics"], input=(out / "textfile/fleet_audit.prom").read_text(),
                              capture_output=True, text=True)  # fmt: skip
     assert metrics.returncode == 0, metrics.stdout + metrics.stderr
@@ -269,6 +269,11 @@ def test_promtool_unit_tests_each_alert(tmp_path: Path) -> None:
                                         "gpu": "3", "message": "link 2 down"}, "1x40"),
         _series("fleet_audit_finding", {"job": "fleet-audit", "host": "c", "check": "pcie_width",
                                         "severity": "warning", "gpu": "0", "message": "x8"}, "1x40"),
+        _series("fleet_gpu_quarantined", {**node, "gpu": "2", "uuid": "GPU-2", "kind": "xid", "xid": "79",
+                                          "action": "reboot"}, "1x40"),
+        _series("fleet_gpu_quarantined", {**node, "gpu": "0", "uuid": "GPU-0"}, "0x40"),
+        _series("fleet_gpu_watch_up", node, "1x40"),
+        _series("fleet_gpu_watch_up", {**node, "host": "c"}, "0x40"),
     ]  # fmt: skip
     by = {k: a[k] for k in ("host", "group", "model", "instance")}
     expected = {
@@ -281,6 +286,9 @@ def test_promtool_unit_tests_each_alert(tmp_path: Path) -> None:
         "FleetUnitRestartLoop": [{**node, "name": "fleet-vllm-0.service", "severity": "page"}],
         "FleetGpuAuditFinding": [{"job": "fleet-audit", "host": "a", "check": "nvlink_down", "severity": "error",
                                   "gpu": "3", "message": "link 2 down"}],
+        "FleetGpuQuarantined": [{**node, "gpu": "2", "uuid": "GPU-2", "kind": "xid", "xid": "79", "action": "reboot",
+                                 "severity": "ticket"}],
+        "FleetGpuWatcherDown": [{**node, "host": "c", "severity": "ticket"}],
     }  # fmt: skip
     # FleetGpuAuditFinding's own severity label ("ticket") replaces the series' "error".
     expected["FleetGpuAuditFinding"][0]["severity"] = "ticket"

@@ -28,7 +28,7 @@ from fleet.rollout.engine import (
     state_to_dict,
 )
 from fleet.rollout.executor import ExecutorError
-from fleet.rollout.gates import CompletionAnswer, HttpAnswer, ModelsAnswer, Probe, UnitState
+from fleet.rollout.gates import CompletionAnswer, GpuEvents, GpuEventSeen, HttpAnswer, ModelsAnswer, Probe, UnitState
 from fleet.rollout.journal import Journal
 from fleet.rollout.observe import GpuProcess, InstanceFacts, Observations
 from fleet.rollout.policy import GateTimeouts, HookPlace, Hooks, OnFailure, OrphanPolicy, RolloutPolicy
@@ -82,6 +82,8 @@ class SimFleet:
         self.orphan_on_stop: set[InstanceRef] = set()
         self.foreign: dict[InstanceRef, GpuProcess] = {}
         self.down_from: dict[str, float] = {}
+        #: the GPU watcher's events: an XID on an instance's GPU at a time (host, time, what, action)
+        self.gpu_faults: list[tuple[str, float, str, str]] = []
         self.log: list[str] = []
         self.max_down = 0
         #: report when a down host was last heard from (``InstanceFacts.unreachable_since``), as the
@@ -142,8 +144,12 @@ class SimFleet:
         elif any(abs(now - t) < 1 for t in self.flap_at):
             completion = CompletionAnswer(200, text="", finish_reason="abort")
         served = self.model(s)
+        # as the SSH executor reads them: the watcher's events since the unit's process started
+        seen = GpuEvents(tuple(GpuEventSeen(0, t, what, action) for h, t, what, action in self.gpu_faults
+                               if h == ref.host and s.started_at <= t <= now))  # fmt: skip
         return Probe(
             now,
+            gpu_events=seen,
             unit=unit,
             health=HttpAnswer(200),
             models=ModelsAnswer(200, ids=(served,)),
@@ -1026,3 +1032,17 @@ def test_the_abort_says_what_is_down_and_how_to_resume_and_journals_it(
         "not back): h0/i0"
     )
     assert journal.latest_state("r1").status is RolloutStatus.RUNNING
+
+
+def test_a_canary_whose_gpu_throws_an_xid_during_its_soak_is_rolled_back(tmp_path: Path) -> None:
+    clock = Clock()
+    sim = SimFleet(clock, [1, 1, 1, 1])
+    xid79 = "XID 79 (reboot): GPU has fallen off the bus"
+    sim.gpu_faults = [("h0", clock.now - 60, "XID 13 (app): before the rollout", "app"),  # before: not this start's
+                      ("h0", clock.now + 12.5, xid79, "reboot")]  # soaking  # fmt: skip
+    state, _ = run(tmp_path, sim)
+    assert state.status is RolloutStatus.HALTED
+    canary = state.inst(InstanceRef("h0", "i0"))
+    assert canary.phase is Phase.ROLLED_BACK
+    assert canary.failure == f"gpu gate: GPU 0 reported {xid79} after fleet started the instance"
+    assert sim.touched() == {"h0/i0"} and sim.releases()["h0/i0"] == "v1"

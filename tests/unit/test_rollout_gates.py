@@ -10,6 +10,8 @@ from fleet.rollout.gates import (
     Expect,
     Gate,
     GateTrack,
+    GpuEvents,
+    GpuEventSeen,
     HttpAnswer,
     MetricsAnswer,
     ModelsAnswer,
@@ -17,6 +19,7 @@ from fleet.rollout.gates import (
     Status,
     UnitState,
     check_completion,
+    check_gpu_events,
     check_health,
     check_metrics,
     check_models,
@@ -243,3 +246,45 @@ def test_track_round_trips_through_json() -> None:
 
 def test_status_enum_values() -> None:
     assert [s.value for s in Status] == ["pass", "wait", "fail"]
+
+
+XID79 = GpuEventSeen(2, 1005.0, "XID 79 (reboot): GPU has fallen off the bus", "reboot")
+SBE = GpuEventSeen(2, 1004.0, "SBE (info): single-bit ECC error, corrected", "info")
+
+
+@pytest.mark.parametrize(
+    ("seen", "expected", "words"),
+    [
+        (None, Check.PASS, "not observed"),
+        (GpuEvents(()), Check.PASS, "0 corrected or informational"),
+        (GpuEvents((SBE,)), Check.PASS, "1 corrected or informational"),
+        (GpuEvents((XID79,)), Check.FATAL, "GPU 2 reported XID 79 (reboot): GPU has fallen off the bus"),
+        (GpuEvents((SBE, XID79, XID79)), Check.FATAL, "bus after fleet started the instance (and 1 more)"),
+        (GpuEvents((GpuEventSeen(0, 1.0, "XID 31 (app): MMU fault", "app"),)), Check.FATAL, "XID 31"),
+        (GpuEvents((GpuEventSeen(0, 1.0, "DBE (reset): double-bit", "reset"),)), Check.FATAL, "DBE"),
+        (GpuEvents((GpuEventSeen(0, 1.0, "XID 999 (unknown): not in", "unknown"),)), Check.FATAL, "XID 999"),
+    ],
+)
+def test_gpu_gate(seen: GpuEvents | None, expected: Check, words: str) -> None:
+    status, detail = check_gpu_events(seen)
+    assert status is expected and words in detail
+
+
+def test_a_gpu_fault_decides_whatever_health_says() -> None:
+    loading = Probe(3.0, unit=RUNNING, health=HttpAnswer(None, "connection refused"), gpu_events=GpuEvents((XID79,)))
+    assert evaluate(loading, EXPECT) == [
+        (
+            Gate.GPU,
+            Check.FATAL,
+            "GPU 2 reported XID 79 (reboot): GPU has fallen off the bus after fleet started the instance",
+        )
+    ]
+
+
+def test_an_xid_during_the_soak_fails_the_instance_at_once() -> None:
+    probes = [healthy(1, gpu_events=GpuEvents()), healthy(5, gpu_events=GpuEvents((SBE,))),
+              healthy(8, gpu_events=GpuEvents((SBE, XID79)))]  # fmt: skip
+    verdicts = [v for _, v in run(probes)]
+    assert verdicts[:2] == ["wait soak: soaking: all gates green for 0.0s of 10s",
+                            "wait soak: soaking: all gates green for 4.0s of 10s"]  # fmt: skip
+    assert verdicts[2].startswith("fail gpu: GPU 2 reported XID 79 (reboot)")

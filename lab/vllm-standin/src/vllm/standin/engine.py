@@ -245,3 +245,12 @@ class Engine:
                 m.request_prompt_tokens.observe(req.prompt_tokens)
                 m.request_generation_tokens.observe(req.generated)
                 m.request_max_tokens.observe(req.max_tokens)
+                m.request_max_num_generation_tokens.observe(req.max_tokens)
+                m.request_params_n.observe(1)
+                m.prefill_kv_computed.observe(req.prompt_tokens)
+                m.prompt_tokens_computed.inc(req.prompt_tokens)
+                if req.running_since is not None:
+                    running = time.monotonic() - req.running_since
+                    m.inference_time.observe(running)
+                    if req.generated > 1:
+                        m.tpot.observe(running / req.generated)

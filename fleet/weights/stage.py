@@ -1,0 +1,354 @@
+"""Stage a model on hosts: list each host's copy, send what is missing or damaged, verify, point.
+
+Per host, over one SSH connection made the way every fleet connection is made
+(``fleet.facts.sshlink.connect``: the inventory's key and user, host keys checked against its
+``known_hosts``; no new login, nothing else to trust):
+
+1. ``ModelCopy`` lists the snapshot ``<HF_HOME>/hub/models--ORG--NAME/snapshots/<revision>/``
+   (sizes and SHA-256), ``refs/main``, the service user, the bytes free;
+2. ``fleet.weights.verify`` decides: current (nothing to do), only ``refs/main`` to point, or
+   files to send; a copy that does not fit is refused with the numbers before anything is sent;
+3. the files are sent with paramiko's SFTP on that connection (its ``put`` pipelines its writes),
+   to OpenSSH's ``sftp-server`` started as the service user (``sudo -n -u vllm``, on a session
+   channel: no new login), into ``models--ORG--NAME/.fleet-incoming/`` (on the cache's
+   filesystem) under numbered temporary names; then, as root, each is synced, given to the
+   service user (mode 0644) and renamed to its place in the snapshot (a rename within one
+   filesystem: a reader sees the old file or the complete new one, never half of one);
+4. ``ModelCopy`` again: every file must now match the manifest, else the host fails, named, and
+   ``refs/main`` is left as it was (a copy that does not verify is never served);
+5. ``refs/main`` is written to a temporary name and renamed: from then on the units (which run
+   with ``HF_HUB_OFFLINE=1`` and ``HF_HOME`` on that cache) load this snapshot.
+
+SFTP rather than rsync: it runs on the connection fleet already holds (rsync would need an
+``ssh`` subprocess given fleet's key, user and known_hosts, and rsync on every host), its
+progress is a callback per chunk, and whether a file is right is decided by the manifest's
+SHA-256, not by rsync's delta algorithm. The disk check and the verify are fleet's either way.
+
+The while-copying connection is watched by ``Link.hold`` (heartbeat and watchdog): a host that
+stops answering mid-copy is closed and reported within ``SILENT_S``, its current model intact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import paramiko
+
+from fleet.errors import FleetError
+from fleet.escape import ssh_command
+from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
+from fleet.inventory.spec import LoadedInventory
+from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
+from fleet.weights.manifest import Manifest, build_manifest, model_dir
+from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
+
+#: How fast a host's ``python3`` hashes, for the listing's deadline (slower disks get the floor).
+HASH_BYTES_PER_S = 100 * 1024 * 1024
+LIST_FLOOR_S = 120.0
+
+#: Root's part of a copy, as a script on the host (``python3 -c``; the job as JSON on stdin).
+#: ``place``: sync each received file, give it to the service user, rename it into the snapshot,
+#: remove the incoming directory. ``point``: ``refs/main`` names the snapshot (temporary + rename).
+FINISH = r"""
+import json, os, pwd, shutil, sys
+job = json.load(sys.stdin)
+pw = pwd.getpwnam(job["user"])
+def own(path, mode):
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    os.chmod(path, mode)
+def dirs(path):
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for d in reversed(missing):
+        os.mkdir(d)
+        own(d, 0o755)
+if sys.argv[1] == "place":
+    for name, rel in job["moves"]:
+        src = os.path.join(job["incoming"], name)
+        dst = os.path.join(job["snapshot"], rel)
+        fd = os.open(src, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dirs(os.path.dirname(dst))
+        own(src, 0o644)
+        os.rename(src, dst)
+    shutil.rmtree(job["incoming"], ignore_errors=True)
+else:
+    refs = os.path.join(job["repo"], "refs")
+    dirs(refs)
+    tmp = os.path.join(refs, ".main.fleet-tmp")
+    with open(tmp, "w") as f:
+        f.write(job["revision"])
+        f.flush()
+        os.fsync(f.fileno())
+    own(tmp, 0o644)
+    os.rename(tmp, os.path.join(refs, "main"))
+"""
+
+
+def hub_dir(state_dir: str) -> str:
+    """The units' Hugging Face cache: ``HF_HOME`` is ``<state_dir>/hf`` (``templates/vllm.service.j2``)."""
+    return f"{state_dir}/hf/hub"
+
+
+def repo_dir(state_dir: str, model: str) -> str:
+    """``huggingface_hub``'s cache folder of a model repository: ``models--ORG--NAME``."""
+    return f"{hub_dir(state_dir)}/models--{model.replace('/', '--')}"
+
+
+@dataclass(frozen=True)
+class StageJob:
+    """One host to stage: how to reach it, the model, and the source directory holding it."""
+
+    target: SshTarget
+    model: str
+    source: str  #: the ``dir`` source's root (``model_source.path``)
+
+
+@dataclass
+class StageResult:
+    host: str
+    model: str
+    #: current (already verified and pointed), staged (sent and/or pointed now), refused (not
+    #: started: no room, no service user), failed (mid-way: its current model untouched), unreachable
+    status: str
+    revision: str = ""
+    sent_files: int = 0
+    sent_bytes: int = 0
+    repaired: list[str] = field(default_factory=list)  #: files that were there but wrong
+    seconds: float = 0.0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("current", "staged")
+
+    def data(self) -> dict[str, Any]:
+        rate = Rate(self.sent_bytes, self.sent_bytes, self.seconds).per_second
+        return {
+            "host": self.host, "model": self.model, "status": self.status, "revision": self.revision,
+            "sent_files": self.sent_files, "sent_bytes": self.sent_bytes, "repaired": self.repaired,
+            "seconds": round(self.seconds, 3), "bytes_per_s": round(rate) if rate else None, "error": self.error,
+        }  # fmt: skip
+
+
+#: ``progress(host, what, done_bytes, total_bytes)``: ``what`` is ``listing``, ``sending``,
+#: ``verifying``, or a final status; called from the staging threads.
+Progress = Callable[[str, str, int, int], None]
+
+
+def manifests_for(jobs: Sequence[StageJob], hashed: list[str] | None = None) -> dict[tuple[str, str], Manifest]:
+    """One manifest per (source, model), computed before any host is touched; ``FleetError``
+    (naming the source and the file) when one cannot be read."""
+    out: dict[tuple[str, str], Manifest] = {}
+    for job in jobs:
+        key = (job.source, job.model)
+        if key not in out:
+            out[key] = build_manifest(job.source, job.model, hashed)
+    return out
+
+
+def stage(
+    jobs: Sequence[StageJob],
+    *,
+    user: str = "vllm",
+    state_dir: str = "/var/lib/vllm",
+    parallel: int = 4,
+    progress: Progress = lambda _h, _w, _d, _t: None,
+    manifests: Mapping[tuple[str, str], Manifest] | None = None,
+) -> dict[str, StageResult]:
+    """Stage every job's model on its host, ``parallel`` hosts at a time: ``{host: result}``."""
+    known = dict(manifests) if manifests is not None else manifests_for(jobs)
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(jobs) or 1))) as pool:
+        futures = {
+            j.target.name: pool.submit(_stage_one, j, known[(j.source, j.model)], user, state_dir, progress)
+            for j in jobs
+        }
+        return {name: f.result() for name, f in futures.items()}
+
+
+def _list(link: Link, repo: str, manifest: Manifest, user: str) -> HostCopy:
+    timeout = max(LIST_FLOOR_S, manifest.total_bytes / HASH_BYTES_PER_S * 1.5)
+    rc, out, err = link.run(model_copy_command(repo, manifest.revision, user), timeout, label="listing the model copy")
+    if rc != 0:
+        raise FleetError(f"listing the model copy exited {rc}: {err.strip()[-300:]}")
+    return parse_copy(next((line for line in reversed(out.splitlines()) if line.strip()), ""))
+
+
+def _root(link: Link, mode: str, job: dict[str, Any], timeout: float) -> None:
+    command = ssh_command(["sudo", "-n", "--", "python3", "-c", FINISH, mode])
+    rc, _out, err = link.run(command, timeout, json.dumps(job).encode(), label=f"{mode} (as root)")
+    if rc != 0:
+        raise FleetError(f"{mode} (as root) exited {rc}: {err.strip()[-300:]}")
+
+
+def _stage_one(job: StageJob, manifest: Manifest, user: str, state_dir: str, progress: Progress) -> StageResult:
+    name, t0 = job.target.name, time.monotonic()
+    result = StageResult(name, job.model, "failed", manifest.revision)
+    try:
+        client = connect(job.target)
+    except SshError as exc:
+        result.status, result.error = "unreachable", exc.reason
+        progress(name, result.status, 0, 0)
+        return result
+    link = Link(name, client)
+    try:
+        _copy(link, client, job, manifest, user, state_dir, progress, result)
+    except SshError as exc:
+        result.status = "unreachable" if isinstance(exc, Unreachable) else "failed"
+        result.error = f"{exc.reason}; its current model is untouched (refs/main not changed)"
+    except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
+        result.status = "failed"
+        result.error = f"{exc or type(exc).__name__}; its current model is untouched (refs/main not changed)"
+    finally:
+        link.close()
+        result.seconds = time.monotonic() - t0
+    progress(name, result.status, result.sent_bytes, result.sent_bytes)
+    return result
+
+
+def _copy(
+    link: Link,
+    client: paramiko.SSHClient,
+    job: StageJob,
+    manifest: Manifest,
+    user: str,
+    state_dir: str,
+    progress: Progress,
+    result: StageResult,
+) -> None:
+    name, repo = job.target.name, repo_dir(state_dir, job.model)
+    snapshot = f"{repo}/snapshots/{manifest.revision}"
+    progress(name, "listing", 0, manifest.total_bytes)
+    have = _list(link, repo, manifest, user)
+    before = verdict(manifest, have.files, have.refs_main)
+    if before.current:
+        result.status = "current"
+        return
+    if not have.user_exists:
+        result.status = "refused"
+        result.error = (
+            f"the service user {user} does not exist on the host: `fleet deploy` creates it; nothing was sent"
+        )
+        return
+    if (why := space_refusal(before.bytes_to_send, have.free, have.where)) is not None:
+        result.status, result.error = "refused", why
+        return
+    result.repaired = before.damaged()
+    if before.to_send:
+        _send(link, client, job, manifest, before, repo, snapshot, user, progress, result)
+        progress(name, "verifying", result.sent_bytes, before.bytes_to_send)
+        after = _list(link, repo, manifest, user)
+        check = verdict(manifest, after.files, after.refs_main)
+        if not check.complete:
+            wrong = [f"{f.path} ({s.value})" for f, s in check.states if s.resend]
+            raise FleetError("after the copy the snapshot still does not match the manifest: " + ", ".join(wrong[:10]))
+    _root(link, "point", {"repo": repo, "revision": manifest.revision, "user": user}, 60)
+    result.status = "staged"
+
+
+def _send(
+    link: Link,
+    client: paramiko.SSHClient,
+    job: StageJob,
+    manifest: Manifest,
+    before: CopyVerdict,
+    repo: str,
+    snapshot: str,
+    user: str,
+    progress: Progress,
+    result: StageResult,
+) -> None:
+    name, incoming = job.target.name, f"{repo}/{INCOMING}"
+    total = before.bytes_to_send
+    as_user = ["sudo", "-n", "-u", user, "--"]
+    prepare = " && ".join([
+        ssh_command([*as_user, "mkdir", "-p", "--", f"{repo}/snapshots"]),
+        ssh_command(["sudo", "-n", "--", "rm", "-rf", "--", incoming]),
+        ssh_command([*as_user, "mkdir", "-m", "0700", "--", incoming]),
+    ])  # fmt: skip
+    rc, _out, err = link.run(prepare, 60, label="preparing the incoming directory")
+    if rc != 0:
+        raise FleetError(f"preparing {incoming} exited {rc}: {err.strip()[-300:]}")
+    source = model_dir(job.source, job.model)
+    moves: list[tuple[str, str]] = []
+    watch = link.hold(math.inf)  # a host that goes silent mid-copy is closed, not waited on
+    sftp = _sftp_as(client, user)
+    try:
+        for n, f in enumerate(before.to_send):
+            tmp = f"{n:06d}.partial"
+            done_before = result.sent_bytes
+
+            def sent(done: int, _size: int, base: int = done_before) -> None:
+                progress(name, "sending", base + done, total)
+
+            sftp.put(str(source / f.path), f"{incoming}/{tmp}", callback=sent, confirm=True)
+            result.sent_bytes += f.size
+            result.sent_files += 1
+            moves.append((tmp, f.path))
+    finally:
+        sftp.close()
+        link.release(watch)
+    _root(link, "place", {"incoming": incoming, "snapshot": snapshot, "moves": moves, "user": user}, 600)
+
+
+#: Where OpenSSH's SFTP server lives: Debian/Ubuntu, RHEL/Fedora, Arch/SUSE.
+SFTP_SERVERS = ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server", "/usr/lib/ssh/sftp-server")
+
+
+def sftp_server_command(user: str) -> str:
+    """OpenSSH's ``sftp-server`` run as ``user`` (through ``sudo -n``) on a session channel: the
+    files arrive owned by the service user, under its home (which the login user may not even
+    enter: useradd makes homes 0700), on the connection fleet already holds."""
+    tries = "; ".join(
+        f"{ssh_command(['test', '-x', p])} && exec {ssh_command(['sudo', '-n', '-u', user, '--', p])}"
+        for p in SFTP_SERVERS
+    )
+    return f"{tries}; echo 'no sftp-server in {' '.join(SFTP_SERVERS)}' >&2; exit 127"
+
+
+def _sftp_as(client: paramiko.SSHClient, user: str) -> paramiko.SFTPClient:
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise FleetError("the connection closed before the copy")
+    chan = transport.open_session(timeout=30)
+    chan.exec_command(sftp_server_command(user))
+    try:
+        return paramiko.SFTPClient(chan)
+    except (paramiko.SSHException, EOFError) as exc:
+        why = chan.recv_stderr(4096).decode(errors="replace").strip() if chan.recv_stderr_ready() else ""
+        raise FleetError(f"could not start sftp-server as {user} ({why or exc}): sudo -n -u {user} must work") from None
+
+
+def describe(r: StageResult) -> str:
+    """One line for people."""
+    if r.status == "current":
+        return f"{r.model} @ {r.revision[:12]}: already verified"
+    if r.status == "staged":
+        rate = Rate(r.sent_bytes, r.sent_bytes, r.seconds).per_second
+        sent = f"sent {r.sent_files} file(s), {fmt_bytes(r.sent_bytes)}" if r.sent_files else "nothing to send"
+        speed = f" at {fmt_bytes(rate)}/s" if rate else ""
+        fixed = f"; replaced {', '.join(r.repaired)}" if r.repaired else ""
+        return f"{r.model} @ {r.revision[:12]}: {sent}{speed} in {r.seconds:.1f} s, verified{fixed}"
+    return f"{r.model}: {r.status}: {r.error}"
+
+
+def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> list[StageJob]:
+    """A job for every selected host (or each of ``names``) whose inventory names a ``model_source``."""
+    out = []
+    for spec in loaded.hosts:
+        if spec.model_source is None or (names is not None and spec.name not in names):
+            continue
+        data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
+        out.append(StageJob(SshTarget.from_data(spec.name, data), spec.model, spec.model_source.path))
+    return out

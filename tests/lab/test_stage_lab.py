@@ -1,0 +1,166 @@
+"""``fleet stage`` on real lab hosts (issue 22): a generated checkpoint of real safetensors files
+copied from a source directory on this machine into each host's units' cache, verified against
+its manifest; a corrupted and a truncated file found and sent again; a host whose disk is too
+small refused with the numbers before anything is sent. Shares the session's ``lab_fleet``."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import pprint
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetlab import ssh
+from fleetlab.inventory_writer import GROUP
+
+from .conftest import LabFleet
+from .deploying import REPO_ROOT
+
+pytestmark = pytest.mark.lab
+
+FLEET = Path(sys.executable).parent / "fleet"
+MODEL = "fleet-test/tiny-st"
+REPO = "/var/lib/vllm/hf/hub/models--fleet-test--tiny-st"
+CONFIG = REPO_ROOT / "fleet" / "data" / "models" / "meta-llama" / "Llama-3.1-8B-Instruct" / "config.json"
+
+
+def safetensors_file(path: Path, tensors: dict[str, tuple[int, int]], seed: int) -> None:
+    """A safetensors file per its format (huggingface/safetensors, README "Format"): an 8-byte
+    little-endian header length, the JSON header (dtype, shape, data_offsets per tensor), then the
+    tensors' bytes (F32 here, deterministic per ``seed``)."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    data = bytearray()
+    for name, (rows, cols) in tensors.items():
+        start = len(data)
+        data += b"".join(struct.pack("<f", ((i * 31 + seed) % 997) / 997.0) for i in range(rows * cols))
+        header[name] = {"dtype": "F32", "shape": [rows, cols], "data_offsets": [start, len(data)]}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format allows trailing spaces; aligns the data
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(data))
+
+
+def make_checkpoint(root: Path) -> Path:
+    top = root / MODEL
+    top.mkdir(parents=True)
+    (top / "config.json").write_bytes(CONFIG.read_bytes())
+    shards = {
+        "model-00001-of-00002.safetensors": {"model.embed_tokens.weight": (256, 256), "model.norm.weight": (1, 256)},
+        "model-00002-of-00002.safetensors": {"lm_head.weight": (256, 512)},
+    }
+    weight_map = {}
+    for n, (name, tensors) in enumerate(shards.items()):
+        safetensors_file(top / name, tensors, seed=n)
+        weight_map.update(dict.fromkeys(tensors, name))
+    (top / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (top / "tokenizer_config.json").write_text("{}")
+    return top
+
+
+def staging_inventory(lab: LabFleet, path: Path, source: Path) -> Path:
+    """The lab's inventory with every host serving ``MODEL`` from ``source``."""
+    assert lab.opts.inventory is not None
+    text = lab.opts.inventory.read_text()
+    hosts = ast.literal_eval(text.split(f"\n{GROUP} = ", 1)[1])
+    for _name, data in hosts:
+        data["model"] = MODEL
+        data["model_source"] = {"kind": "dir", "path": str(source)}
+    path.write_text(f"{GROUP} = {pprint.pformat(hosts, width=100, sort_dicts=False)}\n")
+    return path
+
+
+def stage(inventory: Path, *args: str) -> tuple[int, dict[str, dict[str, object]], str]:
+    proc = subprocess.run(
+        [str(FLEET), "stage", str(inventory), "--json", *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    try:
+        body = json.loads(proc.stdout)
+    except ValueError:
+        return proc.returncode, {}, proc.stdout + proc.stderr
+    return proc.returncode, {h["host"]: h for h in body["hosts"]}, proc.stderr
+
+
+def on(lab: LabFleet, i: int, command: str, timeout: float = 120) -> tuple[int, str, str]:
+    h = lab.state.hosts[i]
+    client = ssh.connect(h.address, lab.state.ssh_port, lab.dir.control_key, lab.dir.known_hosts)
+    try:
+        return ssh.run(client, command, timeout=timeout)
+    finally:
+        client.close()
+
+
+def host_sums(lab: LabFleet, i: int, revision: str) -> dict[str, str]:
+    rc, out, err = on(lab, i, f"cd {REPO}/snapshots/{revision} && sudo find . -type f -exec sha256sum {{}} +")
+    assert rc == 0, err
+    return {line.split()[1].removeprefix("./"): line.split()[0] for line in out.splitlines()}
+
+
+def test_stage_copies_verifies_repairs_and_refuses_a_small_disk(lab_fleet: LabFleet, tmp_path: Path) -> None:
+    top = make_checkpoint(tmp_path / "src")
+    want = {p.relative_to(top).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in top.rglob("*")
+            if p.is_file() and not p.name.startswith(".")}  # fmt: skip
+    inventory = staging_inventory(lab_fleet, tmp_path / "inventory.py", tmp_path / "src")
+    names = [h.name for h in lab_fleet.state.hosts]
+    small = names[1]
+    created = []
+    try:
+        for i in range(len(names)):
+            rc, _out, _err = on(lab_fleet, i, "id -u vllm")
+            if rc != 0:  # the service user, as `fleet deploy` creates it (fleet.operations.vllm.service_user)
+                rc, _out, err = on(lab_fleet, i, "sudo useradd --system --home-dir /var/lib/vllm --create-home "
+                                   "--shell /usr/sbin/nologin --user-group vllm")  # fmt: skip
+                assert rc == 0, err
+                created.append(i)
+        rc, _out, err = on(
+            lab_fleet, 1, f"sudo mkdir -p {REPO} && sudo mount -t tmpfs -o size=64k fleet-test-small {REPO}"
+        )
+        assert rc == 0, err
+
+        rc, hosts, err = stage(inventory)
+        assert rc == 1, (hosts, err)
+        refused = hosts[small]
+        assert refused["status"] == "refused", refused
+        assert f"on the filesystem of {REPO}; nothing was sent" in str(refused["error"]), refused
+        need = sum((top / p).stat().st_size for p in want)
+        numbers = f"the copy needs {need / 1024:.1f} KiB ({need} bytes), 64.0 KiB (65536 bytes) free"
+        assert numbers in str(refused["error"]), refused
+        rc, out, _err = on(lab_fleet, 1, f"sudo find {REPO} -type f")
+        assert rc == 0 and out.strip() == "", out  # nothing was written there
+        revision = str(hosts[names[0]]["revision"])
+        for i, name in enumerate(names):
+            if name == small:
+                continue
+            assert hosts[name]["status"] == "staged" and hosts[name]["sent_files"] == len(want), hosts[name]
+            assert host_sums(lab_fleet, i, revision) == want
+            rc, out, err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; echo; sudo stat -c '%U %a' "
+                              f"{REPO}/snapshots/{revision}/config.json; sudo ls -A {REPO}")  # fmt: skip
+            assert rc == 0 and out.split() == [revision, "vllm", "644", "refs", "snapshots"], (out, err)
+
+        rc, hosts, err = stage(inventory, "--limit", names[0])
+        assert rc == 0 and hosts[names[0]]["status"] == "current" and hosts[names[0]]["sent_bytes"] == 0, (hosts, err)
+
+        snap = f"{REPO}/snapshots/{revision}"
+        rc, _out, err = on(lab_fleet, 0, (
+            f"printf 'X' | sudo dd of={snap}/model-00001-of-00002.safetensors bs=1 seek=5000 conv=notrunc status=none"
+            f" && sudo truncate -s 1000 {snap}/model-00002-of-00002.safetensors"
+        ))  # fmt: skip
+        assert rc == 0, err
+        rc, hosts, err = stage(inventory, "--limit", names[0])
+        fixed = hosts[names[0]]
+        assert rc == 0 and fixed["status"] == "staged" and fixed["sent_files"] == 2, (fixed, err)
+        assert sorted(fixed["repaired"]) == [  # type: ignore[call-overload]
+            "model-00001-of-00002.safetensors (corrupted)", "model-00002-of-00002.safetensors (truncated)"
+        ]  # fmt: skip
+        assert host_sums(lab_fleet, 0, revision) == want
+    finally:
+        on(lab_fleet, 1, f"sudo umount {REPO}")
+        for i in range(len(names)):
+            on(lab_fleet, i, f"sudo rm -rf {REPO}")
+        for i in created:
+            on(lab_fleet, i, "sudo userdel -r vllm")
