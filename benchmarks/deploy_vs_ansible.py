@@ -32,6 +32,14 @@ four rows on main at 0f3c6b7, the last after the NVML probe began carrying pynvm
         4        27.6s          55.6s   0.50          3.1s           40.1s   0.08  (load 5-11)
         4        42.2s          54.7s   0.77          4.4s           29.3s   0.15  (load 7-14)
 
+After issue 26's restructure (one-plan at a53d1e8: deploy reads the drain markers, unit states,
+preflight and convergence facts through its own connections, 2 SSH sessions per host on a first
+run, 1 on a re-run; benchmarks/ssh_rounds.py), two runs back to back:
+
+    hosts  fleet first  ansible first  ratio  fleet re-run  ansible re-run  ratio
+        4        50.7s          73.2s   0.69          8.5s           58.3s   0.15  (load 8-17)
+        4        33.7s          82.3s   0.41          6.3s           49.4s   0.13  (load 6-12)
+
 The load moved both tools' times by ±30 % from run to run (the Ansible re-run of the second row
 met the worst of it); no quiet window was had. Earlier rows (without pipelining, which costs
 Ansible a temporary-file copy per task) are in this file's history. Issue 19 measured 17.5-18.3 s
@@ -196,21 +204,21 @@ def fleet_times(hosts: int, root: Path) -> tuple[float, float]:
 def ansible_inventory(lab: Lab, files_dir: Path) -> dict[str, Any]:
     """Ansible's inventory for the lab and, per host, fleet's rendered units/env files on disk."""
     from fleet.inventory.spec import load_inventory
-    from fleet.operations import host as host_deploy
+    from fleet.render import part
     from fleet.render.units import HostPaths
 
     loaded = load_inventory(str(lab.opts.inventory))
     hosts: dict[str, Any] = {}
     for spec in loaded.hosts:
         data = loaded.pyinfra.get_host(spec.name).data.dict()
-        rendered = host_deploy.rendered_files(spec.name, data, HostPaths(venv="/opt/ansible/vllm"))
+        plan = part.host_plan(spec)
+        rendered = part.rendered_files(spec, plan, HostPaths(venv="/opt/ansible/vllm"))
         files = []
         for n, f in enumerate(rendered):
             local = files_dir / spec.name / f"{n}"
             local.parent.mkdir(parents=True, exist_ok=True)
             local.write_text(f.content)
             files.append({"src": str(local), "dest": f.path, "mode": f"{f.mode:04o}"})
-        plan = host_deploy.host_plan(spec.name, data)
         hosts[spec.name] = {
             "ansible_host": data["ssh_hostname"],
             "ansible_port": data["ssh_port"],

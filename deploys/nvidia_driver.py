@@ -5,6 +5,9 @@
 Reports hosts that need a reboot (``/var/run/reboot-required``); it never reboots them.
 """
 
-from fleet.operations.host import nvidia_driver
+from pyinfra.context import host
 
-nvidia_driver(_sudo=True)
+from fleet.operations.host import nvidia_driver
+from fleet.render.part import driver_settings, spec_of
+
+nvidia_driver(driver=driver_settings(spec_of(host.name, host.data.dict())), _sudo=True)  # type: ignore[no-untyped-call]

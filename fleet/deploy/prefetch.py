@@ -15,9 +15,6 @@ watcher's files and unit.
 
 from __future__ import annotations
 
-from typing import Any
-
-from pyinfra.api.host import Host
 from pyinfra.facts.files import Directory, File, Sha1File
 from pyinfra.facts.server import Arch, Groups, LinuxDistribution, Os, Users
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
@@ -30,10 +27,10 @@ from fleet.facts.revisions import InstanceRevisions, fact_instances
 from fleet.facts.unit_states import UnitStates
 from fleet.operations import host as host_deploy
 from fleet.operations import nvidia, units, vllm
-from fleet.plan.gpu_source import GpusNotKnownYet
 from fleet.plan.planner import HostPlan
 from fleet.render.gpuwatch import UNIT_NAME as WATCH_UNIT
 from fleet.render.gpuwatch import WatchSettings, watch_files
+from fleet.render.part import HostPart
 from fleet.render.units import HostPaths
 
 
@@ -66,12 +63,11 @@ def gpu_watcher_facts(settings: WatchSettings | None = None) -> list[FactRequest
     return out
 
 
-def vllm_host_facts(host: Host) -> list[FactRequest]:
-    """The facts the ``vllm_host`` deploy reads on ``host`` (see the module docstring)."""
-    data: dict[str, Any] = dict(host.data.dict())  # type: ignore[no-untyped-call]
-    paths = HostPaths(venv=f"{vllm.DEFAULT_ROOT}/current")
+def vllm_host_facts(part: HostPart) -> list[FactRequest]:
+    """The facts the ``vllm_host`` deploy reads on the host whose part it is (see the module docstring)."""
+    paths = host_deploy.PATHS
     out = [FactRequest(LinuxDistribution), FactRequest(Arch)]
-    driver = host_deploy.driver_settings(host.name, data)
+    driver = part.driver
     if driver is not None:
         for path in (nvidia.KEYRING_PATH, nvidia.SOURCES_PATH, nvidia.PREFERENCES_PATH):
             out += _file(path)
@@ -88,10 +84,9 @@ def vllm_host_facts(host: Host) -> list[FactRequest]:
         FactRequest(VllmReleases, {"root": vllm.DEFAULT_ROOT}),
         *gpu_watcher_facts(),
     ]
-    try:  # planned as the deploy plans it: from the host's probe (already gathered)
-        revisions = host_deploy.host_revisions(host.name, data, paths, host_deploy.probe(host))
-    except GpusNotKnownYet:
+    if part.plan is None:
         return out  # no units to render yet (the host waits for its driver)
+    revisions = part.revisions
     out.append(FactRequest(InstanceRevisions, {"instances": fact_instances(revisions)}))
     files = [f for r in revisions for f in (r.unit, r.env)]  # written in place while their unit is idle
     for f in files:
@@ -99,6 +94,5 @@ def vllm_host_facts(host: Host) -> list[FactRequest]:
     out.append(FactRequest(SystemdEnabled, {"services": units.unit_names(files)}))
     # read by the deploy after the operations (which units to start, which wait for a restart):
     # from this batch where the operations ran no command on the host
-    plan = host_deploy.host_plan(host.name, data, host_deploy.probe(host))
-    out.append(FactRequest(UnitStates, {"units": unit_state_units(plan, paths)}))
+    out.append(FactRequest(UnitStates, {"units": unit_state_units(part.plan, paths)}))
     return out

@@ -16,8 +16,9 @@ The decision (:func:`refusals`) is pure; :func:`run_preflight` gathers the facts
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
@@ -109,20 +110,23 @@ def run_preflight(
     plans: Mapping[str, HostPlan],
     paths: HostPaths,
     venvs: Mapping[str, str] | None = None,
+    run_fact: Callable[..., Mapping[str, Any]] = run_fact_on_hosts,
 ) -> dict[str, list[Refusal]]:
     """Preflight every host in parallel: ``{host: refusals}`` (empty list: ready). ``venvs``: the
-    release each host's new command line will run on (default ``paths.venv``)."""
+    release each host's new command line will run on (default ``paths.venv``). ``run_fact``: how the
+    facts are read (``run_fact_on_hosts``'s signature; ``fleet deploy`` reads them through its own
+    connections)."""
 
     def python(name: str) -> str:
         return f"{(venvs or {}).get(name, paths.venv)}/bin/python"
 
-    checks = run_fact_on_hosts(
+    checks = run_fact(
         targets.values(), ServeCheck, user=paths.user, hf_home=f"{paths.state_dir}/hf",
         args_for=lambda name: {
             "python": python(name), "jobs": [(unit_of(i.unit_name), i.argv) for i in plans[name].instances]
         },
     )  # fmt: skip
-    probes = run_fact_on_hosts(targets.values(), NvmlProbe, args_for=lambda name: {"python": python(name)})
+    probes = run_fact(targets.values(), NvmlProbe, args_for=lambda name: {"python": python(name)})
     out: dict[str, list[Refusal]] = {}
     for name, check in checks.items():
         if isinstance(check, HostUnreachable):

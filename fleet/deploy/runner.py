@@ -42,15 +42,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import paramiko
+from pyinfra.api.command import StringCommand
 from pyinfra.api.config import Config
 from pyinfra.api.connect import disconnect_all
 from pyinfra.api.deploy import add_deploy
 from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.facts import FactBase
 from pyinfra.api.host import Host
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
@@ -66,7 +68,7 @@ from fleet.escape import ssh_command
 from fleet.facts.drain import Drained, DrainMarker
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
-from fleet.facts.runner import HostUnreachable, SshTarget, run_command, run_fact_on_hosts
+from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
 from fleet.gpuwatch.state import GpuWatchState, quarantine_of
 from fleet.inventory.spec import LoadedInventory
@@ -76,6 +78,7 @@ from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
+from fleet.render.part import HostPart, api_key, host_part
 from fleet.render.units import HostPaths
 from fleet.rollout.advice import next_steps
 from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target
@@ -162,12 +165,8 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
-        data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         try:
-            host_deploy.driver_settings(spec.name, data)
-            host_deploy.releases_kept(spec.name, data)
-            host_deploy.release_spec(spec.name, data, "3")
-            host_deploy.api_key(spec.name, data)
+            host_part(spec, None, _paths())  # its deploy keys and API key, before the GPUs are known
             outcome = declared.host(spec.name)
             if outcome.plan is not None:
                 plans[spec.name] = outcome.plan
@@ -208,16 +207,23 @@ def _failure(state: State, host: Host) -> str:
     return "an operation failed (see the log above)"
 
 
-def _add_deploy(state: State, func: Callable[..., Any], hosts: list[Host]) -> None:
+def _add_deploy(
+    state: State, func: Callable[..., Any], hosts: list[Host], parts: Mapping[str, HostPart] | None = None
+) -> None:
     """pyinfra's ``add_deploy`` for each host in its own greenlet, so the facts the operations read
     are gathered from all hosts at once (``add_deploy`` alone walks the hosts one after another).
     pyinfra's host context (``pyinfra.context.ctx_host``) is greenlet-local, and an operation's
-    order comes from its place in the code, not from when it was prepared. An error in one host's
-    data re-raises here."""
+    order comes from its place in the code, not from when it was prepared. ``parts``: each host's
+    part of the plan, given to ``func`` (``part=``). An error in one host's data re-raises here."""
     import gevent
 
+    def args(h: Host) -> dict[str, Any]:
+        return {"part": parts[h.name]} if parts is not None else {}
+
     with ctx_state.use(state):  # a process-wide context (not greenlet-local): set once, around all
-        greenlets = [gevent.spawn(add_deploy, state, func, host=h) for h in hosts if h in state.activated_hosts]
+        greenlets = [
+            gevent.spawn(add_deploy, state, func, host=h, **args(h)) for h in hosts if h in state.activated_hosts
+        ]
         gevent.joinall(greenlets)
     for g in greenlets:
         g.get()
@@ -303,6 +309,54 @@ class DeployPhase:
     name: str
     run: Callable[[], None]
     stopped: str | None = None
+
+
+#: ``fleet.facts.runner.run_fact_on_hosts``'s signature: (targets, fact class, *, args_for, **args)
+RunFact = Callable[..., Mapping[str, Any]]
+
+
+class FactsVia:
+    """Reads facts through the deploy's own pyinfra connections (``run_fact_on_hosts``'s
+    signature and answers), all hosts at once: the fact's command as it is (not under pyinfra's
+    sudo, as ``run_fact_on_hosts`` runs it), its output processed by the fact. A host not given,
+    or whose read does not come back as a value (no connection, a failed command, output the fact
+    cannot process), is read again on a connection of its own by ``run_fact_on_hosts``, whose
+    answer (a value or ``HostUnreachable`` with its reason) is then the answer."""
+
+    def __init__(self, hosts: list[Host]) -> None:
+        self.hosts = {h.name: h for h in hosts}
+
+    def __call__(
+        self,
+        targets: Iterable[SshTarget],
+        fact_cls: type[FactBase[Any]],
+        *,
+        args_for: Callable[[str], Mapping[str, Any]] | None = None,
+        **args: Any,
+    ) -> dict[str, Any]:
+        import gevent
+
+        fact = fact_cls()
+        chosen = list(targets)
+        mine = [t for t in chosen if t.name in self.hosts]
+
+        def read(t: SshTarget) -> tuple[Any] | None:
+            kwargs = {**args, **(dict(args_for(t.name)) if args_for is not None else {})}
+            try:
+                ok, output = self.hosts[t.name].run_shell_command(
+                    StringCommand(str(fact.command(**kwargs))), _timeout=DEFAULT_TIMEOUT
+                )
+                return (fact.process(output.stdout_lines),) if ok else None
+            except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError, TimeoutError):
+                return None
+
+        greenlets = [gevent.spawn(read, t) for t in mine]
+        gevent.joinall(greenlets)
+        out = {t.name: a[0] for t, g in zip(mine, greenlets, strict=True) if (a := g.get()) is not None}
+        rest = [t for t in chosen if t.name not in out]
+        if rest:
+            out.update(run_fact_on_hosts(rest, fact_cls, args_for=args_for, **args))
+        return {t.name: out[t.name] for t in chosen if t.name in out}
 
 
 def _close(state: State) -> None:
@@ -400,10 +454,11 @@ def deploy(
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
-        caches = factcache.install(state, active, prefetch.vllm_host_facts)  # facts: one batch per host
+        parts = _parts(loaded, plans, [h.name for h in active], waiting)
+        caches = factcache.install(state, active, lambda h: prefetch.vllm_host_facts(parts[h.name]))  # one batch
         if not dry:  # their units come from the second probe (_units_once_probed), not the gpu entry now
             host_deploy.units_later([h for h in active if h.name in unprobed and h.name not in waiting])
-        _add_deploy(state, host_deploy.vllm_host, active)
+        _add_deploy(state, host_deploy.vllm_host, active, parts)
         if dry:
             for h in active:
                 ops = _op_names(state, h, will=True)
@@ -443,63 +498,77 @@ def deploy(
             and results[h.name].reboot_required is None
         ], plans)  # fmt: skip
         progress(factcache.summary(caches))
+        # later phases read their facts through these connections where the host kept them (not rebooted)
+        via = FactsVia([
+            h for h in active
+            if results[h.name].status in ("changed", "unchanged") and results[h.name].reboot_required is None
+        ])  # fmt: skip
+        if budget.over():  # lock-step: hosts behind a failure did not finish their operations
+            budget.stop_others("not finished: the deploy stopped at the first failures")
+        if not start or budget.over():
+            if not start and not budget.over():  # units are installed, not started
+                _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+            return finish(budget.message() if budget.failed else None)
+        ready = _Ready()
+
+        def preflight() -> None:
+            ready.states = _unit_states(loaded, plans, _ready(results), early_states)
+            ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
+            ready.busy = [n for n in _ready(results) if n not in ready.quiet]
+            _preflight(loaded, plans, results, ready.busy, progress, step, staged, via)
+
+        def stage_models() -> None:  # model_source: copied and verified before anything restarts
+            up = [r.host for r in results.values() if r.status in ("changed", "unchanged")]  # reboot pending too
+            staged_models = staging.stage_hosts(loaded, up, manifests, progress, step)
+            for name, got in staged_models.items():
+                if got.ok:
+                    results[name].operations.append(describe_staging(got))
+                else:
+                    results[name].status, results[name].error = got.status, got.error
+
+        def rebooting() -> None:
+            if reboot:
+                _reboot(loaded, plans, results, health_timeout, progress, step)
+
+        def units_once_probed() -> None:
+            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+
+        phases = [
+            DeployPhase("stage model", stage_models, stopped="nothing restarted: the deploy stopped after staging"),
+            DeployPhase("reboot (--reboot)", rebooting),
+            DeployPhase("units once probed", units_once_probed),
+            DeployPhase(
+                "preflight", preflight, stopped="nothing restarted: the deploy stopped after preflight refusals"
+            ),
+        ]
+        for phase in phases:
+            phase.run()
+            if budget.over():
+                if phase.stopped is not None:
+                    budget.stop_others(phase.stopped)
+                return finish(budget.message())
+        states, quiet = ready.states, ready.quiet
+        busy = [n for n in ready.busy if results[n].status not in FAILED]
+        serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
+        for name in [*quiet, *serving]:
+            if not _to_roll(name, states, staged):
+                _check_serving(loaded, plans, results, name, health_timeout, step)
+        balancer_results.extend(_balancers(loaded, plans, progress, step))
+        _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
+        rolling = [n for n in serving if _to_roll(n, states, staged)]
+        error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
+        _converged(
+            loaded,
+            plans,
+            results,
+            [n for n in busy if results[n].status not in (*FAILED, "stopped")],
+            staged,
+            via,
+        )
+        return finish(error)
     finally:
         conn.release()
         _close(state)
-    if budget.over():  # lock-step: hosts behind a failure did not finish their operations
-        budget.stop_others("not finished: the deploy stopped at the first failures")
-    if not start or budget.over():
-        if not start and not budget.over():  # units are installed, not started
-            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-        return finish(budget.message() if budget.failed else None)
-    ready = _Ready()
-
-    def preflight() -> None:
-        ready.states = _unit_states(loaded, plans, _ready(results), early_states)
-        ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
-        ready.busy = [n for n in _ready(results) if n not in ready.quiet]
-        _preflight(loaded, plans, results, ready.busy, progress, step, staged)
-
-    def stage_models() -> None:  # model_source: copied and verified before anything restarts
-        up = [r.host for r in results.values() if r.status in ("changed", "unchanged")]  # reboot pending too
-        staged_models = staging.stage_hosts(loaded, up, manifests, progress, step)
-        for name, got in staged_models.items():
-            if got.ok:
-                results[name].operations.append(describe_staging(got))
-            else:
-                results[name].status, results[name].error = got.status, got.error
-
-    def rebooting() -> None:
-        if reboot:
-            _reboot(loaded, plans, results, health_timeout, progress, step)
-
-    def units_once_probed() -> None:
-        _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
-
-    phases = [
-        DeployPhase("stage model", stage_models, stopped="nothing restarted: the deploy stopped after staging"),
-        DeployPhase("reboot (--reboot)", rebooting),
-        DeployPhase("units once probed", units_once_probed),
-        DeployPhase("preflight", preflight, stopped="nothing restarted: the deploy stopped after preflight refusals"),
-    ]
-    for phase in phases:
-        phase.run()
-        if budget.over():
-            if phase.stopped is not None:
-                budget.stop_others(phase.stopped)
-            return finish(budget.message())
-    states, quiet = ready.states, ready.quiet
-    busy = [n for n in ready.busy if results[n].status not in FAILED]
-    serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
-    for name in [*quiet, *serving]:
-        if not _to_roll(name, states, staged):
-            _check_serving(loaded, plans, results, name, health_timeout, step)
-    balancer_results.extend(_balancers(loaded, plans, progress, step))
-    _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
-    rolling = [n for n in serving if _to_roll(n, states, staged)]
-    error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
-    _converged(loaded, plans, results, [n for n in busy if results[n].status not in (*FAILED, "stopped")], staged)
-    return finish(error)
 
 
 @dataclass
@@ -573,6 +642,7 @@ def _converged(
     results: dict[str, HostResult],
     names: list[str],
     staged: Mapping[str, host_deploy.Staged],
+    run_fact: RunFact = run_fact_on_hosts,
 ) -> None:
     """Read again, on each host this run started or rolled instances on, what every instance runs
     and has in place; a host with an instance not on the inventory's release and configuration
@@ -592,7 +662,7 @@ def _converged(
             )
         }  # fmt: skip
 
-    answers = run_fact_on_hosts([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
+    answers = run_fact([_target(loaded, n) for n in names], InstanceRevisionsAsRoot, args_for=instances)
     for name, answer in answers.items():
         r = results[name]
         if isinstance(answer, HostUnreachable):
@@ -683,7 +753,7 @@ def _units_once_probed(
             return
         for h in ready:
             step(h.name, "installing units")
-        _add_deploy(state, host_deploy.vllm_units, ready)
+        _add_deploy(state, host_deploy.vllm_units, ready, _parts(fresh, probed.plans, [h.name for h in ready]))
         try:
             run_ops(state)
         except PyinfraError as exc:
@@ -742,7 +812,17 @@ def _target(loaded: LoadedInventory, name: str) -> SshTarget:
 
 
 def _paths() -> HostPaths:
-    return HostPaths(venv=f"{vllm_ops.DEFAULT_ROOT}/current")
+    return host_deploy.PATHS
+
+
+def _parts(
+    loaded: LoadedInventory, plans: Mapping[str, HostPlan], names: list[str], waiting: Mapping[str, str] | None = None
+) -> dict[str, HostPart]:
+    """Each host's part of the plan, for its operations (``fleet.render.part``): from the plan this
+    run made for it, or without one while its GPUs are not known (``waiting`` says why)."""
+    return {
+        n: host_part(loaded.host(n), plans.get(n), _paths(), (waiting or {}).get(n, "")) for n in names
+    }  # fmt: skip
 
 
 def _ready(results: dict[str, HostResult]) -> list[str]:
@@ -859,6 +939,7 @@ def _preflight(
     progress: Progress,
     step: Step,
     staged: Mapping[str, host_deploy.Staged],
+    run_fact: RunFact = run_fact_on_hosts,
 ) -> None:
     """Refuse, per host, what would not start; a refused host is neither started nor restarted.
 
@@ -871,7 +952,7 @@ def _preflight(
     for name in ready:
         step(name, "preflight")
     venvs = {n: _venv(staged.get(n)) for n in ready}
-    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths(), venvs)
+    answers = run_preflight({n: _target(loaded, n) for n in ready}, plans, _paths(), venvs, run_fact)
     for name, refusals in answers.items():
         if refusals:
             results[name].status = "refused"
@@ -892,7 +973,7 @@ def _endpoints_of(loaded: LoadedInventory, plans: dict[str, HostPlan], name: str
 
 
 def _api_key(loaded: LoadedInventory, name: str) -> str | None:
-    return host_deploy.api_key(name, loaded.pyinfra.get_host(name).data.dict())  # type: ignore[no-untyped-call]
+    return api_key(loaded.host(name))
 
 
 def _start(
@@ -920,7 +1001,7 @@ def _start(
         for name in ready:
             step(name, "starting units")
         conn = sshwatch.connect(state)
-        _add_deploy(state, host_deploy.vllm_start, hosts)
+        _add_deploy(state, host_deploy.vllm_start, hosts, _parts(fresh, plans, ready))
         run_ops(state)
         for h in hosts:
             names = _op_names(state, h, will=False)

@@ -16,7 +16,7 @@ rules for text values that land in unit files, command lines and paths are here 
 * ``bind_address``: an IPv4 or IPv6 address (``ipaddress``); ``pip_index_url``: ``http``/``https``
   with a host and no credentials.
 
-The deploy's keys (``fleet.operations.host`` reads them through ``HostSpec``):
+The deploy's keys (``fleet.render.part`` reads them through ``HostSpec``):
 
 * ``nvidia_apt_url``: the mirror root of NVIDIA's apt repository, ``http``/``https`` with a host
   and no credentials, or ``file:///path``; ``nvidia_apt_keyring``: the path of that repository's

@@ -23,9 +23,9 @@ from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
-from fleet.operations import host as host_deploy
 from fleet.operations.vllm import DEFAULT_ROOT
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning
+from fleet.render.part import api_key
 from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.executor import ExecutorError
@@ -139,7 +139,7 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
         datas[spec.name] = data
         try:
             ssh[spec.name] = SshTarget.from_data(spec.name, data)
-            keys[spec.name] = host_deploy.api_key(spec.name, data)  # as ``fleet deploy`` renders it
+            keys[spec.name] = api_key(spec)  # as ``fleet deploy`` renders it
         except FleetError as exc:
             problems.append(str(exc))
     if problems:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +22,8 @@ from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe, carried_pynvml
 from fleet.facts.runner import SshTarget, run_fact_on_hosts
 from fleet.inventory.spec import load_inventory
-from fleet.operations.host import host_plan
+from fleet.plan.planner import HostPlan
+from fleet.render import part as host_part
 from fleet.rollout.fleet_inventory import load_fleet
 from fleetlab import lab as lab_ops
 
@@ -56,6 +57,11 @@ def probed_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabFleet]:
         yield lab
     finally:
         lab_ops.down(opts.name, opts.state_root)
+
+
+def host_plan(name: str, data: Mapping[str, object], facts: HostFacts) -> HostPlan:
+    """The host's plan from its data and probe, as the deploy makes it (``fleet.render.part``)."""
+    return host_part.host_plan(host_part.spec_of(name, data), facts)
 
 
 def inventory(lab: LabFleet, name: str, gpu: dict[str, object] | None) -> Path:

@@ -415,24 +415,18 @@ def unit_pids(lab: LabFleet) -> dict[tuple[int, str], str]:
 
 def planned_argv(lab: LabFleet) -> dict[str, list[list[str]]]:
     from fleet.inventory.spec import load_inventory
-    from fleet.operations.host import host_plan
+    from fleet.render.part import host_plan
 
     loaded = load_inventory(str(lab.opts.inventory))
-    return {
-        s.name: [i.argv for i in host_plan(s.name, loaded.pyinfra.get_host(s.name).data.dict()).instances]
-        for s in loaded.hosts
-    }
+    return {s.name: [i.argv for i in host_plan(s).instances] for s in loaded.hosts}
 
 
 def planned_ports(lab: LabFleet) -> dict[str, list[int]]:
     from fleet.inventory.spec import load_inventory
-    from fleet.operations.host import host_plan
+    from fleet.render.part import host_plan
 
     loaded = load_inventory(str(lab.opts.inventory))
-    return {
-        s.name: [i.port for i in host_plan(s.name, loaded.pyinfra.get_host(s.name).data.dict()).instances]
-        for s in loaded.hosts
-    }
+    return {s.name: [i.port for i in host_plan(s).instances] for s in loaded.hosts}
 
 
 def test_three_bare_hosts_to_serving_with_their_computed_flags(fleet3: LabFleet) -> None:

@@ -12,9 +12,9 @@ import pytest
 
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
-from fleet.operations import host as host_deploy
 from fleet.plan.gpu_source import GpuMismatch, GpusNotKnownYet
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning, outcome_data, plan_file
+from fleet.render import part
 from fleet.rollout.fleet_inventory import load_fleet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,9 +68,9 @@ def test_a_probe_that_contradicts_the_declaration_is_shown_by_plan_and_refused_b
     deploying = build_fleet_plan(loaded, probes, deploy=True)
     assert deploying.host("h1").plan is None and isinstance(deploying.host("h1").refusal, GpuMismatch)
     assert [i.host for i in deploying.instances()] == ["h2", "h2"]
-    # the same refusal, word for word, as the deploy's per-host plan (operations.host.host_plan)
+    # the same refusal, word for word, as the deploy's per-host plan (fleet.render.part.host_plan)
     with pytest.raises(GpuMismatch) as exc:
-        host_deploy.host_plan("h1", loaded.pyinfra.get_host("h1").data.dict(), probes["h1"])  # type: ignore[no-untyped-call]
+        part.host_plan(part.spec_of("h1", loaded.pyinfra.get_host("h1").data.dict()), probes["h1"])  # type: ignore[no-untyped-call]
     assert deploying.refusals() == [str(exc.value)]
 
 

@@ -14,8 +14,8 @@ from fleet.facts.hostfacts import HostFacts, parse_probe
 from fleet.facts.nvml import NvmlProbe
 from fleet.gpus import GiB
 from fleet.inventory.spec import HostSpec, host_spec
-from fleet.operations import host as host_deploy
 from fleet.plan.gpu_source import GpuMismatch, GpusNotKnownYet, gpu_source, mismatches
+from fleet.render import part
 from fleet.topology import host_gpus
 from fleetlab.inventory_writer import declared_gpus
 
@@ -53,7 +53,7 @@ def test_a_real_driver_answer_plans_the_host_without_an_inventory_entry(fixture:
     assert source.origin == "probe" and source.gpus is not None
     assert [g.name for g in source.gpus.gpus] == [name]
     assert source.gpus.gpus[0].memory_total / GiB == pytest.approx(gib, abs=0.1)
-    plan = host_deploy.host_plan("gpu-3", BASE, facts(fixture))
+    plan = part.host_plan(part.spec_of("gpu-3", BASE), facts(fixture))
     assert plan.gpus_source == "probe" and len(plan.instances) == 1
     # the reserve the driver really reported is what the plan uses (not the catalogue's)
     assert plan.instances[0].memory.reserve_source == "probe"
@@ -131,7 +131,7 @@ def test_a_disagreeing_inventory_entry_refuses_the_host_naming_both_sides(
     assert text.startswith("host gpu-3: the inventory's gpu entry does not match the host's GPUs: ")
     assert "Fix the host's gpu entry, or remove it to plan from the probe" in text
     with pytest.raises(GpuMismatch):  # the deploy's planning function refuses the same way
-        host_deploy.host_plan("gpu-3", {**BASE, "gpu": gpu}, facts(fixture))
+        part.host_plan(part.spec_of("gpu-3", {**BASE, "gpu": gpu}), facts(fixture))
 
 
 def test_every_lab_profile_declares_what_its_simulated_nvml_answers() -> None:
@@ -161,7 +161,7 @@ def test_no_driver_yet_plans_from_the_inventory_entry_or_waits(fixture: str) -> 
     waiting = gpu_source(spec(), facts(fixture))
     assert waiting.waiting and waiting.origin == "none"
     with pytest.raises(GpusNotKnownYet, match=r"host gpu-3: its units wait for NVML to answer \(NVML probe: "):
-        host_deploy.host_plan("gpu-3", BASE, facts(fixture))
+        part.host_plan(part.spec_of("gpu-3", BASE), facts(fixture))
 
 
 def test_no_nvidia_ml_py_before_the_release_venv_exists_waits() -> None:
@@ -188,9 +188,9 @@ def test_not_probed_is_planning_offline_as_before() -> None:
     assert gpu_source(spec({"sku": "a10-24gb", "count": 1}), None).origin == "inventory"
     with pytest.raises(PlanError, match="no GPU facts"):
         gpu_source(spec(), None)
-    assert host_deploy.host_plan("gpu-3", {**BASE, "gpu": {"sku": "a10-24gb", "count": 1}}).gpus_source.startswith(
-        "catalogue:"
-    )
+    assert part.host_plan(
+        part.spec_of("gpu-3", {**BASE, "gpu": {"sku": "a10-24gb", "count": 1}})
+    ).gpus_source.startswith("catalogue:")
 
 
 # ---- memory our own units hold ----------------------------------------------------------------------
@@ -206,14 +206,14 @@ def _with_process(unit: str, used: int | None) -> HostFacts:
 
 
 def _argvs(probed: HostFacts) -> list[list[str]]:
-    return [i.argv for i in host_deploy.host_plan("gpu-3", BASE, probed).instances]
+    return [i.argv for i in part.host_plan(part.spec_of("gpu-3", BASE), probed).instances]
 
 
 def test_memory_our_units_hold_counts_as_free_so_a_serving_host_plans_the_same() -> None:
     idle = _argvs(facts("a100-sxm-8"))
     assert _argvs(_with_process("fleet-vllm-0.service", 70 * GiB)) == idle
     assert _argvs(_with_process("fleet-vllm-0.service", None)) == idle  # NVML did not say how much
-    foreign = host_deploy.host_plan("gpu-3", BASE, _with_process("session-4.scope", 70 * GiB))
+    foreign = part.host_plan(part.spec_of("gpu-3", BASE), _with_process("session-4.scope", 70 * GiB))
     assert [i.argv for i in foreign.instances] != idle  # someone else's memory lowers the utilization
     assert all(i.memory.utilization < 0.5 for i in foreign.instances)
 
