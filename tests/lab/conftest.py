@@ -14,6 +14,7 @@ Without root or the lab's tools the tests skip with the reason; with ``FLEET_LAB
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -26,17 +27,39 @@ from fleetlab.ports import _listeners
 from fleetlab.prereqs import check_prereqs, describe_missing
 from fleetlab.state import LabDir, LabState
 
+#: Octets this process holds (an open file with an exclusive ``flock`` on it, released by the kernel
+#: when the process ends, however it ends).
+_HELD_OCTETS: dict[int, int] = {}
+OCTET_LOCKS = Path(os.environ.get("FLEET_LAB_OCTET_LOCKS", "/run/lock"))
+
+
+def _hold_octet(octet: int) -> bool:
+    """Whether this process holds ``octet`` now (taking it if no other process does)."""
+    if octet in _HELD_OCTETS:
+        return True
+    fd = os.open(OCTET_LOCKS / f"fleet-test-octet-{octet}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _HELD_OCTETS[octet] = fd
+    return True
+
 
 def free_octet(start: int, avoid: frozenset[int] = frozenset()) -> int:
-    """An address octet (100-249) with nothing listening on 127.0.<octet>.* now.
+    """An address octet (100-249) with nothing listening on 127.0.<octet>.* now, held by this process.
 
-    Test sessions may run side by side (several engineers, CI jobs), each with its own lab, so
-    the octet is picked per session from the pid, skipping octets in use.
+    Test sessions run side by side (pytest-xdist's workers, several engineers, CI jobs), each with
+    its own labs, so the octet is picked from the pid, skipping octets in use and octets another
+    process holds: a lab's addresses listen only once its hosts boot, so listening alone cannot
+    tell two sessions that pick at the same moment apart. This process keeps what it took until
+    it ends (its own labs, one after another, may reuse an octet).
     """
     busy = {int(a.split(".")[2]) for a, _p in _listeners() if a.startswith("127.0.")}
     for i in range(150):
         octet = 100 + (start + i) % 150
-        if octet not in busy and octet not in avoid:
+        if octet not in busy and octet not in avoid and _hold_octet(octet):
             return octet
     raise RuntimeError("no free 127.0.x.0/24 for a test lab")
 

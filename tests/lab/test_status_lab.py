@@ -148,15 +148,27 @@ def test_the_screen_at_80_columns_and_wide_at_200(served: LabFleet, tmp_path: Pa
 
 
 def test_watch_refreshes_with_the_ssh_side_until_ctrl_c(served: LabFleet) -> None:
-    env = {**os.environ, "COLUMNS": "250"}
+    import threading
+
+    env = {**os.environ, "COLUMNS": "250", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [str(FLEET), "status", str(served.opts.inventory), "--watch", "--wide", "--interval", "1"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: proc.stdout.read(256), "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
-        time.sleep(6)  # the first view and a few refreshes
+        # the first view and at least one refresh (however long a busy machine makes them), then Ctrl-C
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and "Ctrl-C to stop" not in "".join(chunks) and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.5)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        reader.join(10)
+        out, err = "".join(chunks), proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
