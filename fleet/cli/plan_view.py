@@ -28,6 +28,9 @@ def memory_table(instance: Instance) -> Table:
     table.add_row("= CUDA total", _gib(m.gpu_total))
     table.add_row(f"× utilization {m.utilization:.2f} (rounded up)", _gib(m.budget))
     table.add_row("− weights / GPU", _gib(m.weights))
+    if m.draft is not None:
+        table.add_row("  of which the speculative draft", _gib(m.draft.weights))
+        table.add_row("draft KV bytes / block / GPU", f"{m.draft.kv_bytes_per_block:,}")
     table.add_row("− non-torch (CUDA, NCCL)", _gib(m.non_torch))
     table.add_row("− activation peak (est.)", _gib(m.activation_peak))
     table.add_row("− CUDA graphs (est.)", _gib(m.cuda_graphs))

@@ -36,7 +36,14 @@ The serving settings fleet has no key of its own for (issue 23):
   JSON flag (``--compilation-config``). Here only its shape is checked (long flag names, at most
   64 flags, printable one-line text, finite numbers); ``fleet.plan.extra_args`` checks it against
   the pinned vLLM's argument surface when the inventory is loaded to plan;
-* ``serving_preset``: ``throughput``, ``latency`` or ``long_context`` (``fleet.plan.presets``).
+* ``serving_preset``: ``throughput``, ``latency`` or ``long_context`` (``fleet.plan.presets``);
+* ``speculative``: speculative decoding (``fleet.plan.speculative``), the fields of vLLM 0.33's
+  ``SpeculativeConfig`` (``vllm/config/speculative.py``) fleet plans: ``method`` (``ngram``,
+  ``draft_model``, ``eagle``, ``eagle3``, ``mtp``), ``model`` (the draft or EAGLE head: required
+  for ``draft_model``/``eagle``/``eagle3``, refused for ``ngram``/``mtp``, which need none),
+  ``model_config`` (a path to the draft's ``config.json`` or its directory), ``num_speculative_tokens``
+  (1 to 16: vLLM asks only ``> 0``; fleet's bound, as acceptance decays with each further token),
+  ``prompt_lookup_min``/``prompt_lookup_max`` (``ngram`` only; min <= max, as vLLM checks).
 
 The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
 
@@ -426,6 +433,11 @@ ExtraValue = (
     | dict[str, JsonValue]
 )
 PRESETS: tuple[str, ...] = ("throughput", "latency", "long_context")
+#: ``speculative.method``: vLLM 0.33's ``SpeculativeMethod`` names fleet plans the memory of.
+SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+#: methods that read a second checkpoint (``speculative.model``)
+SPECULATIVE_WITH_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagle3")
+MAX_SPECULATIVE_TOKENS = 16
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -464,6 +476,36 @@ class DirSourceData(BaseModel):
 
     kind: Literal["dir"]
     path: SourceDir
+
+
+class SpeculativeData(BaseModel):
+    """``speculative``: speculative decoding, as vLLM 0.33's ``SpeculativeConfig`` takes it."""
+
+    model_config = ConfigDict(
+        strict=True, extra="forbid", frozen=True, hide_input_in_errors=True, protected_namespaces=()
+    )
+
+    method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=MAX_SPECULATIVE_TOKENS)]
+    model: ModelId | None = None
+    model_config_: PathText | None = Field(default=None, alias="model_config")
+    prompt_lookup_min: Annotated[int, Field(ge=1, le=64)] | None = None
+    prompt_lookup_max: Annotated[int, Field(ge=1, le=64)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeData:
+        if self.method in SPECULATIVE_WITH_MODEL and self.model is None:
+            raise ValueError(f"method {self.method!r} needs model: the draft model or EAGLE head (org/name or a path)")
+        if self.method not in SPECULATIVE_WITH_MODEL and (self.model is not None or self.model_config_ is not None):
+            what = "n-gram lookup in the prompt" if self.method == "ngram" else "the target's own MTP layers"
+            raise ValueError(f"method {self.method!r} uses {what}, no second model: remove model and model_config")
+        lookup = self.prompt_lookup_min is not None or self.prompt_lookup_max is not None
+        if lookup and self.method != "ngram":
+            raise ValueError("prompt_lookup_min/prompt_lookup_max are read by method 'ngram' only: remove them")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"prompt_lookup_min {low} must be <= prompt_lookup_max {high} (vLLM refuses it)")
+        return self
 
 
 class WorkloadData(BaseModel):
@@ -570,6 +612,7 @@ class HostData(BaseModel):
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
     vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
     serving_preset: Literal["throughput", "latency", "long_context"] | None = None
+    speculative: SpeculativeData | None = None
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
@@ -614,6 +657,7 @@ WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
+SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -634,6 +678,10 @@ FIELD_HELP: dict[str, str] = {
     "vllm_extra_args": "a mapping of `vllm serve` flag to value, e.g. {'--enforce-eager': True, "
     "'--max-num-queued-reqs': 512, '--compilation-config': {'mode': 3}}",
     "serving_preset": "one of throughput, latency, long_context (or leave it out for vLLM's defaults)",
+    "speculative": "{method: ngram|draft_model|eagle|eagle3|mtp, num_speculative_tokens: 1..16, model?, "
+    "model_config?, prompt_lookup_min?, prompt_lookup_max?}",
+    "speculative.method": "one of " + ", ".join(SPECULATIVE_METHODS),
+    "speculative.num_speculative_tokens": f"a whole number from 1 to {MAX_SPECULATIVE_TOKENS}",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
     "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
     "backend?, timeout_s?}",

@@ -47,6 +47,7 @@ from fleet.inventory.schema import (
     KNOWN_KEYS,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
+    SPECULATIVE_KEYS,
     USER_PREFIX,
     WORKLOAD_KEYS,
     BalancerData,
@@ -180,6 +181,36 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class SpeculativeSpec:
+    """``speculative``: speculative decoding (``fleet.plan.speculative`` plans its memory).
+
+    The fields are vLLM 0.33's ``SpeculativeConfig`` names (``vllm/config/speculative.py``)."""
+
+    method: str  #: ngram, draft_model, eagle, eagle3, mtp
+    num_speculative_tokens: int
+    model: str | None = None  #: the draft model or EAGLE head (None for ngram and mtp)
+    #: where the planner reads the draft's config.json (None: found like the host's ``model``)
+    model_config: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def config(self) -> dict[str, str | int]:
+        """The ``--speculative-config`` object: the fields given, in vLLM's names."""
+        out: dict[str, str | int] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.model is not None:
+            out["model"] = self.model
+        if self.prompt_lookup_min is not None:
+            out["prompt_lookup_min"] = self.prompt_lookup_min
+        if self.prompt_lookup_max is not None:
+            out["prompt_lookup_max"] = self.prompt_lookup_max
+        return out
+
+    def config_json(self) -> str:
+        """The flag's value: compact JSON, keys sorted (one argv token; the unit file escapes it)."""
+        return json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """Everything fleet needs to know about one host from the inventory."""
 
@@ -214,6 +245,7 @@ class HostSpec:
     #: ``vllm_extra_args`` in the inventory's order: (flag as written, value); ``fleet.plan.extra_args``
     vllm_extra_args: tuple[tuple[str, ExtraArgValue], ...] = ()
     serving_preset: str | None = None  #: ``fleet.plan.presets``; None: vLLM's defaults
+    speculative: SpeculativeSpec | None = None  #: ``fleet.plan.speculative``; None: no speculative decoding
     releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
@@ -438,7 +470,16 @@ def _value_loc(loc: tuple[Any, ...], fld: str) -> tuple[Any, ...]:
 def _field_name(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith(("function-", "constrained-")))]
     # pydantic names the member of a union it tried (``int``, ``bool``...): keep the field only
-    known = (FLEET_KEYS, WORKLOAD_KEYS, GPU_KEYS, BALANCER_KEYS, LAB_KEYS, SOURCE_KEYS, PYINFRA_KEYS_READ)
+    known = (
+        FLEET_KEYS,
+        WORKLOAD_KEYS,
+        GPU_KEYS,
+        BALANCER_KEYS,
+        LAB_KEYS,
+        SOURCE_KEYS,
+        SPECULATIVE_KEYS,
+        PYINFRA_KEYS_READ,
+    )
     names = [p for p in parts if any(p in keys for keys in known)]
     return ".".join(names) or ".".join(parts)
 
@@ -604,6 +645,9 @@ def host_spec(
         for key in ("master_port", "pipeline_parallel_size"):
             if (value := getattr(valid, key)) is not None:
                 h.problem(key, value, f"only read for multi-node instances: set multi_node: true (or remove {key})")
+    if valid is not None and valid.multi_node and valid.speculative is not None:
+        h.problem("speculative", valid.speculative.method, "not planned for instances spanning hosts (multi_node): "
+                  "remove speculative, or serve the model on one host")  # fmt: skip
     if valid is not None and (bad := model_source_problem(valid)) is not None:
         h.problem(*bad)
     if h.problems or valid is None:
@@ -642,6 +686,7 @@ def host_spec(
         vllm_extras=tuple(valid.vllm_extras),
         vllm_extra_args=tuple((k, _extra_value(v)) for k, v in valid.vllm_extra_args.items()),
         serving_preset=valid.serving_preset,
+        speculative=_speculative_spec(valid),
         releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
@@ -651,6 +696,19 @@ def host_spec(
         master_port=valid.master_port if valid.master_port is not None else DEFAULT_MASTER_PORT,
         pipeline_parallel_size=valid.pipeline_parallel_size,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
+    )
+
+
+def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
+    """``speculative`` as the planner reads it; a draft named by id is read from ``model_source`` too."""
+    sp = valid.speculative
+    if sp is None:
+        return None
+    config = sp.model_config_
+    if config is None and sp.model is not None and valid.model_source is not None and not sp.model.startswith("/"):
+        config = source_model_dir(valid.model_source.path, sp.model)
+    return SpeculativeSpec(
+        sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
     )
 
 

@@ -101,6 +101,10 @@ class ModelArch:
     tower_parameters: int = 0
     #: ``model.safetensors.index.json`` ``metadata.total_size``: the checkpoint's weight bytes
     checkpoint_bytes: int | None = None
+    #: ``num_nextn_predict_layers``: the multi-token-prediction layers vLLM's ``mtp`` method drafts with
+    mtp_layers: int = 0
+    #: ``architectures`` of config.json (an EAGLE head names itself there, e.g. ``LlamaForCausalLMEagle3``)
+    architectures: tuple[str, ...] = ()
 
     @property
     def is_mla(self) -> bool:
@@ -386,6 +390,8 @@ def parse_config(
         max_len=max_len,
         tower_parameters=tower_parameters(top, hidden),
         checkpoint_bytes=checkpoint_bytes,
+        mtp_layers=text.integer("num_nextn_predict_layers", 0, (0, 64)),
+        architectures=tuple(a for a in (top.items("architectures") or ()) if isinstance(a, str)),
     )
 
 

@@ -58,6 +58,10 @@ PLANNED: dict[str, str] = {
     "shutdown_timeout": "shutdown_timeout",
     "max_num_seqs": "serving_preset (throughput, latency, long_context)",
     "max_num_batched_tokens": "serving_preset (throughput, latency, long_context)",
+    "speculative_config": "speculative (fleet plans the draft's weights and KV cache from it)",
+    "spec_method": "speculative.method",
+    "spec_model": "speculative.model",
+    "spec_tokens": "speculative.num_speculative_tokens",
     "api_key": "api_key_ref (the key reaches the host in a root-only environment file, never in argv)",
 }
 
@@ -80,11 +84,6 @@ REFUSED: dict[str, str] = {
     "headless": "fleet's gates need each instance's API server",
     "uds": "fleet's gates and balancers reach instances on their port",
     "device_ids": "fleet picks each instance's GPUs (CUDA_VISIBLE_DEVICES)",
-    "speculative_config": "speculative decoding is not planned by fleet yet: the draft's weights and KV would be "
-    "missing from the memory plan",
-    "spec_method": "speculative decoding is not planned by fleet yet",
-    "spec_model": "speculative decoding is not planned by fleet yet",
-    "spec_tokens": "speculative decoding is not planned by fleet yet",
     "enable_lora": "LoRA adapters are not planned by fleet yet: their GPU memory would be missing from the plan",
     "lora_modules": "LoRA adapters are not planned by fleet yet",
     "max_loras": "LoRA adapters are not planned by fleet yet",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet.errors import FleetError, ModelConfigError, PlanError, PlanProblem
+from fleet.errors import FleetError, InventoryError, ModelConfigError, PlanError, PlanProblem
 from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.multinode import pools
@@ -33,6 +33,8 @@ from fleet.plan.gpu_source import (
 )
 from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
 from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
+from fleet.plan.speculative import draft_key
+from fleet.plan.speculative import field_problem as speculative_field_problem
 
 if TYPE_CHECKING:
     from fleet.facts.hostfacts import HostFacts
@@ -168,6 +170,19 @@ def _plan_all(
             model = models[key]
             if isinstance(model, ModelConfigError):
                 raise model
+            draft: ModelArch | None = None
+            if (dkey := draft_key(spec)) is not None:
+                if dkey not in models:
+                    try:
+                        models[dkey] = model_loader(*dkey)
+                    except ModelConfigError as exc:
+                        models[dkey] = exc
+                loaded = models[dkey]
+                if isinstance(loaded, ModelConfigError):
+                    raise loaded
+                draft = loaded
+            if (bad := speculative_field_problem(spec, model, draft)) is not None:
+                raise InventoryError([bad])
             gpus = gpus_of(spec)
             memo: object = (planning_inputs(spec), gpus, key)
             try:
@@ -176,7 +191,7 @@ def _plan_all(
                 memo, cached = None, None
             if cached is None:
                 try:
-                    cached = (plan_host(spec, gpus, model), None)
+                    cached = (plan_host(spec, gpus, model, draft=draft), None)
                 except PlanError as exc:
                     cached = (None, exc.problem)
                 if memo is not None:
@@ -187,6 +202,12 @@ def _plan_all(
         except PlanError as exc:
             outcomes.append(HostOutcome(spec, None, exc.problem, gpus=decision, refusal=exc))
         except ModelConfigError as exc:
+            outcomes.append(
+                HostOutcome(
+                    spec, None, PlanProblem(spec.name, str(exc)), invalid_input=True, gpus=decision, refusal=exc
+                )
+            )
+        except InventoryError as exc:  # speculative that does not go with the model: input, like the inventory
             outcomes.append(
                 HostOutcome(
                     spec, None, PlanProblem(spec.name, str(exc)), invalid_input=True, gpus=decision, refusal=exc
@@ -445,6 +466,9 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "workload_concurrency": m.workload_concurrency,
         },
     }
+    if m.draft is not None:  # speculative decoding (absent otherwise)
+        data["memory"]["draft_weights_per_gpu_gib"] = _gib(m.draft.weights)
+        data["memory"]["draft_kv_bytes_per_block"] = m.draft.kv_bytes_per_block
     if (node := instance.node) is not None:  # a node of an instance spanning hosts (absent otherwise)
         data["node"] = {
             "rank": node.rank,

@@ -45,6 +45,8 @@ from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
 from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout, LayerKind, kv_layout
 from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
 from fleet.plan.presets import Batch, preset_batch
+from fleet.plan.speculative import DraftCost, draft_cost, verdict
+from fleet.plan.speculative import problem as speculative_problem
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
 
 DEFAULT_UTILIZATION = 0.90
@@ -112,6 +114,7 @@ class MemoryMath:
     in_flight_tokens: int = 0
     #: how many KV tokens the estimated terms could move this plan, either way
     kv_tokens_uncertainty: int = 0
+    draft: DraftCost | None = None  #: the speculative draft's share (``fleet.plan.speculative``); in ``weights``
 
     @property
     def max_concurrency(self) -> float:
@@ -374,6 +377,7 @@ def memory_math(
     batch: tuple[int, int],
     kv_tokens_per_request: int,
     stage: tuple[LayerKind, ...] | None = None,
+    draft: DraftCost | None = None,
 ) -> MemoryMath:
     """The per-GPU arithmetic vLLM does at start, with our estimates.
 
@@ -383,9 +387,13 @@ def memory_math(
     ``stage``: the attention kinds of the layers one pipeline stage holds (multi-node instances:
     ``weights_total`` is then that stage's weights, and its GPUs hold only those layers' KV cache);
     None: the whole model.
+
+    ``draft``: a speculative draft's weights (added to ``weights``) and KV pages: every block holds
+    the draft's layers' pages too, so the target's layers get ``num_blocks × their bytes per block``
+    of the KV budget (``UniformTypeKVCacheSpecs``; ``fleet.plan.speculative``).
     """
     budget = math.ceil(gpu.cuda_total * utilization)
-    weights = -(-weights_total // tp)
+    weights = -(-weights_total // tp) + (draft.weights if draft is not None else 0)
     non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 or stage is not None else 0)
     activations = activation_peak(arch, tp, *batch)
     kv_budget = budget - weights - non_torch - activations - CUDA_GRAPH_BYTES
@@ -397,7 +405,15 @@ def memory_math(
         layout = kv_layout(stage, page, arch.sliding_window, arch.attention_chunk_size)
         per_token = len(stage) * page // BLOCK_SIZE
     in_flight = ASYNC_BATCHES * batch[0]
-    kv_tokens = layout.tokens(kv_budget, max_model_len, in_flight)
+    extra = draft.kv_bytes_per_block if draft is not None else 0
+
+    def target_share(available: int) -> int:
+        """The bytes of ``available`` the target's layers get once each block holds the draft's pages too."""
+        if not extra or available <= 0:
+            return available
+        return available // (layout.bytes_per_block + extra) * layout.bytes_per_block
+
+    kv_tokens = layout.tokens(target_share(kv_budget), max_model_len, in_flight)
     partial = MemoryMath(
         gpu_total=gpu.cuda_total,
         utilization=utilization,
@@ -415,11 +431,12 @@ def memory_math(
         reserved=gpu.reserved,
         reserve_source=gpu.reserve_source,
         kv_layout=layout,
-        kv_blocks=layout.num_blocks(kv_budget),
-        one_request_fits=layout.fits_one_request(kv_budget, max_model_len, in_flight),
+        kv_blocks=layout.num_blocks(target_share(kv_budget)),
+        one_request_fits=layout.fits_one_request(target_share(kv_budget), max_model_len, in_flight),
         in_flight_tokens=in_flight,
+        draft=draft,
     )
-    low = layout.tokens(kv_budget - partial.estimate_bounds, max_model_len, in_flight)
+    low = layout.tokens(target_share(kv_budget - partial.estimate_bounds), max_model_len, in_flight)
     return dataclasses.replace(partial, kv_tokens_uncertainty=max(0, kv_tokens - low))
 
 
@@ -505,9 +522,18 @@ class _Layout:
 
 
 def _layout(
-    spec: HostSpec, gpus: HostGpus, arch: ModelArch, tp: int, weights: int, max_len: int, pcie_tp: bool
+    spec: HostSpec,
+    gpus: HostGpus,
+    arch: ModelArch,
+    tp: int,
+    weights: int,
+    max_len: int,
+    pcie_tp: bool,
+    draft: ModelArch | None = None,
 ) -> _Layout:
     groups = tuple(gpu_groups(gpus, tp, pcie_tp))
+    sp = spec.speculative
+    cost = draft_cost(sp, arch, draft, tp, kv_dtype_bytes(spec, arch)) if sp is not None else None
     utils = tuple(utilization_for(spec, gpus, g) for g in groups)
     per_request = min(max_len, spec.workload.kv_tokens_per_request)
 
@@ -523,6 +549,7 @@ def _layout(
                 kv_dtype_bytes(spec, arch),
                 batch,
                 per_request,
+                draft=cost,
             )
             for g, u in zip(groups, utils, strict=True)
         )
@@ -576,11 +603,14 @@ def choose_layout(layouts: list[_Layout], target: int) -> tuple[_Layout | None, 
 # -- the plan ------------------------------------------------------------------------------------
 
 
-def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = True) -> HostPlan:
+def plan_host(
+    spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = True, draft: ModelArch | None = None
+) -> HostPlan:
     """The serving plan for one host, or ``PlanError`` with the numbers and the ways out.
 
     Every way out offered is planned first and offered with the numbers it gives
     (``ways_out=False`` is that inner re-plan: it skips looking for ways out of its own).
+    ``draft``: the architecture of ``spec.speculative.model`` (``fleet.plan.speculative.load_draft``).
     """
     if spec.vllm_version not in known_versions():
         raise PlanError(
@@ -592,6 +622,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
         )
     if not gpus.gpus:
         raise PlanError(PlanProblem(spec.name, "the host has no GPUs", ways_out=["check the driver (fleet audit)"]))
+    _check_speculative(spec, arch, draft)
     precision = resolve_precision(spec, arch)
     weights = weight_bytes(arch, precision)
     counted = (
@@ -619,13 +650,14 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
     pcie_only = all(len(i) == 1 for i in gpus.islands) and len(gpus.usable) > 1
     pcie_tp = pcie_only and spec.allow_pcie_tensor_parallel
     if spec.tensor_parallel_size is not None:
-        _check_pinned_tp(spec, gpus, arch, pcie_tp, ways_out)
+        _check_pinned_tp(spec, gpus, arch, pcie_tp, ways_out, draft)
     layouts = [
-        _layout(spec, gpus, arch, tp, weights, max_len, pcie_tp) for tp in candidate_tps(arch, gpus, spec, pcie_tp)
+        _layout(spec, gpus, arch, tp, weights, max_len, pcie_tp, draft)
+        for tp in candidate_tps(arch, gpus, spec, pcie_tp)
     ]
     chosen, met = choose_layout(layouts, spec.workload.target_concurrency)
     if chosen is None:
-        raise PlanError(_no_fit(spec, gpus, arch, precision, weights, max_len, layouts, pcie_only, ways_out))
+        raise PlanError(_no_fit(spec, gpus, arch, precision, weights, max_len, layouts, pcie_only, ways_out, draft))
     if not met:
         warnings.append(
             f"target concurrency {spec.workload.target_concurrency} not met: at most {chosen.concurrency} "
@@ -644,6 +676,18 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
             )
     notes += _defaults_notes(spec, arch)
     notes += _kv_notes(arch, chosen.memory[0])
+    speculative_flag: tuple[Flag, ...] = ()
+    if spec.speculative is not None:
+        share = -(-spec.workload.target_concurrency // max(1, len(chosen.groups)))
+        loss, why = verdict(spec.speculative, share)
+        cost = chosen.memory[0].draft
+        assert cost is not None
+        notes.append(f"speculative decoding ({spec.speculative.method}): {cost.reason}")
+        if loss:
+            warnings.append(why)
+        speculative_flag = (
+            Flag("--speculative-config", spec.speculative.config_json(), f"inventory speculative: {why}"),
+        )
     used = {i for g in chosen.groups for i in g}
     idle = tuple(i for i in sorted(gpus.usable) if i not in used)
     if idle:
@@ -655,7 +699,7 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
         _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util, chosen.batch)
         for k, (group, mem, util) in enumerate(zip(chosen.groups, chosen.memory, chosen.utilization, strict=True))
     )
-    extra = _extra_flags(spec)
+    extra = speculative_flag + _extra_flags(spec)
     if extra:
         instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
     for instance in instances:
@@ -675,7 +719,24 @@ def plan_host(spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = 
     )
 
 
-def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool) -> None:
+def _check_speculative(spec: HostSpec, arch: ModelArch, draft: ModelArch | None) -> None:
+    """``speculative`` that vLLM would refuse or misuse for this model (``fleet.plan.speculative``)."""
+    sp = spec.speculative
+    if sp is None:
+        return
+    if sp.model is not None and draft is None:
+        raise PlanError(
+            PlanProblem(spec.name, f"speculative.model {sp.model}: its config.json was not read (a bug in the caller)")
+        )
+    found = speculative_problem(sp, arch, draft)
+    if found is not None:
+        fld, why = found
+        raise PlanError(PlanProblem(spec.name, f"{fld}: {why}", ways_out=["correct speculative, or remove it"]))
+
+
+def _check_pinned_tp(
+    spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: bool, ways_out: bool, draft: ModelArch | None = None
+) -> None:
     tp = spec.tensor_parallel_size
     assert tp is not None
     pcie_only = all(len(i) == 1 for i in gpus.islands) and len(gpus.usable) > 1
@@ -697,7 +758,7 @@ def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: b
     valid = [t for t in range(1, largest + 1) if tp_problem(arch, gpus, t) is None]
     ways = [f"use one of: {', '.join(map(str, valid))}", "or remove tensor_parallel_size to let fleet choose"]
     if ways_out:
-        ways = _pinned_tp_ways(spec, gpus, arch, tp, valid, over_pcie)
+        ways = _pinned_tp_ways(spec, gpus, arch, tp, valid, over_pcie, draft)
         if fp8_blocks(arch, tp, gpus.compute_capability).problem is not None and arch.tp_problem(tp) is None:
             ways += [w for w in _fp8_block_ways(arch, gpus) if w not in ways]
     raise PlanError(
@@ -711,7 +772,13 @@ def _check_pinned_tp(spec: HostSpec, gpus: HostGpus, arch: ModelArch, pcie_tp: b
 
 
 def _pinned_tp_ways(
-    spec: HostSpec, gpus: HostGpus, arch: ModelArch, tp: int, valid: list[int], over_pcie: bool
+    spec: HostSpec,
+    gpus: HostGpus,
+    arch: ModelArch,
+    tp: int,
+    valid: list[int],
+    over_pcie: bool,
+    draft: ModelArch | None = None,
 ) -> list[str]:
     """Ways out of a refused ``tensor_parallel_size``, each planned first and offered with its numbers:
     TP over PCIe where that is all that is missing, the valid sizes, and fleet's own choice (or, when
@@ -722,10 +789,10 @@ def _pinned_tp_ways(
         tries.append((label, {"allow_pcie_tensor_parallel": True}))
     tries += [(f"tensor_parallel_size: {t}", {"tensor_parallel_size": t}) for t in valid if t != tp]
     tries.append(("remove tensor_parallel_size (fleet chooses)", {"tensor_parallel_size": None}))
-    ways = [w for label, changes in tries if (w := _try(label, spec, gpus, arch, **changes))]
+    ways = [w for label, changes in tries if (w := _try(label, spec, gpus, arch, draft, **changes))]
     free = dataclasses.replace(spec, tensor_parallel_size=None)
     try:
-        plan_host(free, gpus, arch)
+        plan_host(free, gpus, arch, draft=draft)
     except PlanError as exc:  # fleet's own choice fails too: its ways out, without the pinned TP
         offered = {w.rsplit(": ", 1)[-1] for w in ways}
         found = [w for w in exc.problem.ways_out if w.rsplit(": ", 1)[-1] not in offered]
@@ -893,10 +960,12 @@ def _validate_argv(spec: HostSpec, instance: Instance) -> None:
         ) from exc
 
 
-def _try(label: str, spec: HostSpec, gpus: HostGpus, arch: ModelArch, **changes: object) -> str:
+def _try(
+    label: str, spec: HostSpec, gpus: HostGpus, arch: ModelArch, draft: ModelArch | None = None, **changes: object
+) -> str:
     """Plan ``spec`` with ``changes``; the way out with the numbers it gives, or "" if it fails too."""
     try:
-        plan = plan_host(dataclasses.replace(spec, **changes), gpus, arch, ways_out=False)  # type: ignore[arg-type]
+        plan = plan_host(dataclasses.replace(spec, **changes), gpus, arch, ways_out=False, draft=draft)  # type: ignore[arg-type]
     except PlanError:
         return ""
     inst = plan.instances
@@ -907,7 +976,7 @@ def _try(label: str, spec: HostSpec, gpus: HostGpus, arch: ModelArch, **changes:
     )
 
 
-def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> str:
+def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch, draft: ModelArch | None = None) -> str:
     """The fewest GPUs of this kind, in one host, that serve the model; or that one host cannot.
 
     GPUs are joined the way this GPU model is usually built (NVSwitch, bridged pairs, PCIe);
@@ -929,7 +998,7 @@ def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> str:
             bigger = HostGpus.from_catalogue(sku.key, count, fabric)
         else:
             bigger = HostGpus.uniform(count, size, fabric, gpus.gpus[0].name)
-        if way := _try(f"more GPUs: {count} × {name} {joined[fabric]}", spec, bigger, arch):
+        if way := _try(f"more GPUs: {count} × {name} {joined[fabric]}", spec, bigger, arch, draft):
             return way
         if fabric is not Fabric.SWITCH and (
             way := _try(
@@ -937,6 +1006,7 @@ def _more_gpus(spec: HostSpec, gpus: HostGpus, arch: ModelArch) -> str:
                 spec,
                 bigger,
                 arch,
+                draft,
                 allow_pcie_tensor_parallel=True,
             )
         ):
@@ -957,6 +1027,7 @@ def _no_fit(
     layouts: list[_Layout],
     pcie_only: bool,
     ways_out: bool = True,
+    draft: ModelArch | None = None,
 ) -> PlanProblem:
     """Explain why nothing fits, with the numbers of the roomiest layout and ways out that work."""
     best = max((lay for lay in layouts if lay.groups), key=lambda lay: lay.tp, default=None)
@@ -1004,7 +1075,7 @@ def _no_fit(
         free = dataclasses.replace(spec, tensor_parallel_size=None)
         for tp in candidate_tps(arch, gpus, free, pcie_tp):
             if tp != spec.tensor_parallel_size and (
-                way := _try(f"tensor_parallel_size: {tp}", spec, gpus, arch, tensor_parallel_size=tp)
+                way := _try(f"tensor_parallel_size: {tp}", spec, gpus, arch, draft, tensor_parallel_size=tp)
             ):
                 ways.append(way)
                 break
@@ -1025,7 +1096,7 @@ def _no_fit(
     if fp8_ok and spec.kv_cache_dtype != "fp8":
         tries.append(("weights: fp8 and kv_cache_dtype: fp8", {"weights": "fp8", "kv_cache_dtype": "fp8"}))
     for label, changes in tries:
-        if way := _try(label, spec, gpus, arch, **changes):
+        if way := _try(label, spec, gpus, arch, draft, **changes):
             ways.append(way)
-    ways.append(_more_gpus(spec, gpus, arch))
+    ways.append(_more_gpus(spec, gpus, arch, draft))
     return PlanProblem(spec.name, summary, details, ways)

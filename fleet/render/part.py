@@ -132,11 +132,12 @@ def host_plan(spec: HostSpec, probed: Probe = None) -> HostPlan:
     """
     from fleet.model.arch import load_model
     from fleet.plan.planner import plan_host
+    from fleet.plan.speculative import load_draft
 
     source = gpu_source(spec, probed)
     if source.gpus is None:
         raise GpusNotKnownYet(spec.name, source.why)
-    return plan_host(spec, source.gpus, load_model(spec.model, spec.model_config))
+    return plan_host(spec, source.gpus, load_model(spec.model, spec.model_config), draft=load_draft(spec))
 
 
 def unit_names(files: Sequence[RenderedFile]) -> list[str]:

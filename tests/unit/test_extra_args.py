@@ -84,7 +84,7 @@ def test_accepted_flags_become_argv(flag: str, value: Any, argv: list[str]) -> N
         ("--config", "/etc/vllm.yaml", "behind the plan's back"),
         ("--hf-token", "abc", "a secret in argv"),
         ("--enable-lora", True, "LoRA adapters are not planned by fleet yet"),
-        ("--speculative-config", {"method": "ngram"}, "speculative decoding is not planned"),
+        ("--speculative-config", {"method": "ngram"}, "set speculative (fleet plans the draft"),
         ("--max-num-queued-reqs", "--enforce-eager", "starts with '-': vLLM would read it as another flag"),
         ("--tool-call-parser", ("a", "--x"), "takes one value, not a list"),
         ("--disable-log-stats", "yes", "a switch: true to give it"),

@@ -367,9 +367,9 @@ def test_hosts_with_identical_planning_inputs_share_one_plan(monkeypatch: pytest
     calls: list[str] = []
     real = outcomes.plan_host
 
-    def counting(s: HostSpec, gpus: HostGpus, arch: ModelArch) -> HostPlan:
+    def counting(s: HostSpec, gpus: HostGpus, arch: ModelArch, draft: ModelArch | None = None) -> HostPlan:
         calls.append(s.name)
-        return real(s, gpus, arch)
+        return real(s, gpus, arch, draft=draft)
 
     monkeypatch.setattr(outcomes, "plan_host", counting)
     gpu = {"sku": "l40s-48gb", "count": 4}
