@@ -72,6 +72,13 @@ def exit_code_of(exc: FleetError) -> int:
     return EXIT_SOME_HOSTS if isinstance(exc, ExecutorError) else EXIT_INVALID
 
 
+def check_journal(opts: Mapping[str, Any]) -> None:
+    """Open the journal and let it go: a journal that cannot be used is refused before
+    ``load_fleet`` reads anything from a host (the watcher records, the probes)."""
+    with open_journal(opts.get("journal_path")):
+        pass
+
+
 def _size(text: str) -> int | str:
     text = text.strip()
     return int(text) if text.lstrip("-").isdigit() else text
@@ -318,6 +325,11 @@ def roll(
     """``run_rollout`` with the command line's live view; a bad input or a held lock exits here.
     Hosts drained for maintenance are skipped (said on stderr, given to ``on_skipped``)."""
     as_json = bool(opts.get("as_json"))
+    warn = warn_to_stderr(as_json)
+    for host, why in fleet.unread_quarantine.items():
+        warn(f"{host}: {why}")
+    for host, held in fleet.quarantined.items():
+        warn(f"{host}: planned around quarantined GPU(s) " + "; ".join(f"{i}: {w}" for i, w in sorted(held.items())))
     return guarded(
         lambda: run_rollout(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
@@ -383,6 +395,7 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     stopped (the message says how to resume), 2 on invalid input or a held lock.
     """
     try:
+        check_journal(opts)
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
         fail(str(exc), bool(opts["as_json"]), code=exit_code_of(exc))
@@ -442,6 +455,7 @@ def rollout(
         _apply(inventory, list(limit) or None, overrides, opts.get("health_timeout") or 300.0, opts)
         return
     try:
+        check_journal(opts)
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))
@@ -542,6 +556,7 @@ def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[st
     link, which one instance's switch flips for all of the host's."""
     as_json = bool(opts["as_json"])
     try:
+        check_journal(opts)
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))

@@ -3,7 +3,10 @@ systemd unit ``fleet deploy`` installed), how to reach each host, the API keys a
 
 The instances come from the fleet plan (``fleet.plan.outcomes.build_fleet_plan``, planned as
 ``fleet deploy`` plans them): a host without a ``gpu`` entry in the inventory is probed first
-(the NVML probe over SSH, one round trip per host, all hosts at once; read-only).
+(the NVML probe over SSH, one round trip per host, all hosts at once; read-only), and in the same
+round every host's GPU watcher record is read (``fleet.gpuwatch.state.GpuWatchState``): a
+quarantined GPU is planned around as ``fleet deploy`` does; a host whose record cannot be read
+is planned as before and named in ``RolloutFleet.unread_quarantine``.
 
 Everything else is checked here, before any host is touched: a bad inventory, a bad ``rollout``
 setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
@@ -12,8 +15,9 @@ the file, host and field.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
+from fleet.gpuwatch.state import GpuWatchState, WatchState, quarantine_and_unread
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations.vllm import DEFAULT_ROOT
@@ -43,6 +48,10 @@ class RolloutFleet:
     host_data: Mapping[str, Mapping[str, Any]]
     api_keys: Mapping[str, str | None]
     loaded: LoadedInventory | None = None  #: for the load balancers in front of the instances
+    #: host -> GPU index -> why: the GPUs the watcher quarantined, planned around
+    quarantined: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    #: host -> why its watcher record could not be read (planned without a quarantine)
+    unread_quarantine: Mapping[str, str] = field(default_factory=dict)
 
     def traffic(self) -> Traffic:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
@@ -115,6 +124,19 @@ def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) ->
     return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
 
 
+#: What one round of reads gives: each unplanned host's NVML probe, each host's watcher record.
+Facts = tuple[Mapping[str, HostFacts | str], Mapping[str, WatchState | HostUnreachable]]
+
+
+def read_facts(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> Facts:
+    """One round, both facts at once: the NVML probe of the hosts without a ``gpu`` entry and the
+    GPU watcher record of every host (read-only)."""
+    with ThreadPoolExecutor(2) as pool:
+        watching = pool.submit(run_fact_on_hosts, [ssh[s.name] for s in specs], GpuWatchState)
+        probing = pool.submit(_probe_unplanned, specs, ssh)
+        return probing.result(), watching.result()
+
+
 def load_fleet(
     inventory: str, limit: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> RolloutFleet:
@@ -126,8 +148,10 @@ def load_fleet(
     return fleet_of(loaded)
 
 
-def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
-    """The rollout's view of a loaded inventory (its selected hosts)."""
+def fleet_of(
+    loaded: LoadedInventory, read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] = read_facts
+) -> RolloutFleet:
+    """The rollout's view of a loaded inventory (its selected hosts); ``read``: the facts' round."""
     inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
@@ -144,8 +168,9 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
             problems.append(str(exc))
     if problems:
         raise FleetError("\n".join(problems))
-    probes = _probe_unplanned(loaded.hosts, ssh)
-    fleet_plan = build_fleet_plan(loaded, probes, deploy=True)  # planned as `fleet deploy` plans
+    probes, watch = read(loaded.hosts, ssh)
+    held, unread = quarantine_and_unread(watch, [s.name for s in loaded.hosts])
+    fleet_plan = build_fleet_plan(loaded, probes, deploy=True, quarantine=held)  # planned as `fleet deploy` plans
     problems += fleet_plan.refusals()
     if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
         raise FleetError(why)
@@ -157,5 +182,5 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
         raise FleetError("\n".join(problems))
     return RolloutFleet(
         str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
-        loaded,
+        loaded, held, unread,
     )  # fmt: skip
