@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.audit.findings import Finding
+from fleet.audit.gate import ROLLOUT, GateVerdict, gate
+from fleet.audit.run import judge
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
@@ -52,6 +55,16 @@ class RolloutFleet:
     quarantined: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     #: host -> why its watcher record could not be read (planned without a quarantine)
     unread_quarantine: Mapping[str, str] = field(default_factory=dict)
+    #: the audit's host findings from the same round of facts (``fleet.audit.run.judge``): the gate
+    findings: tuple[Finding, ...] = ()
+
+    def gate(self, ignored: Collection[str] = ()) -> GateVerdict:
+        """The audit's verdict on rolling this fleet (``fleet.audit.gate``): critical findings and
+        quarantined GPUs an instance is planned on refuse their hosts unless ``ignored``."""
+        planned: dict[str, set[int]] = {h: set() for h in self.hosts}
+        for ref, spec in self.instances.items():
+            planned.setdefault(ref.host, set()).update(spec.gpus)
+        return gate(self.findings, ROLLOUT, ignored, planned)
 
     def traffic(self) -> Traffic:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
@@ -107,33 +120,33 @@ class RolloutFleet:
         ]
 
 
-def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:
-    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer).
+def _probe(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | HostUnreachable]:
+    """The NVML probe of every host: what the audit's gate judges, and what plans the hosts the
+    inventory gives no ``gpu`` entry.
 
-    A host that cannot be reached at all is an ``ExecutorError`` naming it (a host that failed,
-    not bad input): its instances cannot be planned, so nothing is touched."""
-    targets = [ssh[s.name] for s in specs if s.gpu is None]
-    answers = run_fact_on_hosts(targets, NvmlProbe)
-    down = [a for a in answers.values() if isinstance(a, HostUnreachable) and a.ssh_failed]
+    Such a host that cannot be reached at all is an ``ExecutorError`` naming it (a host that
+    failed, not bad input): its instances cannot be planned, so nothing is touched."""
+    answers = run_fact_on_hosts([ssh[s.name] for s in specs], NvmlProbe)
+    unplanned = {s.name for s in specs if s.gpu is None}
+    down = [a for n, a in answers.items() if n in unplanned and isinstance(a, HostUnreachable) and a.ssh_failed]
     if down:
         raise ExecutorError(
             "; ".join(f"host {a.host}: SSH failed: {a.reason}" for a in down)
             + ": its GPUs cannot be probed to plan its instances (bring it back, give it a gpu entry, or leave it "
             "out with --limit)"
         )
-    return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
+    return answers
 
 
-#: What one round of reads gives: each unplanned host's NVML probe, each host's watcher record.
-Facts = tuple[Mapping[str, HostFacts | str], Mapping[str, WatchState | HostUnreachable]]
+#: What one round of reads gives: each host's NVML probe and its GPU watcher record.
+Facts = tuple[Mapping[str, HostFacts | HostUnreachable], Mapping[str, WatchState | HostUnreachable]]
 
 
 def read_facts(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> Facts:
-    """One round, both facts at once: the NVML probe of the hosts without a ``gpu`` entry and the
-    GPU watcher record of every host (read-only)."""
+    """One round, both facts at once: every host's NVML probe and GPU watcher record (read-only)."""
     with ThreadPoolExecutor(2) as pool:
         watching = pool.submit(run_fact_on_hosts, [ssh[s.name] for s in specs], GpuWatchState)
-        probing = pool.submit(_probe_unplanned, specs, ssh)
+        probing = pool.submit(_probe, specs, ssh)
         return probing.result(), watching.result()
 
 
@@ -149,9 +162,10 @@ def load_fleet(
 
 
 def fleet_of(
-    loaded: LoadedInventory, read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] = read_facts
+    loaded: LoadedInventory, read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] | None = None
 ) -> RolloutFleet:
-    """The rollout's view of a loaded inventory (its selected hosts); ``read``: the facts' round."""
+    """The rollout's view of a loaded inventory (its selected hosts); ``read``: the facts' round
+    (default :func:`read_facts`)."""
     inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
@@ -168,8 +182,13 @@ def fleet_of(
             problems.append(str(exc))
     if problems:
         raise FleetError("\n".join(problems))
-    probes, watch = read(loaded.hosts, ssh)
+    answers, watch = (read or read_facts)(loaded.hosts, ssh)
     held, unread = quarantine_and_unread(watch, [s.name for s in loaded.hosts])
+    probes = {
+        s.name: a if isinstance(a, HostFacts) else a.reason
+        for s in loaded.hosts
+        if s.gpu is None and (a := answers.get(s.name)) is not None
+    }
     fleet_plan = build_fleet_plan(loaded, probes, deploy=True, quarantine=held)  # planned as `fleet deploy` plans
     problems += fleet_plan.refusals()
     if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
@@ -182,5 +201,5 @@ def fleet_of(
         raise FleetError("\n".join(problems))
     return RolloutFleet(
         str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
-        loaded, held, unread,
+        loaded, held, unread, tuple(f for h in judge(loaded, answers, watch=watch).hosts for f in h.findings),
     )  # fmt: skip
