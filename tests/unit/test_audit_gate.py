@@ -138,3 +138,20 @@ def test_deploy_refuses_a_bad_ignore_finding_with_exit_2(tmp_path: Path) -> None
 
     out = CliRunner().invoke(deploy, [str(_inventory(tmp_path)), "--json", "--ignore-finding", "x y"])
     assert out.exit_code == 2 and "--ignore-finding 'x y'" in json.loads(out.stdout)["error"]
+
+
+def test_an_overridden_finding_is_journaled_with_the_rollout(tmp_path: Path) -> None:
+    from fleet.rollout.session import open_journal, run_rollout
+
+    loaded = load_for_planning(_inventory(tmp_path))
+    fleet = fleet_of(loaded, read=_read({"h1": facts("h100-sxm-8-driver-mismatch"), "h2": facts("h100-sxm-8")}))
+    verdict = fleet.gate(["driver-mismatch"])
+    journal = tmp_path / "journal.db"
+    final = run_rollout(
+        fleet, "restart", lambda _ex: [], journal_path=journal, lb=False, overridden=verdict.overridden,
+        run=lambda state, _ex, _j: state,  # no instance is touched: only what the rollout journals first
+    )  # fmt: skip
+    with open_journal(journal) as j:
+        steps = [s for s in j.steps(final.id) if s.action == "finding-overridden"]
+    assert [s.instance for s in steps] == ["h1"] * len(verdict.overridden) and steps
+    assert "driver-mismatch (critical)" in steps[0].detail and "--ignore-finding driver-mismatch" in steps[0].detail
