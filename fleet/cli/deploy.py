@@ -22,6 +22,8 @@ from fleet.errors import FleetError
 )  # fmt: skip
 @click.option("--reboot", is_flag=True, help="Reboot hosts whose driver change needs it, one at a time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--ignore-finding", "ignore_finding", multiple=True, metavar="RULE",
+              help="Deploy even though the audit finds RULE (e.g. gpu-missing) on a host (repeatable).")  # fmt: skip
 def deploy(
     inventory: str,
     limit: tuple[str, ...],
@@ -31,11 +33,23 @@ def deploy(
     fail_percent: int,
     reboot: bool,
     as_json: bool,
+    ignore_finding: tuple[str, ...],
 ) -> None:
     """Install the NVIDIA driver, the vLLM release and the units; a first deploy starts them.
 
-    Exit status 1 when a host failed or an instance is not healthy, 2 when the inventory is invalid.
+    A host with a critical audit finding (``fleet audit``; not those the deploy fixes itself: no
+    driver yet, a driver waiting for its reboot) is refused before anything is written to it,
+    naming the finding and its way out; ``--ignore-finding RULE`` lets it through.
+
+    Exit status 1 when a host failed, was refused or an instance is not healthy, 2 when the
+    inventory (or an option) is invalid.
     """
+    from fleet.audit.gate import check_ignored
+
+    try:
+        ignored = check_ignored(ignore_finding)
+    except ValueError as exc:
+        fail(str(exc), as_json)
     # pyinfra runs hosts in parallel on gevent greenlets; without patching, SSH sockets block and
     # hosts go one after another (pyinfra's own CLI patches first thing, too).
     from gevent import monkey
@@ -44,14 +58,16 @@ def deploy(
     from fleet.cli.rollout import roll
     from fleet.deploy.runner import deploy as run_deploy
 
-    opts = {"as_json": as_json}
+    opts = {"as_json": as_json, "ignore_finding": ignored}
     err = Console(stderr=True, highlight=False)
     try:
         with HostSteps(err) as steps:
             result = run_deploy(
                 inventory, list(limit) or None, dry=dry, start=not no_start, health_timeout=health_timeout,
                 progress=steps.note, fail_percent=fail_percent, step=steps.step, reboot=reboot,
-                roll=steps.paused(lambda fleet, targets_of: roll(fleet, "rollout", targets_of, opts)),
+                roll=steps.paused(lambda fleet, targets_of: roll(fleet, "rollout", targets_of, opts,
+                                                                 overridden=fleet.gate(ignored).overridden)),
+                ignore_findings=ignored,
             )  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json)

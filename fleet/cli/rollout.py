@@ -24,6 +24,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from fleet.audit.findings import Finding
+from fleet.audit.gate import check_ignored
 from fleet.cli import EXIT_INVALID, EXIT_SOME_HOSTS, console, fail
 from fleet.cli.history import JOURNAL_HELP
 from fleet.errors import FleetError
@@ -60,6 +62,9 @@ def _policy_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="Roll without the load balancers (clients will see failed requests; said once)."),
         click.option("--journal", "journal_path", metavar="PATH|URL", help=JOURNAL_HELP),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (no live view)."),
+        click.option("--ignore-finding", "ignore_finding", multiple=True, metavar="RULE",
+                     help="Roll even though the audit finds RULE (e.g. driver-mismatch) on a host; journaled "
+                     "(repeatable)."),
     ]  # fmt: skip
     for opt in reversed(opts):
         f = opt(f)
@@ -70,6 +75,13 @@ def exit_code_of(exc: FleetError) -> int:
     """1 for a host that could not be asked (unreachable, a refused host key or login): a host
     failed, the input is fine; 2 for everything else (bad input, a held lock)."""
     return EXIT_SOME_HOSTS if isinstance(exc, ExecutorError) else EXIT_INVALID
+
+
+def check_journal(opts: Mapping[str, Any]) -> None:
+    """Open the journal and let it go: a journal that cannot be used is refused before
+    ``load_fleet`` reads anything from a host (the watcher records, the probes)."""
+    with open_journal(opts.get("journal_path")):
+        pass
 
 
 def _size(text: str) -> int | str:
@@ -305,7 +317,27 @@ def _start(
 ) -> None:
     """Check everything, take the lock, build the targets, journal the rollout, run it, report."""
     skipped: dict[str, DrainMarker] = {}
-    report_state(roll(fleet, kind, targets_of, opts, on_skipped=skipped.update), bool(opts["as_json"]), skipped)
+    overridden = audit_gate(fleet, kind, opts)
+    report_state(roll(fleet, kind, targets_of, opts, on_skipped=skipped.update, overridden=overridden),
+                 bool(opts["as_json"]), skipped)  # fmt: skip
+
+
+def audit_gate(fleet: RolloutFleet, kind: str, opts: Mapping[str, Any]) -> tuple[Finding, ...]:
+    """The audit's gate (``fleet.audit.gate``) before anything is touched: a refusal exits 1 (a
+    host's state refuses it, the input is fine: the exit-code table's "some host could not be
+    served"), a bad ``--ignore-finding`` exits 2; the findings let through, to journal."""
+    as_json = bool(opts.get("as_json"))
+    try:
+        ignored = check_ignored(opts.get("ignore_finding") or ())
+    except ValueError as exc:
+        fail(str(exc), as_json, code=EXIT_INVALID)
+    verdict = fleet.gate(ignored)
+    if not verdict.ok:
+        fail(verdict.message(f"fleet {kind}") + "\nnothing was touched", as_json, code=EXIT_SOME_HOSTS)
+    warn = warn_to_stderr(as_json)
+    for f in verdict.overridden:
+        warn(f"{f.where}: {f.rule} ({f.severity.label}) overridden by --ignore-finding {f.rule}: {f.message}")
+    return verdict.overridden
 
 
 def roll(
@@ -314,15 +346,22 @@ def roll(
     targets_of: Callable[[SshExecutor], list[Target]],
     opts: Mapping[str, Any],
     on_skipped: Callable[[Mapping[str, DrainMarker]], None] = lambda _d: None,
+    overridden: tuple[Finding, ...] = (),
 ) -> RolloutState:
     """``run_rollout`` with the command line's live view; a bad input or a held lock exits here.
     Hosts drained for maintenance are skipped (said on stderr, given to ``on_skipped``)."""
     as_json = bool(opts.get("as_json"))
+    warn = warn_to_stderr(as_json)
+    for host, why in fleet.unread_quarantine.items():
+        warn(f"{host}: {why}")
+    for host, held in fleet.quarantined.items():
+        warn(f"{host}: planned around quarantined GPU(s) " + "; ".join(f"{i}: {w}" for i, w in sorted(held.items())))
     return guarded(
         lambda: run_rollout(
             fleet, kind, targets_of, overrides_of(opts), journal_path=opts.get("journal_path"),
             take_over=bool(opts.get("take_over")), gates_over_ssh=opts.get("gates_over_ssh") or (),
             run=live_loop(as_json), lb=not opts.get("no_lb"), warn=warn_to_stderr(as_json), on_skipped=on_skipped,
+            overridden=overridden,
         ),
         as_json,
     )  # fmt: skip
@@ -383,6 +422,7 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     stopped (the message says how to resume), 2 on invalid input or a held lock.
     """
     try:
+        check_journal(opts)
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
         fail(str(exc), bool(opts["as_json"]), code=exit_code_of(exc))
@@ -442,6 +482,7 @@ def rollout(
         _apply(inventory, list(limit) or None, overrides, opts.get("health_timeout") or 300.0, opts)
         return
     try:
+        check_journal(opts)
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))
@@ -463,13 +504,18 @@ def _apply(
     as_json = bool(opts["as_json"])
     err = Console(stderr=True, highlight=False)
     try:
+        ignored = check_ignored(opts.get("ignore_finding") or ())
+    except ValueError as exc:
+        fail(str(exc), as_json, code=EXIT_INVALID)
+    try:
         # the policy is checked before any host is touched
         load_fleet(inventory, limit, overrides).policy(overrides_of(opts))
         with HostSteps(err) as steps:
             result = run_deploy(
                 inventory, limit, health_timeout=timeout, progress=steps.note, step=steps.step,
-                roll=steps.paused(lambda fleet, targets_of: roll(fleet, "rollout", targets_of, opts)),
-                overrides=overrides,
+                roll=steps.paused(lambda fleet, targets_of: roll(fleet, "rollout", targets_of, opts,
+                                                                 overridden=fleet.gate(ignored).overridden)),
+                overrides=overrides, ignore_findings=ignored,
             )  # fmt: skip
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))
@@ -542,6 +588,7 @@ def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[st
     link, which one instance's switch flips for all of the host's."""
     as_json = bool(opts["as_json"])
     try:
+        check_journal(opts)
         fleet = load_fleet(inventory, limit)
     except FleetError as exc:
         fail(str(exc), as_json, code=exit_code_of(exc))

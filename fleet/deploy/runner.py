@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,11 @@ from pyinfra.api.operations import run_ops
 from pyinfra.api.state import State
 from pyinfra.context import ctx_host, ctx_state
 
+from fleet.audit.findings import Finding
+from fleet.audit.gate import DEPLOY, GateVerdict, gate
+from fleet.audit.quarantine import rule_quarantine
+from fleet.audit.rules import audit_host
+from fleet.audit.run import expectation
 from fleet.deploy import factcache, prefetch, sshwatch, staging
 from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
@@ -66,11 +71,12 @@ from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError, ModelConfigError
 from fleet.escape import ssh_command
 from fleet.facts.drain import Drained, DrainMarker
+from fleet.facts.hostfacts import HostFacts
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, run_command, run_fact_on_hosts
 from fleet.facts.unit_states import UnitState, UnitStates
-from fleet.gpuwatch.state import GpuWatchState, quarantine_of
+from fleet.gpuwatch.state import GpuWatchState, WatchState, quarantine_of
 from fleet.inventory.spec import LoadedInventory
 from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic_of
 from fleet.operations import host as host_deploy
@@ -236,6 +242,7 @@ class ProbePlans:
     plans: dict[str, HostPlan] = field(default_factory=dict)
     waiting: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    overridden: dict[str, list[Finding]] = field(default_factory=dict)  #: host -> findings let through
 
     @property
     def unprobed(self) -> list[str]:
@@ -243,9 +250,12 @@ class ProbePlans:
         return [*self.waiting, *(n for n, p in self.plans.items() if p.gpus_source != "probe")]
 
 
-def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> ProbePlans:
+def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory, ignored: Collection[str] = ()) -> ProbePlans:
     """Probe the hosts' GPUs, all at once (the ``NvmlProbe`` fact, which the deploy's operations
-    then read without a second round trip), and plan each from what it has (the fleet plan)."""
+    then read without a second round trip), and plan each from what it has (the fleet plan); then
+    the audit's gate (``fleet.audit.gate``, as a deploy: findings it fixes itself never refuse)
+    over the same probes and watcher records refuses a host with a critical finding, unless
+    ``ignored`` names its rule."""
     import gevent
 
     with ctx_state.use(state):
@@ -267,6 +277,24 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory) -> Pr
             out.waiting[h.name] = str(outcome.refusal)
         else:  # GPUs unlike the inventory's entry, or nothing fits them
             out.refused[h.name] = redact(str(outcome.refusal))
+    specs = {s.name: s for s in these.hosts}
+    found: list[Finding] = []
+    for h in hosts:
+        probe = probes.get(h.name)
+        if isinstance(probe, HostFacts) and h.name in specs:
+            found += audit_host(h.name, probe, expectation(specs[h.name]))
+            watch = next((g.value for g, x in zip(watched, hosts, strict=True) if x is h and g.successful()), None)
+            found += rule_quarantine(h.name, watch if isinstance(watch, WatchState) else None)
+    planned = {n: {g for i in p.instances for g in i.gpus} for n, p in out.plans.items()}
+    verdict = gate(found, DEPLOY, ignored, planned)
+    for name in verdict.refused_hosts:
+        if name not in out.refused:
+            mine = GateVerdict(tuple(f for f in verdict.refusing if f.host == name))
+            out.refused[name] = redact(mine.message("fleet deploy"))
+            out.plans.pop(name, None)
+            out.waiting.pop(name, None)
+    for f in verdict.overridden:
+        out.overridden.setdefault(f.host, []).append(f)
     return out
 
 
@@ -393,8 +421,10 @@ def deploy(
     reboot: bool = False,
     roll: Roll | None = None,
     overrides: Mapping[str, Any] | None = None,
+    ignore_findings: Collection[str] = (),
 ) -> DeployResult:
-    """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first."""
+    """Deploy ``inventory`` (see the module docstring); errors in the inventory raise first.
+    ``ignore_findings``: audit rules whose findings do not refuse a host (``fleet.audit.gate``)."""
     t0 = time.monotonic()
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
@@ -440,12 +470,14 @@ def deploy(
         progress(f"probing the GPUs of {len(active)} host(s)")
         for h in active:
             step(h.name, "probing GPUs")
-        probed = _probe_plans(state, active, loaded)
+        probed = _probe_plans(state, active, loaded, ignore_findings)
         plans.update(probed.plans)
         waiting, unprobed = probed.waiting, probed.unprobed
         for name, why in probed.refused.items():
             results[name] = HostResult(name, "refused", error=f"{why} (nothing was written to the host)")
-            step(name, "refused: GPUs")
+            step(name, "refused: " + ("audit" if "refused by the audit" in why else "GPUs"))
+        for name, let in probed.overridden.items():
+            progress(f"{name}: " + "; ".join(f"{f.rule} overridden by --ignore-finding" for f in let))
         active = [h for h in active if h.name not in results]
         if not dry and budget.over():
             for h in active:

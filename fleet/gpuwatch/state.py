@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -256,6 +256,32 @@ def quarantine_of(state: WatchState | object) -> dict[int, str]:
     if not isinstance(state, WatchState) or not state.ok:
         return {}
     return {i: e.describe() for i, e in sorted(state.quarantined().items())}
+
+
+def quarantine_and_unread(
+    answers: Mapping[str, WatchState | object], hosts: Sequence[str]
+) -> tuple[dict[str, dict[int, str]], dict[str, str]]:
+    """Each host's quarantined GPUs, and why a host's record could not be used (pure).
+
+    ``answers``: the :class:`GpuWatchState` fact per host (a ``HostUnreachable`` or anything else:
+    not read). A host whose record cannot be read or trusted is planned as before and named in
+    the second map with the reason; a host without a record (``none``: no watcher yet) too."""
+    held: dict[str, dict[int, str]] = {}
+    unread: dict[str, str] = {}
+    for host in hosts:
+        answer = answers.get(host)
+        if isinstance(answer, WatchState) and answer.ok:
+            if q := quarantine_of(answer):
+                held[host] = q
+            continue
+        if isinstance(answer, WatchState):
+            why = f"{answer.status}: {answer.error}" if answer.error else answer.status
+        elif answer is None:
+            why = "not read"
+        else:
+            why = str(getattr(answer, "reason", answer))
+        unread[host] = f"its GPU watcher record could not be read ({why}); planned without a quarantine"
+    return held, unread
 
 
 def read_quarantine(

@@ -10,8 +10,9 @@ GPU memory in use by an instance is the sum of NVML's per-process ``usedGpuMemor
 that instance's systemd unit when the probe could read the process's cgroup (so another
 process on the same GPU is not charged to it).
 
-Beside them, each host's drain marker (``fleet.facts.drain``, one more round trip per host, at the
-same time) and each instance's server on its load balancer (``fleet.lb.traffic``: one read per
+Beside them, each host's drain marker (``fleet.facts.drain``) and its GPU watcher record
+(``fleet.gpuwatch.state``: quarantined GPUs), one more round trip per host each, at the same
+time, and each instance's server on its load balancer (``fleet.lb.traffic``: one read per
 balancer).
 """
 
@@ -26,6 +27,7 @@ from fleet.facts.hostfacts import HostFacts
 from fleet.facts.hoststatus import HostStatus, HostStatusProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.facts.units import UnitsDict
+from fleet.gpuwatch.state import GpuWatchState, WatchState
 from fleet.lb.runtime import ServerView
 from fleet.lb.traffic import BalancerError, Traffic
 from fleet.monitor.scrape import Scrape
@@ -146,16 +148,20 @@ def observe(
 ) -> tuple[list[InstanceStatus], dict[str, Scrape]]:
     """``collect`` over HTTP, :func:`read_hosts` and the hosts' drain markers over SSH and the
     balancers' views (``traffic``), all at the same time, merged into rows."""
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    with ThreadPoolExecutor(max_workers=4) as pool:
         ssh = pool.submit(read_hosts, hosts, ssh_timeout) if hosts else None
         marks = pool.submit(read_markers, hosts) if hosts else None
+        records = pool.submit(run_fact_on_hosts, hosts, GpuWatchState, timeout=ssh_timeout) if hosts else None
         views = pool.submit(balancer_views, traffic, targets) if traffic else None
         rows, latest = collect(targets, thresholds, interval, timeout, previous=previous)
         answers = ssh.result() if ssh is not None else {}
         drained = marks.result() if marks is not None else {}
+        watch = {
+            h: w for h, w in (records.result() if records is not None else {}).items() if isinstance(w, WatchState)
+        }
         lb = views.result() if views is not None else {}
     if ssh is not None:
         rows = attach_units(rows, unit_facts(targets, answers), thresholds)
-    if drained or lb:
-        rows = attach_host_state(rows, drained, lb, thresholds)
+    if drained or lb or watch:
+        rows = attach_host_state(rows, drained, lb, thresholds, watch)
     return rows, latest

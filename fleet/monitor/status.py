@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any
 
 from fleet.facts.drain import DrainMarker
+from fleet.gpuwatch.state import WatchState
 from fleet.lb.runtime import ServerView
 from fleet.monitor.intervals import IntervalStats, interval_stats
 from fleet.monitor.metric_names import MetricNames, names_for
@@ -87,6 +88,44 @@ class UnitFacts:
 
 
 @dataclass(frozen=True)
+class QuarantinedGpu:
+    """One of the instance's GPUs the GPU watcher quarantined (``fleet.gpuwatch.state``): the first
+    critical event since the GPU's last ``fleet gpu clear``."""
+
+    gpu: int  #: NVML index
+    uuid: str
+    kind: str  #: xid, dbe (``fleet.gpuwatch.catalog.KINDS``)
+    xid: int | None
+    action: str  #: what NVIDIA's XID catalogue says to do (``fleet.gpuwatch.catalog.ACTIONS``)
+    since: float  #: the event's time, seconds since the epoch (the host's clock)
+    meaning: str
+
+    def describe(self, host: str) -> str:
+        what = f"XID {self.xid}" if self.kind == "xid" else self.kind.upper()
+        when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.since))
+        return (
+            f"GPU {self.gpu} quarantined since {when}: {what} ({self.action}); after repair: "
+            f"fleet gpu clear INVENTORY {host} {self.gpu} --why TEXT"
+        )
+
+    def data(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "uuid": self.uuid, "kind": self.kind, "xid": self.xid, "action": self.action,
+                "since": self.since, "meaning": self.meaning}  # fmt: skip
+
+
+def quarantined_gpus(gpus: tuple[int, ...], watch: WatchState | None) -> tuple[QuarantinedGpu, ...]:
+    """The quarantined GPUs among ``gpus`` (an instance's) in a host's watcher record (pure)."""
+    if watch is None or not watch.ok:
+        return ()
+    out = []
+    for g in watch.gpus:
+        e = g.quarantine
+        if e is not None and g.index is not None and g.index in gpus:
+            out.append(QuarantinedGpu(g.index, g.uuid, e.kind, e.xid, e.action, e.at, e.meaning))
+    return tuple(sorted(out, key=lambda q: q.gpu))
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     target: Target
     health: Health
@@ -101,6 +140,7 @@ class InstanceStatus:
     drained: DrainMarker | None = None  #: its host is drained for maintenance (``fleet drain``)
     lb: ServerView | None = None  #: what its load balancer says (None: none in front of it, or not asked)
     lb_error: str = ""  #: why its load balancer could not be asked
+    quarantine: tuple[QuarantinedGpu, ...] = ()  #: its GPUs the GPU watcher quarantined
 
     @property
     def ok(self) -> bool:
@@ -195,6 +235,7 @@ def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
             out.append(f"unit {status.target.unit} is {unit.state}")
         if unit.restarts is not None and unit.restarts > th.restarts:
             out.append(f"unit restarted {unit.restarts} times")
+    out += [q.describe(status.target.host) for q in status.quarantine]
     if status.lb_error:
         out.append(f"load balancer: {status.lb_error}")
     elif (
@@ -243,9 +284,11 @@ def attach_host_state(
     drained: Mapping[str, DrainMarker],
     lb: Mapping[str, ServerView | str],
     thresholds: Mapping[str, Thresholds] | None = None,
+    watch: Mapping[str, WatchState] | None = None,
 ) -> list[InstanceStatus]:
-    """The rows with their host's drain marker (by host) and their balancer's view (by instance,
-    ``host/vllm-N``; a string: why the balancer could not be asked) filled in, problems recomputed (pure)."""
+    """The rows with their host's drain marker (by host), their balancer's view (by instance,
+    ``host/vllm-N``; a string: why the balancer could not be asked) and their quarantined GPUs (by
+    host: its GPU watcher record) filled in, problems recomputed (pure)."""
     thresholds = thresholds or {}
     out = []
     for r in rows:
@@ -255,6 +298,7 @@ def attach_host_state(
             drained=drained.get(r.target.host),
             lb=seen if isinstance(seen, ServerView) else None,
             lb_error=seen if isinstance(seen, str) else "",
+            quarantine=quarantined_gpus(r.target.gpus, (watch or {}).get(r.target.host)),
         )
         out.append(_with_problems(row, thresholds.get(r.target.host, Thresholds())))
     return out
@@ -432,6 +476,7 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
             "server": row.lb.server if row.lb else None,
             "error": row.lb_error or None,
         },
+        "quarantine": [q.data() for q in row.quarantine],
         "problems": list(row.problems),
         "ok": row.ok,
     }

@@ -3,7 +3,10 @@ systemd unit ``fleet deploy`` installed), how to reach each host, the API keys a
 
 The instances come from the fleet plan (``fleet.plan.outcomes.build_fleet_plan``, planned as
 ``fleet deploy`` plans them): a host without a ``gpu`` entry in the inventory is probed first
-(the NVML probe over SSH, one round trip per host, all hosts at once; read-only).
+(the NVML probe over SSH, one round trip per host, all hosts at once; read-only), and in the same
+round every host's GPU watcher record is read (``fleet.gpuwatch.state.GpuWatchState``): a
+quarantined GPU is planned around as ``fleet deploy`` does; a host whose record cannot be read
+is planned as before and named in ``RolloutFleet.unread_quarantine``.
 
 Everything else is checked here, before any host is touched: a bad inventory, a bad ``rollout``
 setting, an unreadable API key reference or an unknown ``--limit`` is a ``FleetError`` naming
@@ -12,15 +15,20 @@ the file, host and field.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet.audit.findings import Finding
+from fleet.audit.gate import ROLLOUT, GateVerdict, gate
+from fleet.audit.run import judge
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.nvml import NvmlProbe
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
+from fleet.gpuwatch.state import GpuWatchState, WatchState, quarantine_and_unread
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.lb.traffic import Traffic, traffic_of
 from fleet.operations.vllm import DEFAULT_ROOT
@@ -43,6 +51,20 @@ class RolloutFleet:
     host_data: Mapping[str, Mapping[str, Any]]
     api_keys: Mapping[str, str | None]
     loaded: LoadedInventory | None = None  #: for the load balancers in front of the instances
+    #: host -> GPU index -> why: the GPUs the watcher quarantined, planned around
+    quarantined: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    #: host -> why its watcher record could not be read (planned without a quarantine)
+    unread_quarantine: Mapping[str, str] = field(default_factory=dict)
+    #: the audit's host findings from the same round of facts (``fleet.audit.run.judge``): the gate
+    findings: tuple[Finding, ...] = ()
+
+    def gate(self, ignored: Collection[str] = ()) -> GateVerdict:
+        """The audit's verdict on rolling this fleet (``fleet.audit.gate``): critical findings and
+        quarantined GPUs an instance is planned on refuse their hosts unless ``ignored``."""
+        planned: dict[str, set[int]] = {h: set() for h in self.hosts}
+        for ref, spec in self.instances.items():
+            planned.setdefault(ref.host, set()).update(spec.gpus)
+        return gate(self.findings, ROLLOUT, ignored, planned)
 
     def traffic(self) -> Traffic:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
@@ -98,21 +120,34 @@ class RolloutFleet:
         ]
 
 
-def _probe_unplanned(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | str]:
-    """The NVML probe of each host the inventory gives no ``gpu`` entry (a string: why no answer).
+def _probe(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | HostUnreachable]:
+    """The NVML probe of every host: what the audit's gate judges, and what plans the hosts the
+    inventory gives no ``gpu`` entry.
 
-    A host that cannot be reached at all is an ``ExecutorError`` naming it (a host that failed,
-    not bad input): its instances cannot be planned, so nothing is touched."""
-    targets = [ssh[s.name] for s in specs if s.gpu is None]
-    answers = run_fact_on_hosts(targets, NvmlProbe)
-    down = [a for a in answers.values() if isinstance(a, HostUnreachable) and a.ssh_failed]
+    Such a host that cannot be reached at all is an ``ExecutorError`` naming it (a host that
+    failed, not bad input): its instances cannot be planned, so nothing is touched."""
+    answers = run_fact_on_hosts([ssh[s.name] for s in specs], NvmlProbe)
+    unplanned = {s.name for s in specs if s.gpu is None}
+    down = [a for n, a in answers.items() if n in unplanned and isinstance(a, HostUnreachable) and a.ssh_failed]
     if down:
         raise ExecutorError(
             "; ".join(f"host {a.host}: SSH failed: {a.reason}" for a in down)
             + ": its GPUs cannot be probed to plan its instances (bring it back, give it a gpu entry, or leave it "
             "out with --limit)"
         )
-    return {name: a if isinstance(a, HostFacts) else a.reason for name, a in answers.items()}
+    return answers
+
+
+#: What one round of reads gives: each host's NVML probe and its GPU watcher record.
+Facts = tuple[Mapping[str, HostFacts | HostUnreachable], Mapping[str, WatchState | HostUnreachable]]
+
+
+def read_facts(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> Facts:
+    """One round, both facts at once: every host's NVML probe and GPU watcher record (read-only)."""
+    with ThreadPoolExecutor(2) as pool:
+        watching = pool.submit(run_fact_on_hosts, [ssh[s.name] for s in specs], GpuWatchState)
+        probing = pool.submit(_probe, specs, ssh)
+        return probing.result(), watching.result()
 
 
 def load_fleet(
@@ -126,8 +161,11 @@ def load_fleet(
     return fleet_of(loaded)
 
 
-def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
-    """The rollout's view of a loaded inventory (its selected hosts)."""
+def fleet_of(
+    loaded: LoadedInventory, read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] | None = None
+) -> RolloutFleet:
+    """The rollout's view of a loaded inventory (its selected hosts); ``read``: the facts' round
+    (default :func:`read_facts`)."""
     inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
@@ -144,8 +182,14 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
             problems.append(str(exc))
     if problems:
         raise FleetError("\n".join(problems))
-    probes = _probe_unplanned(loaded.hosts, ssh)
-    fleet_plan = build_fleet_plan(loaded, probes, deploy=True)  # planned as `fleet deploy` plans
+    answers, watch = (read or read_facts)(loaded.hosts, ssh)
+    held, unread = quarantine_and_unread(watch, [s.name for s in loaded.hosts])
+    probes = {
+        s.name: a if isinstance(a, HostFacts) else a.reason
+        for s in loaded.hosts
+        if s.gpu is None and (a := answers.get(s.name)) is not None
+    }
+    fleet_plan = build_fleet_plan(loaded, probes, deploy=True, quarantine=held)  # planned as `fleet deploy` plans
     problems += fleet_plan.refusals()
     if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
         raise FleetError(why)
@@ -157,5 +201,5 @@ def fleet_of(loaded: LoadedInventory) -> RolloutFleet:
         raise FleetError("\n".join(problems))
     return RolloutFleet(
         str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
-        loaded,
+        loaded, held, unread, tuple(f for h in judge(loaded, answers, watch=watch).hosts for f in h.findings),
     )  # fmt: skip

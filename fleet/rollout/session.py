@@ -15,6 +15,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from fleet.audit.findings import Finding
 from fleet.facts.drain import DrainMarker, drained_view, read_marker_answers, read_markers
 from fleet.facts.runner import HostUnreachable
 from fleet.rollout.claims import ClaimRequest, HostClaims
@@ -64,8 +65,12 @@ def run_rollout(
     warn: Callable[[str], None] = lambda _m: None,
     skip_drained: bool = True,
     on_skipped: Callable[[Mapping[str, DrainMarker]], None] = lambda _d: None,
+    overridden: Sequence[Finding] = (),
 ) -> RolloutState:
     """Run one rollout of ``kind`` over ``targets_of(executor)``; its final (or stopped) state.
+
+    ``overridden``: the audit findings the operator let through (``--ignore-finding``), each
+    journaled as a ``finding-overridden`` step of the rollout before anything is touched.
 
     With ``skip_drained`` (not for ``fleet drain``/``undrain`` themselves), the instances of hosts
     drained for maintenance are left out (their marker, ``fleet.facts.drain``, read once the journal
@@ -100,7 +105,11 @@ def run_rollout(
                 targets = [t for t in targets_of(executor) if t.ref.host not in drained]
                 state = new_rollout(rollout_id, fleet.name, kind, targets, policy, now)
                 with claimed(executor, state):
-                    return run(open_rollout(journal, state), executor, journal)
+                    opened = open_rollout(journal, state)
+                    for f in overridden:
+                        detail = f"{f.where}: {f.rule} ({f.severity.label}): {f.message} (--ignore-finding {f.rule})"
+                        journal.record(opened, "finding-overridden", detail, True, "overridden", now, f.host)
+                    return run(opened, executor, journal)
             finally:
                 _release(journal, fleet.name, rollout_id)
         finally:

@@ -269,8 +269,9 @@ def test_json_keeps_every_field_and_adds_state(tmp_path: Path) -> None:
     before = {"host", "group", "instance", "url", "model", "pinned_vllm_version", "vllm_version", "health",
               "detail", "kv_cache_usage", "requests_running", "requests_waiting", "interval", "unit", "problems",
               "ok"}  # fmt: skip
-    assert set(row) == before | {"state", "drained", "balancer"}  # drained, balancer: fleet drain, fleet.lb
-    assert row["drained"] is None and row["balancer"] is None
+    # drained, balancer, quarantine: fleet drain, fleet.lb, the GPU watcher
+    assert set(row) == before | {"state", "drained", "balancer", "quarantine"}
+    assert row["drained"] is None and row["balancer"] is None and row["quarantine"] == []
     assert (row["state"], row["health"]) == ("not listening", "not listening")
 
 
