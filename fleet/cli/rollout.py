@@ -367,6 +367,12 @@ def roll(
     )  # fmt: skip
 
 
+def before_start(exc: FleetError) -> str:
+    """The message of an error raised before anything started: a host that could not be asked says
+    that nothing was changed (as ``guarded`` does for the same error later)."""
+    return f"{exc} (nothing was changed)" if isinstance(exc, ExecutorError) else str(exc)
+
+
 def live_loop(as_json: bool) -> Callable[[RolloutState, SshExecutor, RolloutJournal], RolloutState]:
     """The runner with the command line's live view (and Ctrl-C between steps)."""
     return lambda state, executor, journal: _run(state, executor, journal, as_json, resumed=False)
@@ -423,9 +429,9 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     """
     try:
         check_journal(opts)
-        fleet = load_fleet(inventory, limit)
+        fleet = load_fleet(inventory, limit, refuse_unreachable=True)
     except FleetError as exc:
-        fail(str(exc), bool(opts["as_json"]), code=exit_code_of(exc))
+        fail(before_start(exc), bool(opts["as_json"]), code=exit_code_of(exc))
     opts.setdefault("on_failure", None)
     if not opts["on_failure"]:
         opts["on_failure"] = "halt"  # rolling "back" a restart would restart the same release again
@@ -483,9 +489,9 @@ def rollout(
         return
     try:
         check_journal(opts)
-        fleet = load_fleet(inventory, limit)
+        fleet = load_fleet(inventory, limit, refuse_unreachable=True)
     except FleetError as exc:
-        fail(str(exc), as_json, code=exit_code_of(exc))
+        fail(before_start(exc), as_json, code=exit_code_of(exc))
     chosen = release
     _start(fleet, "rollout", lambda _ex: fleet.targets(dict.fromkeys(fleet.hosts, chosen), restart=False), opts)
 
@@ -572,9 +578,9 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
     try:
-        fleet = load_fleet(saved.fleet, sorted({r.host for r in back}))
+        fleet = load_fleet(saved.fleet, sorted({r.host for r in back}), refuse_unreachable=True)
     except FleetError as exc:
-        fail(str(exc), as_json, code=exit_code_of(exc))
+        fail(before_start(exc), as_json, code=exit_code_of(exc))
     _start(fleet, "rollback", lambda _ex: [back_to(i) for ref, i in back.items() if ref in fleet.instances], opts)
 
 
@@ -589,9 +595,9 @@ def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[st
     as_json = bool(opts["as_json"])
     try:
         check_journal(opts)
-        fleet = load_fleet(inventory, limit)
+        fleet = load_fleet(inventory, limit, refuse_unreachable=True)
     except FleetError as exc:
-        fail(str(exc), as_json, code=exit_code_of(exc))
+        fail(before_start(exc), as_json, code=exit_code_of(exc))
     try:
         with open_journal(opts["journal_path"]) as journal:
             records = journal.history(fleet.name, ROLLBACK_HISTORY)

@@ -151,21 +151,38 @@ def read_facts(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> Facts
 
 
 def load_fleet(
-    inventory: str, limit: Sequence[str] | None = None, overrides: Mapping[str, Any] | None = None
+    inventory: str,
+    limit: Sequence[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    refuse_unreachable: bool = False,
 ) -> RolloutFleet:
     """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
-    data given on the command line)."""
+    data given on the command line). ``refuse_unreachable``: see :func:`fleet_of`."""
     loaded = load_for_planning(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
-    return fleet_of(loaded)
+    return fleet_of(loaded, refuse_unreachable=refuse_unreachable)
+
+
+def unreachable_refusal(answers: Mapping[str, HostFacts | HostUnreachable]) -> str | None:
+    """Why a restart, rollout or rollback cannot start: the hosts SSH could not reach in the read
+    round (each named with SSH's reason), or None when every host answered."""
+    down = [a for a in answers.values() if isinstance(a, HostUnreachable) and a.ssh_failed]
+    return "; ".join(f"host {a.host}: SSH failed: {a.reason}" for a in down) or None
 
 
 def fleet_of(
-    loaded: LoadedInventory, read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] | None = None
+    loaded: LoadedInventory,
+    read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] | None = None,
+    *,
+    refuse_unreachable: bool = False,
 ) -> RolloutFleet:
     """The rollout's view of a loaded inventory (its selected hosts); ``read``: the facts' round
-    (default :func:`read_facts`)."""
+    (default :func:`read_facts`). ``refuse_unreachable``: a host SSH cannot reach in that round is an
+    ``ExecutorError`` naming it, decided then (one connect timeout), not by every later connection
+    (a restart, rollout or rollback would refuse it anyway before changing anything; ``fleet drain``
+    and ``fleet lb`` go on without it)."""
     inventory = loaded.path
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
@@ -183,6 +200,8 @@ def fleet_of(
     if problems:
         raise FleetError("\n".join(problems))
     answers, watch = (read or read_facts)(loaded.hosts, ssh)
+    if refuse_unreachable and (why := unreachable_refusal(answers)) is not None:
+        raise ExecutorError(why)
     held, unread = quarantine_and_unread(watch, [s.name for s in loaded.hosts])
     probes = {
         s.name: a if isinstance(a, HostFacts) else a.reason
