@@ -158,29 +158,25 @@ def _plan_all(
     outcomes = []
     models: dict[tuple[str, str | None], ModelArch | ModelConfigError] = {}
     plans: dict[object, tuple[HostPlan | None, PlanProblem | None]] = {}
+
+    def arch(key: tuple[str, str | None]) -> ModelArch:
+        """The model of ``key``, loaded once per planning (a failure too: raised each time)."""
+        if key not in models:
+            try:
+                models[key] = model_loader(*key)
+            except ModelConfigError as exc:
+                models[key] = exc
+        found = models[key]
+        if isinstance(found, ModelConfigError):
+            raise found
+        return found
+
     for spec in specs:
         decision = decisions.get(spec.name) if decisions is not None else None
         try:
             key = (spec.model, spec.model_config)
-            if key not in models:
-                try:
-                    models[key] = model_loader(*key)
-                except ModelConfigError as exc:
-                    models[key] = exc
-            model = models[key]
-            if isinstance(model, ModelConfigError):
-                raise model
-            draft: ModelArch | None = None
-            if (dkey := draft_key(spec)) is not None:
-                if dkey not in models:
-                    try:
-                        models[dkey] = model_loader(*dkey)
-                    except ModelConfigError as exc:
-                        models[dkey] = exc
-                loaded = models[dkey]
-                if isinstance(loaded, ModelConfigError):
-                    raise loaded
-                draft = loaded
+            model = arch(key)
+            draft = arch(dkey) if (dkey := draft_key(spec)) is not None else None
             if (bad := speculative_field_problem(spec, model, draft)) is not None:
                 raise InventoryError([bad])
             gpus = gpus_of(spec)
