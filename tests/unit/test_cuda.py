@@ -133,10 +133,8 @@ def test_plan_with_a_kept_old_driver_on_a_geforce_is_refused_with_the_upgrade(tm
         plan_host(s, _probed("rtx-4090-24gb", 12080), load_model(s.model))
     text = str(err.value)
     assert "host gpu-2" in text and "NVIDIA GeForce RTX 4090 is not a data-centre GPU" in text
-    assert (
-        "upgrade the driver to branch 580 or newer (CUDA 13.0) (let fleet install it: remove nvidia_driver_version: keep)"
-        in text
-    )
+    way = "(let fleet install it: remove nvidia_driver_version: keep)"
+    assert f"upgrade the driver to branch 580 or newer (CUDA 13.0) {way}" in text
 
 
 def test_a_managed_driver_plans_no_compat_and_no_note(tmp_path: Path) -> None:
