@@ -286,7 +286,8 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory, ignor
             watch = next((g.value for g, x in zip(watched, hosts, strict=True) if x is h and g.successful()), None)
             found += rule_quarantine(h.name, watch if isinstance(watch, WatchState) else None)
     planned = {n: {g for i in p.instances for g in i.gpus} for n, p in out.plans.items()}
-    verdict = gate(found, DEPLOY, ignored, planned)
+    compat = {n for n, p in out.plans.items() if p.cuda.compat}  # the deploy installs cuda-compat there
+    verdict = gate(found, DEPLOY, ignored, planned, compat)
     for name in verdict.refused_hosts:
         if name not in out.refused:
             mine = GateVerdict(tuple(f for f in verdict.refusing if f.host == name))

@@ -23,7 +23,13 @@ The deploy's keys (``fleet.render.part`` reads them through ``HostSpec``):
   public key, a file that must exist on the control machine (it is copied to the hosts), checked
   when the inventory is loaded; required with ``nvidia_apt_url``;
 * ``nvidia_driver_version``: a driver version like ``580.95.05`` (checked against the vLLM
-  release in ``spec.py``); ``nvidia_fabric_manager``: a bool (default: on for NVSwitch hosts);
+  release in ``spec.py``), or ``keep``: the host's driver is left as it is (no driver installed,
+  pinned or held; the repository is still configured for the CUDA packages);
+  ``nvidia_fabric_manager``: a bool (default: on for NVSwitch hosts);
+* ``cuda_toolkit``: a CUDA version ``MAJOR.MINOR`` (``12.9``, ``13.0``): the deploy installs
+  ``cuda-toolkit-MAJOR-MINOR`` from NVIDIA's repository (needs ``nvidia_apt_url``);
+  ``cuda_compat``: ``auto`` (default: cuda-compat where the host's driver stays older than the
+  vLLM release's CUDA, on data-centre GPUs; ``fleet.plan.cuda``) or ``never``;
 * ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
   ``releases_kept``: a whole number from 2 to 100.
 
@@ -113,6 +119,7 @@ _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
+_CUDA_VERSION = re.compile(r"(\d{2})\.(\d{1,2})")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
 #: A ``vllm serve`` flag's long name, with or without its ``--`` (vLLM's flags are lower case).
@@ -291,8 +298,15 @@ def source_model_dir(root: str, model: str) -> str:
 
 
 def _driver_version(value: str) -> str:
-    if not _DRIVER_VERSION.fullmatch(value):
-        raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it)")
+    if value != "keep" and not _DRIVER_VERSION.fullmatch(value):
+        raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it), or keep (leave the host's)")
+    return value
+
+
+def _cuda_version(value: str) -> str:
+    m = _CUDA_VERSION.fullmatch(value)
+    if not m or not 11 <= int(m.group(1)) <= 99:
+        raise ValueError("a CUDA version MAJOR.MINOR from 11.0 on, like '12.9' or '13.0' (a string: quote it)")
     return value
 
 
@@ -420,6 +434,7 @@ Address = Annotated[str, AfterValidator(_address)]
 AptUrl = Annotated[str, AfterValidator(_apt_url)]
 Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
+CudaVersion = Annotated[str, AfterValidator(_cuda_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
 UserKey = Annotated[str, AfterValidator(_user_key)]
 ExtraFlag = Annotated[str, AfterValidator(_extra_flag)]
@@ -609,6 +624,8 @@ class HostData(BaseModel):
     nvidia_apt_keyring: Keyring | None = None
     nvidia_driver_version: DriverVersion | None = None
     nvidia_fabric_manager: bool | None = None
+    cuda_toolkit: CudaVersion | None = None
+    cuda_compat: Literal["auto", "never"] = "auto"
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
     vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
     serving_preset: Literal["throughput", "latency", "long_context"] | None = None
@@ -672,7 +689,10 @@ FIELD_HELP: dict[str, str] = {
     "workload.target_concurrency": "an integer from 1 to 1000000 (requests in flight)",
     "nvidia_apt_url": "a URL (a string), e.g. https://mirror.internal/cuda/repos",
     "nvidia_apt_keyring": "the path (a string) of the apt repository's public key file on this machine",
-    "nvidia_driver_version": "a driver version like '580.95.05' (a string)",
+    "nvidia_driver_version": "a driver version like '580.95.05' (a string), or 'keep' (leave the host's driver)",
+    "cuda_toolkit": "a CUDA version MAJOR.MINOR like '12.9' or '13.0' (a string): installs cuda-toolkit-12-9",
+    "cuda_compat": "auto (cuda-compat where the host keeps a driver too old for vLLM's CUDA, data-centre GPUs) "
+    "or never",
     "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
     "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
     "vllm_extra_args": "a mapping of `vllm serve` flag to value, e.g. {'--enforce-eager': True, "
@@ -745,6 +765,8 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
             None,
             "required with nvidia_apt_url: the path, on this machine, of the repository's public key file",
         )
+    if data.nvidia_driver_version == "keep":
+        return None
     series = ".".join(data.vllm_version.split(".")[:2])
     version = data.nvidia_driver_version or default_driver.get(series)
     if version is None:
@@ -758,6 +780,29 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
         check_driver_version(version, data.vllm_version)
     except LayoutError as exc:
         return ("nvidia_driver_version", version, str(exc).split(": ", 1)[-1] + "; pin a newer driver or leave it out")
+    return None
+
+
+def cuda_problem(data: HostData) -> tuple[str, object, str] | None:
+    """(field, value, why) when the CUDA keys cannot be served, or None: the packages come from
+    NVIDIA's repository, the one ``nvidia_apt_url`` names."""
+    if data.nvidia_apt_url is not None:
+        return None
+    if data.cuda_toolkit is not None:
+        pkg = "cuda-toolkit-" + data.cuda_toolkit.replace(".", "-")
+        return (
+            "cuda_toolkit",
+            data.cuda_toolkit,
+            f"{pkg} comes from NVIDIA's apt repository: set nvidia_apt_url and nvidia_apt_keyring "
+            "(with nvidia_driver_version: keep to leave the host's driver alone), or remove cuda_toolkit",
+        )
+    if data.nvidia_driver_version == "keep":
+        return (
+            "nvidia_driver_version",
+            "keep",
+            "only read with nvidia_apt_url (without it fleet does not manage the driver anyway): "
+            "set nvidia_apt_url and nvidia_apt_keyring, or remove nvidia_driver_version",
+        )
     return None
 
 

@@ -55,6 +55,7 @@ from fleet.inventory.schema import (
     GpuData,
     HostData,
     LabData,
+    cuda_problem,
     driver_problem,
     haproxy_name,
     model_source_problem,
@@ -241,6 +242,10 @@ class HostSpec:
     #: the driver to pin: the inventory's, else the one the vLLM release is deployed with
     nvidia_driver_version: str | None = None
     nvidia_fabric_manager: bool | None = None  #: None: on for NVSwitch hosts
+    #: ``MAJOR.MINOR``: install ``cuda-toolkit-MAJOR-MINOR`` (None: no toolkit; vLLM needs none)
+    cuda_toolkit: str | None = None
+    #: ``auto``: cuda-compat where the host keeps a too-old driver (``fleet.plan.cuda``); ``never``
+    cuda_compat: str = "auto"
     vllm_extras: tuple[str, ...] = ()
     #: ``vllm_extra_args`` in the inventory's order: (flag as written, value); ``fleet.plan.extra_args``
     vllm_extra_args: tuple[tuple[str, ExtraArgValue], ...] = ()
@@ -641,6 +646,8 @@ def host_spec(
         h.problem("port", valid.port, why)
     if valid is not None and (bad := driver_problem(valid, DEFAULT_DRIVER)) is not None:
         h.problem(*bad)
+    if valid is not None and (bad := cuda_problem(valid)) is not None:
+        h.problem(*bad)
     if valid is not None and not valid.multi_node:
         for key in ("master_port", "pipeline_parallel_size"):
             if (value := getattr(valid, key)) is not None:
@@ -683,6 +690,8 @@ def host_spec(
         nvidia_driver_version=valid.nvidia_driver_version
         or DEFAULT_DRIVER.get(".".join(valid.vllm_version.split(".")[:2])),
         nvidia_fabric_manager=valid.nvidia_fabric_manager,
+        cuda_toolkit=valid.cuda_toolkit,
+        cuda_compat=valid.cuda_compat,
         vllm_extras=tuple(valid.vllm_extras),
         vllm_extra_args=tuple((k, _extra_value(v)) for k, v in valid.vllm_extra_args.items()),
         serving_preset=valid.serving_preset,

@@ -502,6 +502,7 @@ def outcome_data(outcome: HostOutcome) -> dict[str, Any]:
                 "notes": list(p.notes),
                 "warnings": list(p.warnings),
                 "idle_gpus": list(p.idle_gpus),
+                "cuda": {"toolkit": p.cuda.toolkit, "compat": p.cuda.compat, "packages": list(p.cuda.packages)},
             }
         )
     if outcome.problem is not None:

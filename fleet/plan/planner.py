@@ -43,6 +43,7 @@ from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
 from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
 from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout, LayerKind, kv_layout
+from fleet.plan.cuda import CudaPlan, plan_cuda
 from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
 from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.speculative import DraftCost, draft_cost, verdict
@@ -216,6 +217,8 @@ class HostPlan:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     idle_gpus: tuple[int, ...] = field(default=())
+    #: CUDA packages from NVIDIA's repository and cuda-compat (``fleet.plan.cuda``)
+    cuda: CudaPlan = field(default=CudaPlan())
 
     @property
     def total_kv_tokens(self) -> int:
@@ -622,6 +625,7 @@ def plan_host(
         )
     if not gpus.gpus:
         raise PlanError(PlanProblem(spec.name, "the host has no GPUs", ways_out=["check the driver (fleet audit)"]))
+    cuda = plan_cuda(spec, gpus)
     _check_speculative(spec, arch, draft)
     precision = resolve_precision(spec, arch)
     weights = weight_bytes(arch, precision)
@@ -676,6 +680,7 @@ def plan_host(
             )
     notes += _defaults_notes(spec, arch)
     notes += _kv_notes(arch, chosen.memory[0])
+    notes += cuda.reasons
     speculative_flag: tuple[Flag, ...] = ()
     if spec.speculative is not None:
         share = -(-spec.workload.target_concurrency // max(1, len(chosen.groups)))
@@ -702,6 +707,8 @@ def plan_host(
     extra = speculative_flag + _extra_flags(spec)
     if extra:
         instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
+    if cuda.env:
+        instances = tuple(dataclasses.replace(i, env=i.env + cuda.env) for i in instances)
     for instance in instances:
         _validate_argv(spec, instance)
     return HostPlan(
@@ -716,6 +723,7 @@ def plan_host(
         notes=tuple(notes),
         warnings=tuple(warnings),
         idle_gpus=idle,
+        cuda=cuda,
     )
 
 
