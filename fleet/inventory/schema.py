@@ -492,7 +492,9 @@ SourceDir = Annotated[str, AfterValidator(_source_dir)]
 def _adapter_dir(value: str) -> str:
     _path(value)
     if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
-        raise ValueError("an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/lora/sql")
+        raise ValueError(
+            "an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/lora/sql"
+        )
     if not os.path.isdir(value):
         raise ValueError(
             "no such directory on this machine: the adapter is read here (fleet copies its files to the hosts); "
@@ -676,9 +678,7 @@ class HostData(BaseModel):
     vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
     serving_preset: Literal["throughput", "latency", "long_context"] | None = None
     speculative: SpeculativeData | None = None
-    lora_adapters: Annotated[dict[LoraName, LoraAdapterData], Field(max_length=MAX_LORAS)] = Field(
-        default_factory=dict
-    )
+    lora_adapters: Annotated[dict[LoraName, LoraAdapterData], Field(max_length=MAX_LORAS)] = Field(default_factory=dict)
     max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = None
     max_loras: Annotated[int, Field(ge=1, le=MAX_LORAS)] | None = None
     max_cpu_loras: Annotated[int, Field(ge=1, le=1024)] | None = None
@@ -830,8 +830,9 @@ def read_adapter(path: str) -> AdapterConfig | str:
         return f"{config} is not a JSON object"
     r = raw.get("r")
     pattern = raw.get("rank_pattern") or {}
-    ranks = [r, *pattern.values()] if isinstance(pattern, dict) else [r, None]
-    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in ranks):
+    given = [r, *pattern.values()] if isinstance(pattern, dict) else [r, None]
+    ranks = [x for x in given if isinstance(x, int) and not isinstance(x, bool) and x >= 1]
+    if len(ranks) != len(given):
         return f"{config}: r (and rank_pattern's values) must be whole numbers >= 1, got r={r!r}"
     base = raw.get("base_model_name_or_path")
     bias = raw.get("bias", "none")
@@ -854,7 +855,7 @@ def same_model(base: str, model: str) -> bool:
     if len(want) == 2 and parts[-2:] == want:
         return True
     hub = f"models--{want[0]}--{want[1]}" if len(want) == 2 else None
-    return hub is not None and hub in parts or (model.startswith("/") and parts[-1:] == want[-1:])
+    return (hub is not None and hub in parts) or (model.startswith("/") and parts[-1:] == want[-1:])
 
 
 def lora_problems(data: HostData) -> list[tuple[str, object, str]]:
@@ -887,10 +888,11 @@ def lora_problems(data: HostData) -> list[tuple[str, object, str]]:
                         f"{data.model}: an adapter only works on the model it was trained on; use one trained on "
                         f"{data.model}, or remove it"))  # fmt: skip
         if data.max_lora_rank is not None and found.rank > data.max_lora_rank:
-            out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} ({ADAPTER_CONFIG} r) exceeds max_lora_rank "
-                        f"{data.max_lora_rank}: vLLM refuses it ('LoRA rank {found.rank} is greater than max_lora_rank "
-                        f"{data.max_lora_rank}.'); raise max_lora_rank to {lora_rank_for([found.rank]) or 'a larger rank'}"
-                        " or remove it to let fleet choose"))  # fmt: skip
+            fits = lora_rank_for([found.rank]) or "a larger rank"
+            out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} ({ADAPTER_CONFIG} r) exceeds "
+                        f"max_lora_rank {data.max_lora_rank}: vLLM refuses it ('LoRA rank {found.rank} is greater "
+                        f"than max_lora_rank {data.max_lora_rank}.'); raise max_lora_rank to {fits} or remove it "
+                        "to let fleet choose"))  # fmt: skip
         elif data.max_lora_rank is None and lora_rank_for([found.rank]) is None:
             out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} exceeds {LORA_RANKS[-1]}, the largest "
                         "max_lora_rank vLLM 0.33 takes"))  # fmt: skip

@@ -45,9 +45,9 @@ from fleet.inventory.schema import (
     FLEET_KEYS,
     GPU_KEYS,
     KNOWN_KEYS,
+    LORA_KEYS,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
-    LORA_KEYS,
     SPECULATIVE_KEYS,
     USER_PREFIX,
     WORKLOAD_KEYS,
@@ -61,8 +61,8 @@ from fleet.inventory.schema import (
     lora_problems,
     lora_rank_for,
     model_source_problem,
-    read_adapter,
     port_range_problem,
+    read_adapter,
     source_model_dir,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field

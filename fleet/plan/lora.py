@@ -107,7 +107,7 @@ def lora_cost(lora: LoraSpec, arch: ModelArch, tp: int) -> LoraCost:
     where = (
         f"{arch.num_layers} layers × {layer:,} B (q/k/v, o, gate/up, down)"
         + (f" + embedding and logits {emb:,} B" if emb else "")
-        + ("" if not emb or any(a in EMBEDDING_LORA for a in arch.architectures) else " (counted: architecture not known)")
+        + ("" if not emb or set(arch.architectures) & EMBEDDING_LORA else " (counted: architecture not known)")
     )
     return LoraCost(
         total,

@@ -31,9 +31,9 @@ from fleet.plan.gpu_source import (
     gpus_for,
     planning_gpus_of,
 )
+from fleet.plan.lora import field_problem as lora_field_problem
 from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
 from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
-from fleet.plan.lora import field_problem as lora_field_problem
 from fleet.plan.speculative import draft_key
 from fleet.plan.speculative import field_problem as speculative_field_problem
 

@@ -44,8 +44,8 @@ from fleet.model.arch import ModelArch
 from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
 from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout, LayerKind, kv_layout
 from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
-from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.lora import LoraCost, flags_reasons, lora_cost, unsupported
+from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.speculative import DraftCost, draft_cost, verdict
 from fleet.plan.speculative import problem as speculative_problem
 from fleet.plan.vllm_surface import SurfaceError, known_versions, parse_serve_argv
