@@ -187,3 +187,48 @@ def test_extra_lora_flags_point_to_the_keys() -> None:
         "--max-loras is planned by fleet: set max_loras (with lora_adapters) instead",
         "--lora-modules is planned by fleet: set lora_adapters (each adapter staged to the hosts like a model) instead",
     ]
+
+
+# -- staging: adapters like models ---------------------------------------------------------------
+
+
+def test_an_adapters_manifest_is_its_own_directory(tmp_path: Path) -> None:
+    from fleet.errors import FleetError
+    from fleet.weights.manifest import build_manifest
+
+    path = adapter(tmp_path, "sql")
+    m = build_manifest(path, "fleet-lora/sql", directory=path, marker="adapter_config.json")
+    assert [f.path for f in m.files] == ["adapter_config.json", "adapter_model.safetensors"]
+    with pytest.raises(FleetError, match=r"adapter source .*: no adapter_config\.json there"):
+        build_manifest(str(tmp_path), "fleet-lora/x", directory=str(tmp_path), marker="adapter_config.json")
+
+
+def test_a_hosts_adapters_are_staged_after_its_model_and_told_as_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.facts.sshlink import SshTarget
+    from fleet.weights import stage as stage_mod
+    from fleet.weights.stage import StageJob, StageResult, stage_all
+
+    rounds: list[list[tuple[str, str]]] = []
+
+    def fake(jobs: list[StageJob], **_: Any) -> dict[str, StageResult]:
+        rounds.append([(j.target.name, j.model) for j in jobs])
+        out = {}
+        for j in jobs:
+            bad = (j.target.name, j.model) == ("h2", "org/m")
+            status, error = ("failed", "disk") if bad else ("staged", None)
+            out[j.target.name] = StageResult(j.target.name, j.model, status, "rev", 1, 10, error=error)
+        return out
+
+    monkeypatch.setattr(stage_mod, "stage", fake)
+    h1, h2 = SshTarget("h1", "127.0.0.1"), SshTarget("h2", "127.0.0.2")
+    jobs = [
+        StageJob(h1, "org/m", "/src"), StageJob(h1, "fleet-lora/a", "/a", directory="/a"),
+        StageJob(h1, "fleet-lora/b", "/b", directory="/b"), StageJob(h2, "org/m", "/src"),
+        StageJob(h2, "fleet-lora/a", "/a", directory="/a"),
+    ]  # fmt: skip
+    out = stage_all(jobs)
+    assert rounds == [[("h1", "org/m"), ("h2", "org/m")], [("h1", "fleet-lora/a")], [("h1", "fleet-lora/b")]]
+    assert (out["h1"].status, out["h1"].model, out["h1"].sent_bytes) == (
+        "staged", "org/m, fleet-lora/a, fleet-lora/b", 30,
+    )  # fmt: skip
+    assert (out["h2"].status, out["h2"].model, out["h2"].error) == ("failed", "org/m", "disk")  # adapter not tried
