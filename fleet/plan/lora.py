@@ -137,7 +137,8 @@ def flags_reasons(lora: LoraSpec) -> dict[str, str]:
         "--max-cpu-loras": (
             "inventory max_cpu_loras"
             if lora.cpu_loras_set_by_you
-            else f"every adapter ({n}) kept loaded in CPU memory (at least max_loras, as vLLM requires)"
+            else f"every adapter ({n}) kept loaded in CPU memory, and at least max_loras ({lora.max_loras}), as vLLM "
+            "requires"
         ),
     }
 
