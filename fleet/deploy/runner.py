@@ -1156,7 +1156,7 @@ def _roll(
     stale = {(n, u.unit) for n in hosts for u in states.get(n) or () if u.stale}
     targets = [
         Target(ref, staged[ref.host].release, s.model, s.port, restart=(ref.host, s.unit) in stale,
-               revision=staged[ref.host].revisions[ref.instance])
+               revision=staged[ref.host].revisions[ref.instance], adapters=s.adapters)
         for ref, s in fleet.instances.items()
     ]  # fmt: skip
     progress(f"rolling {len(hosts)} serving host(s) onto the new release/configuration behind the health gates")

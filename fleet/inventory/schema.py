@@ -49,7 +49,19 @@ The serving settings fleet has no key of its own for (issue 23):
   for ``draft_model``/``eagle``/``eagle3``, refused for ``ngram``/``mtp``, which need none),
   ``model_config`` (a path to the draft's ``config.json`` or its directory), ``num_speculative_tokens``
   (1 to 16: vLLM asks only ``> 0``; fleet's bound, as acceptance decays with each further token),
-  ``prompt_lookup_min``/``prompt_lookup_max`` (``ngram`` only; min <= max, as vLLM checks).
+  ``prompt_lookup_min``/``prompt_lookup_max`` (``ngram`` only; min <= max, as vLLM checks);
+* ``lora_adapters``: LoRA adapters served beside the model (``fleet.plan.lora``), ``{NAME: {kind:
+  dir, path}}``: ``path`` is the adapter's directory on this machine (``adapter_config.json`` and
+  its weights, what PEFT's ``save_pretrained`` writes), staged to the hosts like a model
+  (``fleet.weights``). ``NAME`` is what clients ask for (letters, digits, ``.``, ``_``, ``-``; not
+  the served model's name). Each adapter's ``adapter_config.json`` is read when the inventory is
+  loaded (``lora_problems``): its rank (``r``, and any ``rank_pattern`` value) must not exceed
+  ``max_lora_rank``, its ``base_model_name_or_path`` must be the host's model, and ``bias`` must
+  be ``none`` (vLLM 0.33's ``PEFTHelper.validate_legal``, ``vllm/lora/peft_helper.py``);
+* ``max_lora_rank`` (one of vLLM 0.33's ``MaxLoRARanks``, ``vllm/config/lora.py``: 1, 8, 16, 32,
+  64, 128, 256, 320, 512; default: the smallest that holds every adapter), ``max_loras`` (adapters
+  in one batch, 1 to 64; default: every adapter), ``max_cpu_loras`` (adapters kept in CPU memory,
+  >= ``max_loras`` as vLLM checks; default: every adapter): read only with ``lora_adapters``.
 
 The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
 
@@ -95,9 +107,11 @@ else the string), so the same strict grammar applies to them: ``releases_kept=2`
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -453,6 +467,12 @@ SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3
 #: methods that read a second checkpoint (``speculative.model``)
 SPECULATIVE_WITH_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagle3")
 MAX_SPECULATIVE_TOKENS = 16
+#: vLLM 0.33's ``MaxLoRARanks`` (``vllm/config/lora.py``): the ranks ``--max-lora-rank`` takes.
+LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORAS = 64
+#: The file PEFT writes beside an adapter's weights; vLLM reads ``r``, ``rank_pattern``, ``bias`` and
+#: ``base_model_name_or_path`` from it (``PEFTHelper.from_local_dir``, ``vllm/lora/peft_helper.py``).
+ADAPTER_CONFIG = "adapter_config.json"
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -482,6 +502,51 @@ class BalancerData(BaseModel):
 
 
 SourceDir = Annotated[str, AfterValidator(_source_dir)]
+
+
+def _adapter_dir(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(
+            "an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/lora/sql"
+        )
+    if not os.path.isdir(value):
+        raise ValueError(
+            "no such directory on this machine: the adapter is read here (fleet copies its files to the hosts); "
+            f"put the adapter's files ({ADAPTER_CONFIG} and its weights) there, or point path at where they are"
+        )
+    if not os.access(value, os.R_OK | os.X_OK):
+        raise ValueError(
+            f"not readable by this user (uid {os.getuid()}): give it read and search permission (chmod a+rx)"
+        )
+    return value
+
+
+AdapterDir = Annotated[str, AfterValidator(_adapter_dir)]
+#: A LoRA adapter's name: what clients put in ``model``; it lands in argv (``--lora-modules NAME=...``,
+#: where vLLM splits on the first ``=``) and in the hosts' cache as ``fleet-lora/NAME``.
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _lora_name(value: str) -> str:
+    if not _LORA_NAME.fullmatch(value) or value.endswith(".") or ".." in value:
+        raise ValueError(
+            "an adapter name of letters, digits, '.', '_', '-' (starting with a letter or digit, at most 64): "
+            "clients ask for it as the model"
+        )
+    return value
+
+
+LoraName = Annotated[str, AfterValidator(_lora_name)]
+
+
+class LoraAdapterData(BaseModel):
+    """``lora_adapters.NAME: {kind: dir, path}``: one adapter's directory on the control machine."""
+
+    model_config = _STRICT
+
+    kind: Literal["dir"]
+    path: AdapterDir
 
 
 class DirSourceData(BaseModel):
@@ -630,6 +695,10 @@ class HostData(BaseModel):
     vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
     serving_preset: Literal["throughput", "latency", "long_context"] | None = None
     speculative: SpeculativeData | None = None
+    lora_adapters: Annotated[dict[LoraName, LoraAdapterData], Field(max_length=MAX_LORAS)] = Field(default_factory=dict)
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = None
+    max_loras: Annotated[int, Field(ge=1, le=MAX_LORAS)] | None = None
+    max_cpu_loras: Annotated[int, Field(ge=1, le=1024)] | None = None
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
@@ -675,6 +744,7 @@ GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
+LORA_KEYS: tuple[str, ...] = tuple(LoraAdapterData.model_fields)
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -702,6 +772,11 @@ FIELD_HELP: dict[str, str] = {
     "model_config?, prompt_lookup_min?, prompt_lookup_max?}",
     "speculative.method": "one of " + ", ".join(SPECULATIVE_METHODS),
     "speculative.num_speculative_tokens": f"a whole number from 1 to {MAX_SPECULATIVE_TOKENS}",
+    "lora_adapters": "a mapping of adapter name to {kind: dir, path: /srv/lora/NAME}, e.g. "
+    "{'sql': {'kind': 'dir', 'path': '/srv/lora/sql'}}",
+    "max_lora_rank": "one of vLLM's ranks: " + ", ".join(map(str, LORA_RANKS)),
+    "max_loras": f"a whole number from 1 to {MAX_LORAS}: adapters in one batch",
+    "max_cpu_loras": "a whole number from 1 to 1024, at least max_loras: adapters kept in CPU memory",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
     "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
     "backend?, timeout_s?}",
@@ -748,6 +823,104 @@ def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
     if not os.access(config, os.R_OK):
         return ("model_source.path", source.path, f"{config} is not readable by this user: chmod a+r it")
     return None
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """What vLLM 0.33 reads from an adapter's ``adapter_config.json`` (``PEFTHelper``)."""
+
+    rank: int  #: ``max(r, *rank_pattern.values())``, as ``PEFTHelper.validate_legal`` takes it
+    base_model: str | None  #: ``base_model_name_or_path``
+    bias: str
+
+
+def read_adapter(path: str) -> AdapterConfig | str:
+    """An adapter directory's ``adapter_config.json``, or why it cannot be used (in words)."""
+    config = os.path.join(path, ADAPTER_CONFIG)
+    try:
+        with open(config, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return f"holds no {ADAPTER_CONFIG} ({config}): not a PEFT LoRA adapter directory"
+    except OSError as exc:
+        return f"{config} cannot be read: {exc.strerror or exc}"
+    except ValueError as exc:
+        return f"{config} is not JSON: {exc}"
+    if not isinstance(raw, dict):
+        return f"{config} is not a JSON object"
+    r = raw.get("r")
+    pattern = raw.get("rank_pattern") or {}
+    given = [r, *pattern.values()] if isinstance(pattern, dict) else [r, None]
+    ranks = [x for x in given if isinstance(x, int) and not isinstance(x, bool) and x >= 1]
+    if len(ranks) != len(given):
+        return f"{config}: r (and rank_pattern's values) must be whole numbers >= 1, got r={r!r}"
+    base = raw.get("base_model_name_or_path")
+    bias = raw.get("bias", "none")
+    return AdapterConfig(max(ranks), base if isinstance(base, str) and base else None, str(bias))
+
+
+def lora_rank_for(ranks: list[int]) -> int | None:
+    """The smallest ``--max-lora-rank`` vLLM takes that holds every rank; None past 512."""
+    top = max(ranks, default=1)
+    return next((r for r in LORA_RANKS if r >= top), None)
+
+
+def same_model(base: str, model: str) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` names ``model``: the same id, or a local
+    directory of it (``/srv/models/ORG/NAME``, ``.../models--ORG--NAME/snapshots/REV``)."""
+    if base.rstrip("/") == model.rstrip("/"):
+        return True
+    want = model.rstrip("/").split("/")
+    parts = base.rstrip("/").split("/")
+    if len(want) == 2 and parts[-2:] == want:
+        return True
+    hub = f"models--{want[0]}--{want[1]}" if len(want) == 2 else None
+    return (hub is not None and hub in parts) or (model.startswith("/") and parts[-1:] == want[-1:])
+
+
+def lora_problems(data: HostData) -> list[tuple[str, object, str]]:
+    """(field, value, why) for every LoRA setting vLLM 0.33 would refuse, or that fleet cannot plan."""
+    out: list[tuple[str, object, str]] = []
+    if not data.lora_adapters:
+        for key in ("max_lora_rank", "max_loras", "max_cpu_loras"):
+            if (value := getattr(data, key)) is not None:
+                out.append((key, value, "only read with lora_adapters: add the adapters, or remove " + key))
+        return out
+    if data.multi_node:
+        out.append(("lora_adapters", ", ".join(data.lora_adapters), "not planned for instances spanning hosts "
+                    "(multi_node): remove lora_adapters, or serve the model on one host"))  # fmt: skip
+    names = {data.model, data.served_model_name or data.model}
+    ranks: dict[str, int] = {}
+    for name, adapter in data.lora_adapters.items():
+        fld = f"lora_adapters.{name}"
+        if name in names:
+            out.append((fld, name, "the served model's own name: give the adapter a name of its own"))
+        found = read_adapter(adapter.path)
+        if isinstance(found, str):
+            out.append((f"{fld}.path", adapter.path, found))
+            continue
+        ranks[name] = found.rank
+        if found.bias != "none":
+            out.append((f"{fld}.path", adapter.path, f"{ADAPTER_CONFIG} has bias {found.bias!r}: vLLM refuses "
+                        "adapters with bias ('Adapter bias is not supported.'); retrain with bias='none'"))  # fmt: skip
+        if found.base_model is not None and not same_model(found.base_model, data.model):
+            out.append((f"{fld}.path", adapter.path, f"an adapter for {found.base_model}, not for this host's model "
+                        f"{data.model}: an adapter only works on the model it was trained on; use one trained on "
+                        f"{data.model}, or remove it"))  # fmt: skip
+        if data.max_lora_rank is not None and found.rank > data.max_lora_rank:
+            fits = lora_rank_for([found.rank]) or "a larger rank"
+            out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} ({ADAPTER_CONFIG} r) exceeds "
+                        f"max_lora_rank {data.max_lora_rank}: vLLM refuses it ('LoRA rank {found.rank} is greater "
+                        f"than max_lora_rank {data.max_lora_rank}.'); raise max_lora_rank to {fits} or remove it "
+                        "to let fleet choose"))  # fmt: skip
+        elif data.max_lora_rank is None and lora_rank_for([found.rank]) is None:
+            out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} exceeds {LORA_RANKS[-1]}, the largest "
+                        "max_lora_rank vLLM 0.33 takes"))  # fmt: skip
+    loras = data.max_loras if data.max_loras is not None else len(data.lora_adapters)
+    if data.max_cpu_loras is not None and data.max_cpu_loras < loras:
+        out.append(("max_cpu_loras", data.max_cpu_loras, f"must be >= max_loras ({loras}), as vLLM checks "
+                    "(LoRAConfig); raise it or remove it"))  # fmt: skip
+    return out
 
 
 def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str, object, str] | None:

@@ -45,6 +45,7 @@ from fleet.inventory.schema import (
     FLEET_KEYS,
     GPU_KEYS,
     KNOWN_KEYS,
+    LORA_KEYS,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
     SPECULATIVE_KEYS,
@@ -58,8 +59,11 @@ from fleet.inventory.schema import (
     cuda_problem,
     driver_problem,
     haproxy_name,
+    lora_problems,
+    lora_rank_for,
     model_source_problem,
     port_range_problem,
+    read_adapter,
     source_model_dir,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
@@ -211,6 +215,41 @@ class SpeculativeSpec:
         return json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
 
 
+#: The Hugging Face cache "organisation" adapters are staged under on the hosts: adapter NAME lands
+#: in ``<HF_HOME>/hub/models--fleet-lora--NAME/snapshots/<revision>/`` (``fleet.weights``), and the
+#: unit names it ``fleet-lora/NAME``, which vLLM resolves offline through ``refs/main``
+#: (``get_adapter_absolute_path`` in ``vllm/lora/utils.py``: a path that is not absolute and does
+#: not exist is a Hub id, ``snapshot_download`` answers from the cache under ``HF_HUB_OFFLINE=1``).
+LORA_REPO_ORG = "fleet-lora"
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One ``lora_adapters`` entry: its name, its directory here, its rank (``adapter_config.json``)."""
+
+    name: str
+    path: str  #: the adapter's directory on the control machine
+    rank: int
+
+    @property
+    def repo(self) -> str:
+        """The id the unit passes to vLLM and the repository the adapter is staged into on the hosts."""
+        return f"{LORA_REPO_ORG}/{self.name}"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """``lora_adapters`` with ``max_lora_rank``/``max_loras``/``max_cpu_loras`` (``fleet.plan.lora``)."""
+
+    adapters: tuple[LoraAdapter, ...]
+    max_lora_rank: int
+    max_loras: int
+    max_cpu_loras: int
+    rank_set_by_you: bool = False  #: False: fleet chose the smallest rank vLLM takes that holds every adapter
+    loras_set_by_you: bool = False
+    cpu_loras_set_by_you: bool = False
+
+
 @dataclass(frozen=True)
 class HostSpec:
     """Everything fleet needs to know about one host from the inventory."""
@@ -251,6 +290,7 @@ class HostSpec:
     vllm_extra_args: tuple[tuple[str, ExtraArgValue], ...] = ()
     serving_preset: str | None = None  #: ``fleet.plan.presets``; None: vLLM's defaults
     speculative: SpeculativeSpec | None = None  #: ``fleet.plan.speculative``; None: no speculative decoding
+    lora: LoraSpec | None = None  #: ``fleet.plan.lora``; None: no LoRA adapters
     releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
@@ -485,6 +525,8 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         SPECULATIVE_KEYS,
         PYINFRA_KEYS_READ,
     )
+    if parts[:1] == ["lora_adapters"] and len(parts) >= 2:  # the adapter's name is part of the field
+        return ".".join(parts[:2] + [p for p in parts[2:] if p in LORA_KEYS])
     names = [p for p in parts if any(p in keys for keys in known)]
     return ".".join(names) or ".".join(parts)
 
@@ -657,6 +699,8 @@ def host_spec(
                   "remove speculative, or serve the model on one host")  # fmt: skip
     if valid is not None and (bad := model_source_problem(valid)) is not None:
         h.problem(*bad)
+    for bad in lora_problems(valid) if valid is not None else ():
+        h.problem(*bad)
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
@@ -696,6 +740,7 @@ def host_spec(
         vllm_extra_args=tuple((k, _extra_value(v)) for k, v in valid.vllm_extra_args.items()),
         serving_preset=valid.serving_preset,
         speculative=_speculative_spec(valid),
+        lora=_lora_spec(valid),
         releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
@@ -718,6 +763,29 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
         config = source_model_dir(valid.model_source.path, sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
+    )
+
+
+def _lora_spec(valid: HostData) -> LoraSpec | None:
+    """``lora_adapters`` as the planner reads it (``lora_problems`` has refused what does not go)."""
+    if not valid.lora_adapters:
+        return None
+    adapters = []
+    for name, a in valid.lora_adapters.items():
+        found = read_adapter(a.path)
+        assert not isinstance(found, str)  # refused by lora_problems
+        adapters.append(LoraAdapter(name, a.path, found.rank))
+    rank = valid.max_lora_rank or lora_rank_for([a.rank for a in adapters])
+    assert rank is not None
+    loras = valid.max_loras or len(adapters)
+    return LoraSpec(
+        tuple(adapters),
+        rank,
+        loras,
+        valid.max_cpu_loras or max(loras, len(adapters)),
+        rank_set_by_you=valid.max_lora_rank is not None,
+        loras_set_by_you=valid.max_loras is not None,
+        cpu_loras_set_by_you=valid.max_cpu_loras is not None,
     )
 
 

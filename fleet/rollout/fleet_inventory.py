@@ -212,10 +212,13 @@ def fleet_of(
     problems += fleet_plan.refusals()
     if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
         raise FleetError(why)
+    lora = {s.name: tuple(a.name for a in s.lora.adapters) if s.lora else () for s in loaded.hosts}
     for planned in fleet_plan.instances():
         ref = InstanceRef(planned.host, planned.name)
         gpus = planned.placements[0].gpus  # one node per instance today
-        instances[ref] = InstanceSpec(ref, planned.unit, planned.url, planned.port, gpus, planned.served_name)
+        instances[ref] = InstanceSpec(
+            ref, planned.unit, planned.url, planned.port, gpus, planned.served_name, adapters=lora.get(planned.host, ())
+        )
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(

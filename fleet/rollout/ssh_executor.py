@@ -101,6 +101,7 @@ class InstanceSpec:
     model: str  #: the served model name the inventory gives it now
     unit_path: str = ""  #: the live unit file (default: ``/etc/systemd/system/<unit>``)
     env_path: str = ""  #: the live env file (default: ``/etc/fleet/<instance>.env``)
+    adapters: tuple[str, ...] = ()  #: the LoRA adapters the inventory gives it now (``lora_adapters``)
 
     @property
     def files(self) -> tuple[str, str]:
