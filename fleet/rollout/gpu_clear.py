@@ -17,8 +17,10 @@ a secret (``fleet.inventory.schema.drain_reason``), and the detail is redacted a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from fleet.errors import FleetError
 from fleet.facts.runner import SshTarget
@@ -38,6 +40,12 @@ NOT_CONFIRMED = (
 )
 
 
+#: reads the host's record and decides: (the new clears.json, what is cleared) (``read_clear``)
+Read = Callable[[SshTarget, int, str, str, float], tuple[dict[str, Any], str]]
+#: writes the decision on the host (``write_clear``)
+Write = Callable[[SshTarget, dict[str, Any], str], None]
+
+
 @dataclass(frozen=True)
 class JournaledClear:
     rollout_id: str  #: the journal entry (``fleet history ID``)
@@ -53,6 +61,8 @@ def clear_journaled(
     *,
     journal_path: str | Path | JournalLocation | None = None,
     now: float | None = None,
+    read: Read = read_clear,
+    write: Write = write_clear,
 ) -> JournaledClear:
     """Lift GPU ``gpu``'s quarantine on ``target`` and journal it for ``fleet`` (the inventory's
     absolute path, the name rollouts journal it by).
@@ -60,10 +70,10 @@ def clear_journaled(
     Raises ``JournalError`` before the host is read when the journal cannot be opened;
     ``ClearRefused`` (bad input: nothing written anywhere) or ``FleetError`` when the host's
     record cannot be used or the host could not be reached or written (then the journal entry is
-    ``halted`` with why)."""
+    ``halted`` with why). ``read``/``write``: how the host is read and written (over SSH)."""
     now = time.time() if now is None else now
     with open_journal(journal_path, write=True) as journal:
-        clears, text = read_clear(target, gpu, by, why, now)
+        clears, text = read(target, gpu, by, why, now)
         detail = redact(f"host {target.name}: {text}")
         state = replace(
             new_rollout(new_rollout_id(now), fleet, KIND, [], RolloutPolicy(), now),
@@ -73,7 +83,7 @@ def clear_journaled(
         journal.begin(state)
         seq = journal.note(state, STEP, detail, now, target.name)
         try:
-            write_clear(target, clears, text)
+            write(target, clears, text)
         except FleetError as exc:
             failed = replace(state, reason=redact(f"the clear was not written: {exc}"))
             journal.outcome(seq, failed, False, redact(str(exc)), time.time())

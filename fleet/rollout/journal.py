@@ -531,7 +531,8 @@ class RolloutJournal(ABC):
 
     def note(self, state: RolloutState, what: str, detail: str, now: float, host: str | None = None) -> int:
         """A step taken around the engine (``fleet gpu clear``), written durably **before** it is
-        taken, its outcome left open (``outcome`` records it); returns its sequence number."""
+        taken, its outcome left open (``outcome`` records it), with ``state`` (its status and
+        reason) in the same transaction; returns its sequence number."""
         row = (state.id, now, host, what, detail, "{}", json.dumps(state_to_dict(state)))
 
         def write(x: Exec) -> int:
@@ -540,6 +541,7 @@ class RolloutJournal(ABC):
                 "VALUES (?,?,?,?,?,?,?) RETURNING seq",
                 row,
             )
+            self._save(x, state, now)
             return int(rows[0][0])
 
         return self._write(write)
