@@ -147,3 +147,20 @@ def test_an_xid_79_on_gpu_2_is_recorded_exported_quarantined_planned_around_and_
                         "--journal", journal)  # fmt: skip
     assert unknown.returncode == 2 and "GPU 9 is not in the watcher's record" in unknown.stderr
     assert len(json.loads(fleet_cli("history", "--journal", journal, "--json").stdout)["rollouts"]) == 1
+
+    # a corrupt clears.json (it keeps who cleared what): its GPUs count as never cleared, and the
+    # clear refuses to write over it (exit 1: the host's state), naming the way out
+    clears = f"{STATE_DIR}/clears.json"
+    sh(watched, f"sudo -n cp -p {clears} {clears}.good && echo '{{half' | sudo -n tee {clears} >/dev/null")
+    try:
+        assert set(state(watched).quarantined()) == {2}
+        refused = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "2", "--why", why,
+                            "--journal", journal)  # fmt: skip
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"host {watched.name}: clears.json is not JSON" in refused.stderr
+        assert "fleet does not write over it; nothing was cleared" in refused.stderr
+        assert sh(watched, f"sudo -n cat {clears}").strip() == "{half"
+    finally:
+        sh(watched, f"sudo -n mv -f {clears}.good {clears}")
+    assert state(watched).quarantined() == {}
+    assert len(json.loads(fleet_cli("history", "--journal", journal, "--json").stdout)["rollouts"]) == 1
