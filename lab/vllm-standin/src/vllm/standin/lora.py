@@ -166,11 +166,14 @@ def check_speculative(raw: str | None) -> dict[str, Any] | None:
     if not isinstance(k, int) or k <= 0:
         raise StartupError("ValueError", f"Expected num_speculative_tokens to be greater than zero ({k}).")
     if method == "ngram":
-        low, high = cfg.get("prompt_lookup_min"), cfg.get("prompt_lookup_max")
-        if low is None and high is None:
-            low = high = 5
-        low = high if low is None else low
-        high = low if high is None else high
+        given = {key: cfg.get(key) for key in ("prompt_lookup_min", "prompt_lookup_max")}
+        for key, value in given.items():
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise StartupError("ValueError", f"{key}: Input should be a valid integer ({value!r})")
+        low_given, high_given = given["prompt_lookup_min"], given["prompt_lookup_max"]
+        # vLLM's SpeculativeConfig.__post_init__: both unset → 5; one set → the other takes its value
+        low: int = low_given if low_given is not None else (high_given if high_given is not None else 5)
+        high: int = high_given if high_given is not None else low
         if low > high:
             raise StartupError("ValueError", f"prompt_lookup_min={low} must be <= prompt_lookup_max={high}")
         cfg = {**cfg, "prompt_lookup_min": low, "prompt_lookup_max": high}
