@@ -129,7 +129,9 @@ def build_standin_wheel(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = out_dir / ".vllm-standin.sha256"
     wanted = standin_source_hash()
-    existing = sorted(out_dir.glob(f"{STANDIN_DIST}-*.whl"))
+    # the stand-in's builds only (local label +fleetlab...): not the real engine's alias wheel
+    # ``vllm-<version>+cpu`` that shares its name (``fleetlab.real_engine``)
+    existing = sorted(out_dir.glob(f"{STANDIN_DIST}-*+fleetlab*.whl"))
     if len(existing) == 1 and stamp.is_file() and stamp.read_text().strip() == wanted:
         return existing[0]
     with tempfile.TemporaryDirectory(prefix="standin-wheel-") as tmp:

@@ -260,6 +260,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
     lab.save(state)
     if opts.stage_model and state.real_engine is None:
         _stage_model(lab, state, desired, progress)
+    if state.real_engine is not None:
+        _install_host_debs(lab, state, desired, opts.cache_dir, progress)
 
     want_lb = opts.lb or state.lb is not None
     entry = lb_mod.balancer_entry(lab, state) if want_lb else None
@@ -312,6 +314,32 @@ def apply_air_gap(lab: LabDir, state: LabState) -> None:
             continue
         rules.append(airgap.host_rule(h.name, h.address, cgroup))
     airgap.apply(lab.name, rules, [airgap.Endpoint.parse(e) for e in state.air_gap])
+
+
+def _install_host_debs(
+    lab: LabDir, state: LabState, hosts: list[HostRecord], cache_dir: Path, progress: Progress
+) -> None:
+    """The Debian packages vLLM's CPU build needs on each host (``real_engine.HOST_DEBS``), part of
+    the hosts' image like the base's packages (fleet's deploy manages only the NVIDIA driver's)."""
+    for h in hosts:
+        m = machine_for(lab, state, h)
+        debs = real_engine.host_debs(cache_dir, m.root / "var/lib/dpkg/status", progress)
+        if not debs:
+            continue
+        target = m.root / real_engine.HOST_DEB_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        for deb in debs:
+            shutil.copyfile(deb, target / deb.name)
+        command = real_engine.install_debs_command(debs)
+        client = ssh.connect(h.address, state.ssh_port, lab.control_key, lab.known_hosts)
+        try:
+            rc, _out, err = ssh.run(client, command, timeout=600)
+        finally:
+            client.close()
+        if rc != 0:
+            raise LabError(f"{h.name}: installing {', '.join(d.name for d in debs)} failed: {err.strip()[-500:]}")
+        names = ', '.join(real_engine.HOST_DEBS)
+        progress(f"{h.name}: {names} installed ({len(debs)} packages; vLLM's CPU build needs them)")
 
 
 def _stage_model(lab: LabDir, state: LabState, hosts: list[HostRecord], progress: Progress) -> None:

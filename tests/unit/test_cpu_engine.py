@@ -163,7 +163,7 @@ def test_a_gpu_host_gets_no_cpu_environment() -> None:
 
 def test_too_few_cpus_for_the_planned_instances_is_a_plan_error(lock: Path) -> None:
     s = spec({"fleet_lab": LAB, "vllm_cpu": cpu(lock, cpus=[0])})
-    with pytest.raises(PlanError, match="vllm_cpu.cpus"):
+    with pytest.raises(PlanError, match=r"vllm_cpu\.cpus"):
         plan_host(s, HostGpus.from_catalogue("l40s-48gb", 2), load_model(MODEL))
 
 
