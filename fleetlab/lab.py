@@ -338,7 +338,7 @@ def _install_host_debs(
             client.close()
         if rc != 0:
             raise LabError(f"{h.name}: installing {', '.join(d.name for d in debs)} failed: {err.strip()[-500:]}")
-        names = ', '.join(real_engine.HOST_DEBS)
+        names = ", ".join(real_engine.HOST_DEBS)
         progress(f"{h.name}: {names} installed ({len(debs)} packages; vLLM's CPU build needs them)")
 
 

@@ -429,6 +429,7 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
         "url": t.url,
         "model": t.model,
         "pinned_vllm_version": t.vllm_version,
+        "expected_vllm_version": t.expected_version,
         "vllm_version": row.version,
         "state": row.state.value,
         "health": row.health.value,

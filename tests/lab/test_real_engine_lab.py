@@ -141,7 +141,8 @@ def test_status_shows_it_ready_on_the_cpu_builds_release(real_lab: tuple[LabFlee
     assert data is not None, err
     (row,) = data["instances"]
     assert rc == 0 and row["state"] == "ready", row
-    assert row["version"] == "0.32.0" and not row["problems"], row
+    assert row["vllm_version"] == "0.32.0" and row["expected_vllm_version"] == "0.32.0" and not row["problems"], row
+    assert row["pinned_vllm_version"] == "0.33.0" and row["unit"]["installed_vllm_version"] == "0.32.0", row
 
 
 def test_prometheus_scrapes_the_real_engines_metrics(real_lab: tuple[LabFleet, str], tmp_path: Path) -> None:
@@ -174,8 +175,9 @@ def test_restart_drains_and_passes_the_gates_against_the_real_engine(
     lab, url = real_lab
     _rc, before, _err = on_host(lab, "systemctl show -p MainPID --value fleet-vllm-0")
     t0 = time.monotonic()
-    rc, result, err = fleet_json("restart", str(lab.opts.inventory), "--json", "--soak", "1", "--health-timeout",
-                                 "900", "--journal", str(tmp_path / "journal.sqlite"), timeout=1800)  # fmt: skip
+    argv = ["restart", str(lab.opts.inventory), "--json", "--soak", "2", "--probe-interval", "0.5",
+            "--health-timeout", "900", "--journal", str(tmp_path / "journal.sqlite")]  # fmt: skip
+    rc, result, err = fleet_json(*argv, timeout=1800)
     print(f"\nfleet restart of the real engine: {time.monotonic() - t0:.0f} s")
     assert rc == 0 and result is not None and result["status"] == "done", (result, err)
     _rc, after, _err = on_host(lab, "systemctl show -p MainPID,NRestarts fleet-vllm-0")
