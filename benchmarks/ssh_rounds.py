@@ -13,6 +13,12 @@ trips per host (min-max over the hosts) and the command's wall time; ``--json`` 
 
 Targets (issue 26): a first deploy without reboot opens at most 2 SSH sessions per host, a
 no-change run 1.
+
+Measured 2026-11-26 19:00 (2 hosts, load ~20): first deploy 2 sessions / 74 round trips per host,
+no-change run 1 / 4, ``fleet restart`` 1 / 40. On main at 5e600f8 a restart opened 4 sessions per
+host (the NVML probe, the GPU watcher record and the drain markers each on a connection of their
+own, then the executor's: 4 sessions / 42 round trips, measured on a 4-host lab); the read round
+and the drain markers now go over the executor's connection.
 """
 
 from __future__ import annotations

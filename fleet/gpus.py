@@ -32,6 +32,10 @@ class Fabric(StrEnum):
     NONE = "none"  #: PCIe only
 
 
+#: ``nvmlBrandType_t`` values of data-centre boards: ``NVML_BRAND_TESLA`` 2, ``NVML_BRAND_NVIDIA`` 14.
+DATA_CENTRE_BRANDS = frozenset({2, 14})
+
+
 @dataclass(frozen=True)
 class GpuSku:
     """One GPU model as NVML describes it."""
@@ -95,6 +99,14 @@ class GpuSku:
     def cuda_total(self) -> int:
         """The memory CUDA reports as total: NVML's total minus the driver's reserve."""
         return self.memory_total - self.memory_reserved
+
+    @property
+    def forward_compatible(self) -> bool:
+        """CUDA forward compatibility (the ``cuda-compat-X-Y`` package) works on this board: NVIDIA's
+        "CUDA Compatibility" guide, "Forward Compatibility": "applicable only for systems with NVIDIA
+        Data Center GPUs" (and select NGC Server Ready RTX SKUs, which fleet does not tell apart);
+        NVML's brand ``NVIDIA`` (14, data centre) or ``TESLA`` (2), never GeForce or (Quadro) RTX."""
+        return self.brand in DATA_CENTRE_BRANDS
 
     @property
     def memory_gib(self) -> float:
@@ -459,6 +471,8 @@ class HostGpus:
     source: str  #: where these facts came from: "probe", "catalogue:<key>", "inventory"
     driver_version: str = ""
     sku: GpuSku | None = field(default=None, compare=False)
+    #: ``nvmlSystemGetCudaDriverVersion`` of a probed host (``13000``: CUDA 13.0); None: not known
+    cuda_driver_version: int | None = None
 
     @classmethod
     def from_catalogue(cls, key: str, count: int | None = None, fabric: Fabric | None = None) -> HostGpus:

@@ -165,4 +165,5 @@ def host_gpus(facts: HostFacts) -> HostGpus:
         source="probe",
         driver_version=facts.driver_version or "",
         sku=sku,
+        cuda_driver_version=facts.cuda_driver_version,
     )

@@ -1,4 +1,4 @@
-"""The lab's signed apt repository: stand-ins for NVIDIA's driver packages, served beside the index.
+"""The lab's signed apt repository: stand-ins for NVIDIA's driver and CUDA packages, served beside the index.
 
 A real fleet installs the GPU driver from NVIDIA's CUDA apt repository (or a mirror of it): a
 *flat* repository per distribution (``<mirror>/debian12/x86_64/``, ``ubuntu2204/x86_64/``,
@@ -54,11 +54,16 @@ from fleetlab.locks import file_lock
 #: describe; 580.82.07 is an older release of the same branch, so pinning is observable (apt
 #: alone would take the newest).
 DRIVER_VERSIONS: tuple[str, ...] = ("580.82.07", "580.95.05")
+#: CUDA toolkits the lab repository offers (``cuda-toolkit-X-Y``: version X.Y.Z), and the CUDA
+#: versions it has forward-compatibility packages for (``cuda-compat-X-Y``, versioned, as NVIDIA's
+#: are, by the driver its ``libcuda.so.1`` comes from).
+CUDA_TOOLKITS: tuple[str, ...] = ("12.9.1", "13.0.2")
+CUDA_COMPAT: tuple[tuple[str, str], ...] = (("13.0", "580.95.05"),)
 DEB_REVISION = "1"
 #: NVIDIA's repository path for the lab's distribution (Debian 12) on this machine's arch.
 DIST_PATH = "debian12/" + {"aarch64": "sbsa"}.get(platform.machine(), platform.machine())
 #: Bump when the package recipes below change, so an old build is not reused.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 KEY_UID = "fleet lab archive signing key <apt@fleet-lab.invalid>"
 
 #: Inside a lab host: where the loaded "module" puts the profile the NVML library reads (the
@@ -241,10 +246,98 @@ def _packages(version: str, shim: bytes) -> list[DebPackage]:
     ]
 
 
+#: What every CUDA stand-in package says about itself (``README.fleet-lab`` beside its files).
+CUDA_README = """\
+fleet lab stand-in for NVIDIA's {name} (version {version}).
+
+This is NOT NVIDIA's package: the fleet lab's apt repository (fleetlab/apt_repo.py) builds it so
+that `fleet deploy` runs the apt commands it runs against NVIDIA's CUDA repository, and the files
+land where the real package puts them. {what}
+"""
+#: The first line of a stand-in compat ``libcuda.so.1`` (the lab's vLLM stand-in reads the CUDA
+#: version after it, as the real CUDA runtime gets it from ``cuDriverGetVersion`` of that library).
+COMPAT_MARKER = "fleet-lab-stand-in libcuda.so.1 CUDA"
+
+
+def _nvcc(version: str) -> str:
+    """A stand-in ``nvcc`` that answers ``--version`` as the real one does."""
+    major_minor = ".".join(version.split(".")[:2])
+    return textwrap.dedent(
+        f"""\
+        #!/bin/sh
+        # fleet lab stand-in for NVIDIA's nvcc {version}: it compiles nothing.
+        case "${{1:-}}" in
+        --version|-V)
+            echo "nvcc: NVIDIA (R) Cuda compiler driver"
+            echo "Copyright (c) 2005-2025 NVIDIA Corporation (fleet lab stand-in)"
+            echo "Cuda compilation tools, release {major_minor}, V{version}"
+            ;;
+        *)
+            echo "nvcc {version}: fleet lab stand-in, it compiles nothing" >&2
+            exit 1
+            ;;
+        esac
+        """
+    )
+
+
+def cuda_packages() -> list[DebPackage]:
+    """The CUDA stand-ins: ``cuda-toolkit-X-Y`` (``/usr/local/cuda-X.Y/bin/nvcc``) and
+    ``cuda-compat-X-Y`` (``/usr/local/cuda-X.Y/compat/libcuda.so.1``, a placeholder, not a library)."""
+    out = []
+    for version in CUDA_TOOLKITS:
+        mm = ".".join(version.split(".")[:2])
+        name = "cuda-toolkit-" + mm.replace(".", "-")
+        root = f"/usr/local/cuda-{mm}"
+        out.append(
+            DebPackage(
+                name,
+                version,
+                f"CUDA Toolkit {version} (fleet lab stand-in: nvcc answers --version, nothing else)",
+                f"{name}: the CUDA toolkit metapackage (nvcc, libraries, headers in {root})",
+                files=(
+                    DebFile(f"{root}/bin/nvcc", _nvcc(version), 0o755),
+                    DebFile(f"{root}/version.json", f'{{"cuda": {{"name": "CUDA SDK", "version": "{version}"}}}}\n'),
+                    DebFile(
+                        f"{root}/README.fleet-lab",
+                        CUDA_README.format(name=name, version=version, what=f"{root}/bin/nvcc prints its version."),
+                    ),
+                ),
+            )
+        )
+    for cuda, driver in CUDA_COMPAT:
+        name = "cuda-compat-" + cuda.replace(".", "-")
+        compat = f"/usr/local/cuda-{cuda}/compat"
+        out.append(
+            DebPackage(
+                name,
+                driver,
+                f"CUDA {cuda} forward compatibility libraries from driver {driver} (fleet lab stand-in)",
+                f"{name}: libcuda.so.1 and friends of driver {driver}, for older drivers on data-centre GPUs",
+                files=(
+                    DebFile(f"{compat}/libcuda.so.{driver}", f"{COMPAT_MARKER} {cuda} driver {driver}\n"),
+                    DebFile(f"{compat}/libcuda.so.1", link_to=f"libcuda.so.{driver}"),
+                    DebFile(f"{compat}/libnvidia-ptxjitcompiler.so.{driver}", f"fleet lab placeholder {driver}\n"),
+                    DebFile(f"{compat}/libnvidia-ptxjitcompiler.so.1", link_to=f"libnvidia-ptxjitcompiler.so.{driver}"),
+                    DebFile(
+                        f"{compat}/README.fleet-lab",
+                        CUDA_README.format(
+                            name=name,
+                            version=driver,
+                            what="The libraries are placeholders: the lab's vLLM stand-in reads the CUDA version "
+                            "from the first libcuda.so.1 on LD_LIBRARY_PATH, as CUDA would load it.",
+                        ),
+                    ),
+                ),
+            )
+        )
+    return out
+
+
 def lab_packages(shim: Path) -> list[DebPackage]:
-    """Every package of the lab repository (all ``DRIVER_VERSIONS``)."""
+    """Every package of the lab repository (all ``DRIVER_VERSIONS``, the CUDA stand-ins)."""
     data = shim.read_bytes()
-    return [p for v in DRIVER_VERSIONS for p in _packages(v, data)]
+    return [p for v in DRIVER_VERSIONS for p in _packages(v, data)] + cuda_packages()
 
 
 # -- building ----------------------------------------------------------------------------------

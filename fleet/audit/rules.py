@@ -33,6 +33,8 @@ from fleet.facts.hostfacts import (
     HostFacts,
 )
 from fleet.gpus import CATALOGUE, Fabric, GpuSku, sku_for
+from fleet.inventory.drivers import cuda_label, driver_for_cuda
+from fleet.inventory.drivers import vllm_cuda_requirement as vllm_cuda_requirement
 
 # clock-event reason bits (nvml.h nvmlClocksEventReason*)
 GPU_IDLE = 0x1
@@ -43,11 +45,6 @@ HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80
 
 #: vLLM release (major, minor) from which on -> the CUDA driver version its wheels need.
-VLLM_CUDA: tuple[tuple[tuple[int, int], int], ...] = (
-    ((0, 20), 13000),
-    ((0, 14), 12090),
-    ((0, 11), 12080),
-)
 #: Units fleet runs vLLM in (``fleet/render/units.py``): processes in them are ours.
 OUR_UNIT = re.compile(r"^fleet-vllm-\d+\.service$")
 ECC_CORRECTED_VOLATILE_LIMIT = 1000
@@ -197,31 +194,68 @@ def rule_cuda_driver(host: str, facts: HostFacts, expect: Expectation) -> list[F
     need = vllm_cuda_requirement(expect.vllm_version)
     if need is None or facts.cuda_driver_version >= need:
         return []
+    want = _cuda(need)
+    if want in facts.cuda_compat and _compat_applies(facts):
+        return [
+            _f(
+                "cuda-compat-in-use",
+                Severity.INFO,
+                host,
+                f"CUDA driver {_cuda(facts.cuda_driver_version)} is older than vLLM {expect.vllm_version} needs "
+                f"({want}); /usr/local/cuda-{want}/compat (cuda-compat) bridges it for fleet's vLLM units",
+                way=f"nothing to do; a driver of branch {driver_for_cuda(need)} or newer would make it unneeded",
+            )
+        ]
+    branch = driver_for_cuda(need)
+    upgrade = f"upgrade the driver to branch {branch} or newer (CUDA {want})" if branch else f"a CUDA {want} driver"
     return [
         _f(
             "cuda-driver-too-old",
             Severity.CRITICAL,
             host,
-            f"CUDA driver {_cuda(facts.cuda_driver_version)} is older than vLLM {expect.vllm_version} needs "
-            f"({_cuda(need)})",
-            way=f"upgrade the driver to one that supports CUDA {_cuda(need)} or pin an older vLLM",
+            f"CUDA driver {_cuda(facts.cuda_driver_version)} is older than vLLM {expect.vllm_version} needs ({want})",
+            way=(
+                f"{upgrade}, {_compat_way(facts, want)}, or pin an older vLLM"
+                if _compat_applies(facts)
+                else f"{upgrade} or pin an older vLLM {_compat_way(facts, want)}"
+            ),
         )
     ]
 
 
-def vllm_cuda_requirement(version: str) -> int | None:
-    m = re.match(r"^(\d+)\.(\d+)", version)
-    if not m:
-        return None
-    key = (int(m.group(1)), int(m.group(2)))
-    for since, cuda in VLLM_CUDA:
-        if key >= since:
-            return cuda
-    return None
+def _skus(facts: HostFacts) -> list[GpuSku] | str:
+    """The catalogue models of the host's GPUs, or the name of one the catalogue lacks."""
+    skus = []
+    for name in sorted({g.name or "?" for g in facts.gpus}):
+        try:
+            skus.append(sku_for(name))
+        except KeyError:
+            return name
+    return skus
 
 
-def _cuda(v: int) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}"
+def _compat_applies(facts: HostFacts) -> bool:
+    """CUDA forward compatibility works on the host: every GPU a data-centre board (``fleet.gpus``)."""
+    skus = _skus(facts)
+    return isinstance(skus, list) and bool(skus) and all(s.forward_compatible for s in skus)
+
+
+def _compat_way(facts: HostFacts, want: str) -> str:
+    """cuda-compat as a way out where it applies: every GPU a data-centre board (``fleet.plan.cuda``)."""
+    skus = _skus(facts)
+    if isinstance(skus, str):
+        return f"(cuda-compat: {skus} is not in fleet's catalogue, so whether it applies is not known)"
+    if _compat_applies(facts):
+        pkg = "cuda-compat-" + want.replace(".", "-")
+        return (
+            f"or keep the driver and install {pkg} (forward compatibility, data-centre GPUs: fleet deploy does it "
+            "with nvidia_driver_version: keep and cuda_compat: auto)"
+        )
+    other = ", ".join(s.nvml_name for s in skus if not s.forward_compatible) or "no GPU"
+    return f"(cuda-compat does not apply: {other} is not a data-centre GPU)"
+
+
+_cuda = cuda_label
 
 
 # ---- GPU count and model -------------------------------------------------------------------------

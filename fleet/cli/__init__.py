@@ -12,6 +12,8 @@ Exit codes, the same for every command:
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import json
 import os
@@ -164,6 +166,24 @@ def main() -> None:
     Exit codes: 0 done; 1 some host could not be served; 2 invalid input; 3 internal error (a bug).
     """
     route_library_logs()  # paramiko's tracebacks go to fleet's log file, not between fleet's lines
+
+
+def run() -> None:
+    """The ``fleet`` program (``[project.scripts]``, ``python -m fleet.cli``): :func:`main`, and at
+    exit no cyclic garbage collection of the whole heap.
+
+    When the interpreter shuts down it clears every module and collects the cycles that leaves
+    (CPython's ``finalize_modules``); after a deploy (pyinfra, paramiko, gevent's greenlets,
+    pydantic's models) that took 1.1-1.3 s of a 5 s no-change ``fleet deploy`` on the 2-core
+    development machine (0.1 s with this). ``gc.freeze()`` (Python 3.7+, the ``gc`` module's
+    documentation) moves every object to the permanent generation, which no collection visits;
+    objects are still freed by reference counting, and the operating system closes what is left
+    open, as it would after ``os._exit``. Every command has closed its connections, journal and
+    files and flushed its output before it returns, so nothing waits for that collection. Only
+    the program does this, never ``main`` itself: tests call ``main`` in their own long-lived process.
+    """
+    atexit.register(gc.freeze)  # atexit runs last-in first-out: before logging's flush, which still runs
+    main()
 
 
 def fail(

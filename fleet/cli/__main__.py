@@ -1,5 +1,5 @@
 """``python -m fleet.cli``: the same as the ``fleet`` command."""
 
-from fleet.cli import main
+from fleet.cli import run
 
-main()
+run()

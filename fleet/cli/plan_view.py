@@ -28,6 +28,8 @@ def memory_table(instance: Instance) -> Table:
     table.add_row("= CUDA total", _gib(m.gpu_total))
     table.add_row(f"× utilization {m.utilization:.2f} (rounded up)", _gib(m.budget))
     table.add_row("− weights / GPU", _gib(m.weights))
+    if m.lora is not None:
+        table.add_row("  of which LoRA adapter slots", _gib(m.lora.bytes_per_gpu))
     if m.draft is not None:
         table.add_row("  of which the speculative draft", _gib(m.draft.weights))
         table.add_row("draft KV bytes / block / GPU", f"{m.draft.kv_bytes_per_block:,}")

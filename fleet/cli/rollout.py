@@ -429,7 +429,7 @@ def restart(inventory: str, limit: tuple[str, ...], **opts: Any) -> None:
     """
     try:
         check_journal(opts)
-        fleet = load_fleet(inventory, limit, refuse_unreachable=True)
+        fleet = load_fleet(inventory, limit, refuse_unreachable=True, keep_connections=True)
     except FleetError as exc:
         fail(before_start(exc), bool(opts["as_json"]), code=exit_code_of(exc))
     opts.setdefault("on_failure", None)
@@ -489,7 +489,7 @@ def rollout(
         return
     try:
         check_journal(opts)
-        fleet = load_fleet(inventory, limit, refuse_unreachable=True)
+        fleet = load_fleet(inventory, limit, refuse_unreachable=True, keep_connections=True)
     except FleetError as exc:
         fail(before_start(exc), as_json, code=exit_code_of(exc))
     chosen = release
@@ -578,7 +578,7 @@ def rollback(target: str | None, limit: tuple[str, ...], **opts: Any) -> None:
     if not back:
         fail(f"rollout {rid} changed no instance: nothing to roll back", as_json, code=EXIT_SOME_HOSTS)
     try:
-        fleet = load_fleet(saved.fleet, sorted({r.host for r in back}), refuse_unreachable=True)
+        fleet = load_fleet(saved.fleet, sorted({r.host for r in back}), refuse_unreachable=True, keep_connections=True)
     except FleetError as exc:
         fail(before_start(exc), as_json, code=exit_code_of(exc))
     _start(fleet, "rollback", lambda _ex: [back_to(i) for ref, i in back.items() if ref in fleet.instances], opts)
@@ -595,7 +595,7 @@ def _rollback_inventory(inventory: str, limit: tuple[str, ...], opts: Mapping[st
     as_json = bool(opts["as_json"])
     try:
         check_journal(opts)
-        fleet = load_fleet(inventory, limit, refuse_unreachable=True)
+        fleet = load_fleet(inventory, limit, refuse_unreachable=True, keep_connections=True)
     except FleetError as exc:
         fail(before_start(exc), as_json, code=exit_code_of(exc))
     try:

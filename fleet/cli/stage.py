@@ -41,14 +41,14 @@ def stage(inventory: str, limit: tuple[str, ...], parallel: int, as_json: bool) 
     """
     from fleet.inventory.spec import load_inventory
     from fleet.weights.stage import describe, jobs_for, manifests_for
-    from fleet.weights.stage import stage as run_stage
+    from fleet.weights.stage import stage_all as run_stage
 
     try:
         loaded = load_inventory(inventory, list(limit) or None)
         jobs = jobs_for(loaded)
         if not jobs:
             raise FleetError(
-                f"{inventory}: no selected host names a model_source: add model_source: "
+                f"{inventory}: no selected host names a model_source or lora_adapters: add model_source: "
                 "{kind: dir, path: /srv/models} (a directory on this machine holding ORG/NAME/) to its data"
             )
         err = Console(stderr=True, highlight=False)
@@ -63,6 +63,8 @@ def stage(inventory: str, limit: tuple[str, ...], parallel: int, as_json: bool) 
     )  # fmt: skip
     tasks: dict[str, TaskID] = {}
     for j in jobs:
+        if j.target.name in tasks:  # its adapters after its model: one bar per host
+            continue
         tasks[j.target.name] = bars.add_task("", total=None, host=j.target.name, what="waiting")
 
     def progress(host: str, what: str, done: int, total: int) -> None:

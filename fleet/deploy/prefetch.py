@@ -16,7 +16,7 @@ watcher's files and unit.
 from __future__ import annotations
 
 from pyinfra.facts.files import Directory, File, Sha1File
-from pyinfra.facts.server import Arch, Groups, LinuxDistribution, Os, Users
+from pyinfra.facts.server import Arch, Groups, LinuxDistribution, Os
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from fleet.facts.batch import FactRequest
@@ -25,6 +25,7 @@ from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.facts.releases import VllmReleases
 from fleet.facts.revisions import InstanceRevisions, fact_instances
 from fleet.facts.unit_states import UnitStates
+from fleet.facts.users import UserEntry
 from fleet.operations import host as host_deploy
 from fleet.operations import nvidia, units, vllm
 from fleet.plan.planner import HostPlan
@@ -79,7 +80,7 @@ def vllm_host_facts(part: HostPart) -> list[FactRequest]:
         FactRequest(PythonVersion),
         FactRequest(Groups),
         FactRequest(Os),
-        FactRequest(Users),
+        FactRequest(UserEntry, {"user": vllm.SERVICE_USER}),
         FactRequest(Directory, {"path": paths.state_dir}),  # the service user's home
         FactRequest(VllmReleases, {"root": vllm.DEFAULT_ROOT}),
         *gpu_watcher_facts(),

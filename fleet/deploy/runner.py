@@ -286,7 +286,8 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory, ignor
             watch = next((g.value for g, x in zip(watched, hosts, strict=True) if x is h and g.successful()), None)
             found += rule_quarantine(h.name, watch if isinstance(watch, WatchState) else None)
     planned = {n: {g for i in p.instances for g in i.gpus} for n, p in out.plans.items()}
-    verdict = gate(found, DEPLOY, ignored, planned)
+    compat = {n for n, p in out.plans.items() if p.cuda.compat}  # the deploy installs cuda-compat there
+    verdict = gate(found, DEPLOY, ignored, planned, compat)
     for name in verdict.refused_hosts:
         if name not in out.refused:
             mine = GateVerdict(tuple(f for f in verdict.refusing if f.host == name))
@@ -1155,7 +1156,7 @@ def _roll(
     stale = {(n, u.unit) for n in hosts for u in states.get(n) or () if u.stale}
     targets = [
         Target(ref, staged[ref.host].release, s.model, s.port, restart=(ref.host, s.unit) in stale,
-               revision=staged[ref.host].revisions[ref.instance])
+               revision=staged[ref.host].revisions[ref.instance], adapters=s.adapters)
         for ref, s in fleet.instances.items()
     ]  # fmt: skip
     progress(f"rolling {len(hosts)} serving host(s) onto the new release/configuration behind the health gates")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from fleet.inventory.spec import LoadedInventory
 from fleet.weights.manifest import Manifest
-from fleet.weights.stage import StageResult, jobs_for, manifests_for, stage
+from fleet.weights.stage import StageResult, jobs_for, manifests_for, stage_all
 from fleet.weights.verify import fmt_bytes
 
 
@@ -30,13 +30,13 @@ def stage_hosts(
     jobs = jobs_for(loaded, names)
     if not jobs:
         return {}
-    progress(f"staging the model on {len(jobs)} host(s)")
+    progress(f"staging the model (and LoRA adapters) on {len({j.target.name for j in jobs})} host(s)")
     shown: dict[str, str] = {}
 
     def moved(host: str, what: str, done: int, total: int) -> None:
-        text = f"model: {what}" + (f" {fmt_bytes(total)}" if what == "sending" else "")
+        text = f"weights: {what}" + (f" {fmt_bytes(total)}" if what == "sending" else "")
         if shown.get(host) != text:  # one line per change, not per chunk
             shown[host] = text
             step(host, text)
 
-    return stage(jobs, progress=moved, manifests=known)
+    return stage_all(jobs, progress=moved, manifests=known)

@@ -38,6 +38,9 @@ _BUS_RE = re.compile(r"^[0-9A-F]{4,8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]$")
 _ERROR_RE = re.compile(r"^[A-Za-z0-9_:().-]{1,80}$")
 
 
+_CUDA = re.compile(r"^\d{1,2}\.\d{1,2}$")
+
+
 class ProbeOutputError(FleetError):
     """The probe's output is not what this version of fleet understands."""
 
@@ -271,6 +274,8 @@ class HostFacts:
     #: which pynvml answered: ``fleet:nvidia-ml-py==<version>/pynvml.py`` (the copy the probe carries,
     #: ``fleet.facts.nvml``) or a file of the host's Python; None before it was imported
     pynvml: str | None = None
+    #: ``X.Y`` of each installed ``/usr/local/cuda-X.Y/compat/libcuda.so.1`` (cuda-compat-X-Y)
+    cuda_compat: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -339,8 +344,17 @@ def parse_probe(raw: object) -> HostFacts:
         p2p_read=topo.matrix("p2p_read", n),
         errors=top.errors("errors"),
         pynvml=top.str_("pynvml", 300),
+        cuda_compat=_cuda_compat(top.raw.get("cuda_compat")),
     )
     return attach_gpu_errors(facts)
+
+
+def _cuda_compat(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > 16 or not all(isinstance(v, str) and _CUDA.match(v) for v in value):
+        raise ProbeOutputError(f"probe output field cuda_compat = {_short(value)}: expected a list of CUDA X.Y")
+    return tuple(value)
 
 
 def _gpu(g: _In) -> GpuFacts:

@@ -81,6 +81,25 @@ def kernel_module() -> Optional[Dict[str, Any]]:
     return {"version": version, "line": first[:300]}
 
 
+def cuda_compat() -> List[str]:
+    """CUDA versions whose forward-compatibility libraries are installed: ``X.Y`` of each
+    ``/usr/local/cuda-X.Y/compat/libcuda.so.1`` (what the ``cuda-compat-X-Y`` package installs,
+    NVIDIA "CUDA Compatibility", "Forward Compatibility"), sorted, at most 16."""
+    root = "/usr/local"
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        version = name[len("cuda-") :] if name.startswith("cuda-") else ""
+        parts = version.split(".")
+        well_formed = len(parts) == 2 and all(p.isdigit() and 0 < len(p) < 3 for p in parts)
+        if well_formed and os.path.exists(os.path.join(root, name, "compat", "libcuda.so.1")):
+            out.append(version)
+    return out[:16]
+
+
 def pci_gpu_count() -> Optional[int]:
     """NVIDIA display/3D controllers on the PCI bus (sysfs), whether or not NVML enumerates them."""
     root = "/sys/bus/pci/devices"
@@ -353,6 +372,7 @@ def probe() -> Dict[str, Any]:
         "pynvml": None,
         "kernel_module": kernel_module(),
         "pci_gpus": pci_gpu_count(),
+        "cuda_compat": cuda_compat(),
         "driver_version": None,
         "nvml_version": None,
         "cuda_driver_version": None,

@@ -105,6 +105,16 @@ def run_command(
     return sshlink.run_once(target, command, timeout, sock=sock)
 
 
+def fact_answer(host: str, fact: FactBase[T], rc: int, out: str, err: str) -> T | HostUnreachable:
+    """A fact's value from its command's exit status and output, or why there is none."""
+    if rc != 0:
+        return HostUnreachable(host, f"fact command exited {rc}: {err.strip()[-300:]}")
+    try:
+        return fact.process(out.splitlines())
+    except FleetError as exc:
+        return HostUnreachable(host, f"unreadable answer: {exc}")
+
+
 def _one(
     target: SshTarget, fact: FactBase[T], command: str, timeout: float, sock: socket.socket | None = None
 ) -> T | HostUnreachable:
@@ -112,12 +122,7 @@ def _one(
         rc, out, err = run_command(target, command, timeout, sock)
     except SshError as exc:
         return HostUnreachable(target.name, exc.reason, ssh_failed=True)
-    if rc != 0:
-        return HostUnreachable(target.name, f"fact command exited {rc}: {err.strip()[-300:]}")
-    try:
-        return fact.process(out.splitlines())
-    except FleetError as exc:
-        return HostUnreachable(target.name, f"unreadable answer: {exc}")
+    return fact_answer(target.name, fact, rc, out, err)
 
 
 def _resolve(target: SshTarget) -> list[tuple[int, Any]] | str:

@@ -37,10 +37,23 @@ _WRITE = (
 )
 
 
+#: What to do about a record ``fleet gpu clear`` cannot use, by ``WatchState.status``.
+_WAY_OUT = {
+    "none": "deploy the watcher (fleet deploy) and let it begin its record",
+    "no-root": "give the SSH user passwordless sudo (sudo -n), as fleet deploy needs",
+    "foreign": "restart the watcher (systemctl restart fleet-gpu-watch): it moves the record aside and begins "
+    "this host's own, and a GPU that throws again is quarantined again",
+    "bad-record": "restart the watcher (systemctl restart fleet-gpu-watch): it moves the corrupt record aside "
+    "and begins a new one, and a GPU that throws again is quarantined again",
+}
+
+
 def _gpu(state: WatchState, host: str, gpu: int) -> GpuWatch:
     if not state.ok:
+        way = _WAY_OUT.get(state.status, "check the host (sudo cat " + DEFAULT_STATE_DIR + "/record.json)")
         raise FleetError(
-            f"host {host}: the GPU watcher's record cannot be read ({state.status}: {state.error}); nothing was cleared"
+            f"host {host}: the GPU watcher's record cannot be read ({state.status}: {state.error}); nothing was "
+            f"cleared. Way out: {way}"
         )
     found = state.gpu(gpu)
     if found is None:
@@ -55,6 +68,12 @@ def clear_entry(state: WatchState, host: str, gpu: int, by: str, why: str, now: 
     """The new ``clears.json`` and a one-line description (pure); ``FleetError`` when the GPU
     cannot be cleared (the record unreadable, no such GPU, not quarantined)."""
     found = _gpu(state, host, gpu)
+    if state.clears_problem is not None:
+        raise FleetError(
+            f"host {host}: {state.clears_problem}: it keeps who cleared which GPU before, so fleet does not write "
+            f"over it; nothing was cleared. Way out: look at it (sudo cat {DEFAULT_STATE_DIR}/{CLEARS}), move it "
+            "aside, then clear again"
+        )
     if found.quarantine is None:
         raise ClearRefused(
             f"host {host}: GPU {gpu} is not quarantined (no critical event since its last clear); nothing was cleared"
@@ -80,16 +99,32 @@ def write_command(clears: dict[str, Any], text: str, state_dir: str = DEFAULT_ST
     return shlex.join(["sudo", "-n", "sh", "-c", _WRITE, "fleet-gpu-clear", state_dir, CLEARS, data, text[:900]])
 
 
-def clear_gpu(target: SshTarget, gpu: int, by: str, why: str, now: float, timeout: float = 30.0) -> str:
-    """Read the host's record, decide, write; returns what was cleared. ``FleetError`` on any
-    refusal (nothing written) or when the host could not be reached or written."""
+def read_clear(
+    target: SshTarget, gpu: int, by: str, why: str, now: float, timeout: float = 30.0
+) -> tuple[dict[str, Any], str]:
+    """Read the host's record and decide (:func:`clear_entry`): the new ``clears.json`` and what
+    is cleared; nothing is written. ``ClearRefused`` (bad input) or ``FleetError`` (the host)."""
     try:
-        rc, out, err = run_command(target, watch_command(), timeout)
-        state = parse_watch_state(out.splitlines())
-        clears, text = clear_entry(state, target.name, gpu, by, why, now)
+        _rc, out, _err = run_command(target, watch_command(), timeout)
+    except SshError as exc:
+        raise FleetError(f"host {target.name}: {exc}; nothing was cleared") from None
+    return clear_entry(parse_watch_state(out.splitlines()), target.name, gpu, by, why, now)
+
+
+def write_clear(target: SshTarget, clears: dict[str, Any], text: str, timeout: float = 30.0) -> None:
+    """Write what :func:`read_clear` decided (``clears.json`` and the host's system journal);
+    ``FleetError`` when the host could not be reached or written."""
+    try:
         rc, out, err = run_command(target, write_command(clears, text), timeout)
     except SshError as exc:
         raise FleetError(f"host {target.name}: {exc}; nothing was cleared") from None
     if rc != 0:
         raise FleetError(f"host {target.name}: writing {CLEARS} exited {rc}: {(err or out).strip()[-300:]}")
+
+
+def clear_gpu(target: SshTarget, gpu: int, by: str, why: str, now: float, timeout: float = 30.0) -> str:
+    """Read the host's record, decide, write; returns what was cleared. ``FleetError`` on any
+    refusal (nothing written) or when the host could not be reached or written."""
+    clears, text = read_clear(target, gpu, by, why, now, timeout)
+    write_clear(target, clears, text, timeout)
     return text

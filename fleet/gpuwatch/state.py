@@ -68,6 +68,9 @@ class WatchState:
     seq: int = 0  #: the record's last sequence number
     gpus: tuple[GpuWatch, ...] = ()
     clears: Any = field(default=None, compare=False)  #: clears.json as read (``fleet gpu clear`` appends)
+    #: why ``clears.json`` cannot be used (not JSON, not a clears file): its GPUs count as never
+    #: cleared, and ``fleet gpu clear`` refuses to write over it (it keeps who cleared what before)
+    clears_problem: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -161,10 +164,7 @@ def parse_watch_state(lines: Sequence[str]) -> WatchState:
             f"{RECORD} was written on machine {raw['machine_id'][:32]!r}, this host is {machine_id[:32]!r} "
             "(a cloned disk?): the watcher moves it aside when it starts (systemctl restart fleet-gpu-watch)",
         )
-    try:
-        clears = json.loads(clears_text) if clears_text else {}
-    except json.JSONDecodeError:
-        clears = {}
+    clears, clears_problem = _clears(clears_text)
     gpus = []
     try:
         for uuid, entry in sorted(raw["gpus"].items()):
@@ -176,7 +176,23 @@ def parse_watch_state(lines: Sequence[str]) -> WatchState:
                                  str(entry.get("bus_id", "")), events, through, first_critical))  # fmt: skip
     except (ValueError, TypeError, KeyError) as exc:
         return WatchState("bad-record", f"{RECORD}: {exc}"[:300])
-    return WatchState("ok", None, raw["record_id"], raw["seq"], tuple(gpus), clears if isinstance(clears, dict) else {})
+    return WatchState("ok", None, raw["record_id"], raw["seq"], tuple(gpus), clears, clears_problem)
+
+
+def _clears(text: str) -> tuple[dict[str, Any], str | None]:
+    """``clears.json`` as read, or ``{}`` and why it cannot be used (pure)."""
+    if not text:
+        return {}, None
+    try:
+        clears = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {}, f"{CLEARS} is not JSON ({exc})"
+    if not isinstance(clears, dict) or not isinstance(clears.get("gpus", {}), dict):
+        return {}, f"{CLEARS} is not a record of clears (a JSON object whose gpus is an object): {text[:80]!r}"
+    for uuid, entries in clears.get("gpus", {}).items():
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            return {}, f"{CLEARS}: gpus[{str(uuid)[:60]}] is not a list of clears"
+    return clears, None
 
 
 class GpuWatchState(FactBase[WatchState]):

@@ -217,7 +217,8 @@ class Record:
 def cleared_through(clears: Any, record_id: str, uuid: str) -> int:
     """The newest sequence number ``fleet gpu clear`` cleared ``uuid`` through, in this record."""
     best = 0
-    entries = clears.get("gpus", {}).get(uuid, []) if isinstance(clears, dict) else []
+    gpus = clears.get("gpus") if isinstance(clears, dict) else None
+    entries = gpus.get(uuid, []) if isinstance(gpus, dict) else []
     for c in entries if isinstance(entries, list) else []:
         if isinstance(c, dict) and c.get("record_id") == record_id and isinstance(c.get("through_seq"), int):
             best = max(best, c["through_seq"])

@@ -23,7 +23,13 @@ The deploy's keys (``fleet.render.part`` reads them through ``HostSpec``):
   public key, a file that must exist on the control machine (it is copied to the hosts), checked
   when the inventory is loaded; required with ``nvidia_apt_url``;
 * ``nvidia_driver_version``: a driver version like ``580.95.05`` (checked against the vLLM
-  release in ``spec.py``); ``nvidia_fabric_manager``: a bool (default: on for NVSwitch hosts);
+  release in ``spec.py``), or ``keep``: the host's driver is left as it is (no driver installed,
+  pinned or held; the repository is still configured for the CUDA packages);
+  ``nvidia_fabric_manager``: a bool (default: on for NVSwitch hosts);
+* ``cuda_toolkit``: a CUDA version ``MAJOR.MINOR`` (``12.9``, ``13.0``): the deploy installs
+  ``cuda-toolkit-MAJOR-MINOR`` from NVIDIA's repository (needs ``nvidia_apt_url``);
+  ``cuda_compat``: ``auto`` (default: cuda-compat where the host's driver stays older than the
+  vLLM release's CUDA, on data-centre GPUs; ``fleet.plan.cuda``) or ``never``;
 * ``vllm_extras``: a list of extra names (PEP 508: letters, digits, ``.``, ``_``, ``-``);
   ``releases_kept``: a whole number from 2 to 100.
 
@@ -43,7 +49,19 @@ The serving settings fleet has no key of its own for (issue 23):
   for ``draft_model``/``eagle``/``eagle3``, refused for ``ngram``/``mtp``, which need none),
   ``model_config`` (a path to the draft's ``config.json`` or its directory), ``num_speculative_tokens``
   (1 to 16: vLLM asks only ``> 0``; fleet's bound, as acceptance decays with each further token),
-  ``prompt_lookup_min``/``prompt_lookup_max`` (``ngram`` only; min <= max, as vLLM checks).
+  ``prompt_lookup_min``/``prompt_lookup_max`` (``ngram`` only; min <= max, as vLLM checks);
+* ``lora_adapters``: LoRA adapters served beside the model (``fleet.plan.lora``), ``{NAME: {kind:
+  dir, path}}``: ``path`` is the adapter's directory on this machine (``adapter_config.json`` and
+  its weights, what PEFT's ``save_pretrained`` writes), staged to the hosts like a model
+  (``fleet.weights``). ``NAME`` is what clients ask for (letters, digits, ``.``, ``_``, ``-``; not
+  the served model's name). Each adapter's ``adapter_config.json`` is read when the inventory is
+  loaded (``lora_problems``): its rank (``r``, and any ``rank_pattern`` value) must not exceed
+  ``max_lora_rank``, its ``base_model_name_or_path`` must be the host's model, and ``bias`` must
+  be ``none`` (vLLM 0.33's ``PEFTHelper.validate_legal``, ``vllm/lora/peft_helper.py``);
+* ``max_lora_rank`` (one of vLLM 0.33's ``MaxLoRARanks``, ``vllm/config/lora.py``: 1, 8, 16, 32,
+  64, 128, 256, 320, 512; default: the smallest that holds every adapter), ``max_loras`` (adapters
+  in one batch, 1 to 64; default: every adapter), ``max_cpu_loras`` (adapters kept in CPU memory,
+  >= ``max_loras`` as vLLM checks; default: every adapter): read only with ``lora_adapters``.
 
 The load balancer in front of a group (``fleet.lb``), group or host data ``balancer``:
 
@@ -89,9 +107,11 @@ else the string), so the same strict grammar applies to them: ``releases_kept=2`
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -113,6 +133,7 @@ _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 _HF_ID = re.compile(rf"(?:{_HF_PART}/)?{_HF_PART}")
 _VERSION = re.compile(r"\d{1,4}\.\d{1,4}\.\d{1,4}")
 _DRIVER_VERSION = re.compile(r"\d{3}\.\d{1,3}(?:\.\d{1,3})?")
+_CUDA_VERSION = re.compile(r"(\d{2})\.(\d{1,2})")
 _EXTRA = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,62}[A-Za-z0-9])?")
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,99}")
 #: A ``vllm serve`` flag's long name, with or without its ``--`` (vLLM's flags are lower case).
@@ -291,8 +312,15 @@ def source_model_dir(root: str, model: str) -> str:
 
 
 def _driver_version(value: str) -> str:
-    if not _DRIVER_VERSION.fullmatch(value):
-        raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it)")
+    if value != "keep" and not _DRIVER_VERSION.fullmatch(value):
+        raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it), or keep (leave the host's)")
+    return value
+
+
+def _cuda_version(value: str) -> str:
+    m = _CUDA_VERSION.fullmatch(value)
+    if not m or not 11 <= int(m.group(1)) <= 99:
+        raise ValueError("a CUDA version MAJOR.MINOR from 11.0 on, like '12.9' or '13.0' (a string: quote it)")
     return value
 
 
@@ -420,6 +448,7 @@ Address = Annotated[str, AfterValidator(_address)]
 AptUrl = Annotated[str, AfterValidator(_apt_url)]
 Keyring = Annotated[str, AfterValidator(_keyring)]
 DriverVersion = Annotated[str, AfterValidator(_driver_version)]
+CudaVersion = Annotated[str, AfterValidator(_cuda_version)]
 Extra = Annotated[str, AfterValidator(_extra)]
 UserKey = Annotated[str, AfterValidator(_user_key)]
 ExtraFlag = Annotated[str, AfterValidator(_extra_flag)]
@@ -438,6 +467,12 @@ SPECULATIVE_METHODS: tuple[str, ...] = ("ngram", "draft_model", "eagle", "eagle3
 #: methods that read a second checkpoint (``speculative.model``)
 SPECULATIVE_WITH_MODEL: tuple[str, ...] = ("draft_model", "eagle", "eagle3")
 MAX_SPECULATIVE_TOKENS = 16
+#: vLLM 0.33's ``MaxLoRARanks`` (``vllm/config/lora.py``): the ranks ``--max-lora-rank`` takes.
+LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORAS = 64
+#: The file PEFT writes beside an adapter's weights; vLLM reads ``r``, ``rank_pattern``, ``bias`` and
+#: ``base_model_name_or_path`` from it (``PEFTHelper.from_local_dir``, ``vllm/lora/peft_helper.py``).
+ADAPTER_CONFIG = "adapter_config.json"
 
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, hide_input_in_errors=True)
 
@@ -467,6 +502,51 @@ class BalancerData(BaseModel):
 
 
 SourceDir = Annotated[str, AfterValidator(_source_dir)]
+
+
+def _adapter_dir(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(
+            "an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/lora/sql"
+        )
+    if not os.path.isdir(value):
+        raise ValueError(
+            "no such directory on this machine: the adapter is read here (fleet copies its files to the hosts); "
+            f"put the adapter's files ({ADAPTER_CONFIG} and its weights) there, or point path at where they are"
+        )
+    if not os.access(value, os.R_OK | os.X_OK):
+        raise ValueError(
+            f"not readable by this user (uid {os.getuid()}): give it read and search permission (chmod a+rx)"
+        )
+    return value
+
+
+AdapterDir = Annotated[str, AfterValidator(_adapter_dir)]
+#: A LoRA adapter's name: what clients put in ``model``; it lands in argv (``--lora-modules NAME=...``,
+#: where vLLM splits on the first ``=``) and in the hosts' cache as ``fleet-lora/NAME``.
+_LORA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _lora_name(value: str) -> str:
+    if not _LORA_NAME.fullmatch(value) or value.endswith(".") or ".." in value:
+        raise ValueError(
+            "an adapter name of letters, digits, '.', '_', '-' (starting with a letter or digit, at most 64): "
+            "clients ask for it as the model"
+        )
+    return value
+
+
+LoraName = Annotated[str, AfterValidator(_lora_name)]
+
+
+class LoraAdapterData(BaseModel):
+    """``lora_adapters.NAME: {kind: dir, path}``: one adapter's directory on the control machine."""
+
+    model_config = _STRICT
+
+    kind: Literal["dir"]
+    path: AdapterDir
 
 
 class DirSourceData(BaseModel):
@@ -652,11 +732,17 @@ class HostData(BaseModel):
     nvidia_apt_keyring: Keyring | None = None
     nvidia_driver_version: DriverVersion | None = None
     nvidia_fabric_manager: bool | None = None
+    cuda_toolkit: CudaVersion | None = None
+    cuda_compat: Literal["auto", "never"] = "auto"
     vllm_extras: Annotated[list[Extra], Field(max_length=32)] | Annotated[tuple[Extra, ...], Field(max_length=32)] = ()
     vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
     serving_preset: Literal["throughput", "latency", "long_context"] | None = None
     speculative: SpeculativeData | None = None
     vllm_cpu: VllmCpuData | None = None
+    lora_adapters: Annotated[dict[LoraName, LoraAdapterData], Field(max_length=MAX_LORAS)] = Field(default_factory=dict)
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = None
+    max_loras: Annotated[int, Field(ge=1, le=MAX_LORAS)] | None = None
+    max_cpu_loras: Annotated[int, Field(ge=1, le=1024)] | None = None
     releases_kept: Annotated[int, Field(ge=2, le=100)] = 3
     role: Literal["vllm", "balancer"] = "vllm"
     balancer: BalancerData | None = None
@@ -703,6 +789,7 @@ BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
 VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
+LORA_KEYS: tuple[str, ...] = tuple(LoraAdapterData.model_fields)
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
@@ -717,7 +804,10 @@ FIELD_HELP: dict[str, str] = {
     "workload.target_concurrency": "an integer from 1 to 1000000 (requests in flight)",
     "nvidia_apt_url": "a URL (a string), e.g. https://mirror.internal/cuda/repos",
     "nvidia_apt_keyring": "the path (a string) of the apt repository's public key file on this machine",
-    "nvidia_driver_version": "a driver version like '580.95.05' (a string)",
+    "nvidia_driver_version": "a driver version like '580.95.05' (a string), or 'keep' (leave the host's driver)",
+    "cuda_toolkit": "a CUDA version MAJOR.MINOR like '12.9' or '13.0' (a string): installs cuda-toolkit-12-9",
+    "cuda_compat": "auto (cuda-compat where the host keeps a driver too old for vLLM's CUDA, data-centre GPUs) "
+    "or never",
     "nvidia_fabric_manager": "true or false (default: on for NVSwitch hosts)",
     "vllm_extras": "a list of vLLM extra names, e.g. ['audio'] (pyinfra --data 'vllm_extras=[\"audio\"]')",
     "vllm_extra_args": "a mapping of `vllm serve` flag to value, e.g. {'--enforce-eager': True, "
@@ -727,6 +817,11 @@ FIELD_HELP: dict[str, str] = {
     "model_config?, prompt_lookup_min?, prompt_lookup_max?}",
     "speculative.method": "one of " + ", ".join(SPECULATIVE_METHODS),
     "speculative.num_speculative_tokens": f"a whole number from 1 to {MAX_SPECULATIVE_TOKENS}",
+    "lora_adapters": "a mapping of adapter name to {kind: dir, path: /srv/lora/NAME}, e.g. "
+    "{'sql': {'kind': 'dir', 'path': '/srv/lora/sql'}}",
+    "max_lora_rank": "one of vLLM's ranks: " + ", ".join(map(str, LORA_RANKS)),
+    "max_loras": f"a whole number from 1 to {MAX_LORAS}: adapters in one batch",
+    "max_cpu_loras": "a whole number from 1 to 1024, at least max_loras: adapters kept in CPU memory",
     "releases_kept": "a whole number from 2 to 100: releases kept on the host, the current one included",
     "balancer": "{kind: haproxy, on: local or a balancer host, bind: 'ADDRESS:PORT', admin_socket?, config?, "
     "backend?, timeout_s?}",
@@ -809,6 +904,104 @@ def vllm_cpu_problem(data: HostData) -> tuple[str, object, str] | None:
     return None
 
 
+@dataclass(frozen=True)
+class AdapterConfig:
+    """What vLLM 0.33 reads from an adapter's ``adapter_config.json`` (``PEFTHelper``)."""
+
+    rank: int  #: ``max(r, *rank_pattern.values())``, as ``PEFTHelper.validate_legal`` takes it
+    base_model: str | None  #: ``base_model_name_or_path``
+    bias: str
+
+
+def read_adapter(path: str) -> AdapterConfig | str:
+    """An adapter directory's ``adapter_config.json``, or why it cannot be used (in words)."""
+    config = os.path.join(path, ADAPTER_CONFIG)
+    try:
+        with open(config, encoding="utf-8") as f:
+            raw = json.load(f)
+    except FileNotFoundError:
+        return f"holds no {ADAPTER_CONFIG} ({config}): not a PEFT LoRA adapter directory"
+    except OSError as exc:
+        return f"{config} cannot be read: {exc.strerror or exc}"
+    except ValueError as exc:
+        return f"{config} is not JSON: {exc}"
+    if not isinstance(raw, dict):
+        return f"{config} is not a JSON object"
+    r = raw.get("r")
+    pattern = raw.get("rank_pattern") or {}
+    given = [r, *pattern.values()] if isinstance(pattern, dict) else [r, None]
+    ranks = [x for x in given if isinstance(x, int) and not isinstance(x, bool) and x >= 1]
+    if len(ranks) != len(given):
+        return f"{config}: r (and rank_pattern's values) must be whole numbers >= 1, got r={r!r}"
+    base = raw.get("base_model_name_or_path")
+    bias = raw.get("bias", "none")
+    return AdapterConfig(max(ranks), base if isinstance(base, str) and base else None, str(bias))
+
+
+def lora_rank_for(ranks: list[int]) -> int | None:
+    """The smallest ``--max-lora-rank`` vLLM takes that holds every rank; None past 512."""
+    top = max(ranks, default=1)
+    return next((r for r in LORA_RANKS if r >= top), None)
+
+
+def same_model(base: str, model: str) -> bool:
+    """Whether an adapter's ``base_model_name_or_path`` names ``model``: the same id, or a local
+    directory of it (``/srv/models/ORG/NAME``, ``.../models--ORG--NAME/snapshots/REV``)."""
+    if base.rstrip("/") == model.rstrip("/"):
+        return True
+    want = model.rstrip("/").split("/")
+    parts = base.rstrip("/").split("/")
+    if len(want) == 2 and parts[-2:] == want:
+        return True
+    hub = f"models--{want[0]}--{want[1]}" if len(want) == 2 else None
+    return (hub is not None and hub in parts) or (model.startswith("/") and parts[-1:] == want[-1:])
+
+
+def lora_problems(data: HostData) -> list[tuple[str, object, str]]:
+    """(field, value, why) for every LoRA setting vLLM 0.33 would refuse, or that fleet cannot plan."""
+    out: list[tuple[str, object, str]] = []
+    if not data.lora_adapters:
+        for key in ("max_lora_rank", "max_loras", "max_cpu_loras"):
+            if (value := getattr(data, key)) is not None:
+                out.append((key, value, "only read with lora_adapters: add the adapters, or remove " + key))
+        return out
+    if data.multi_node:
+        out.append(("lora_adapters", ", ".join(data.lora_adapters), "not planned for instances spanning hosts "
+                    "(multi_node): remove lora_adapters, or serve the model on one host"))  # fmt: skip
+    names = {data.model, data.served_model_name or data.model}
+    ranks: dict[str, int] = {}
+    for name, adapter in data.lora_adapters.items():
+        fld = f"lora_adapters.{name}"
+        if name in names:
+            out.append((fld, name, "the served model's own name: give the adapter a name of its own"))
+        found = read_adapter(adapter.path)
+        if isinstance(found, str):
+            out.append((f"{fld}.path", adapter.path, found))
+            continue
+        ranks[name] = found.rank
+        if found.bias != "none":
+            out.append((f"{fld}.path", adapter.path, f"{ADAPTER_CONFIG} has bias {found.bias!r}: vLLM refuses "
+                        "adapters with bias ('Adapter bias is not supported.'); retrain with bias='none'"))  # fmt: skip
+        if found.base_model is not None and not same_model(found.base_model, data.model):
+            out.append((f"{fld}.path", adapter.path, f"an adapter for {found.base_model}, not for this host's model "
+                        f"{data.model}: an adapter only works on the model it was trained on; use one trained on "
+                        f"{data.model}, or remove it"))  # fmt: skip
+        if data.max_lora_rank is not None and found.rank > data.max_lora_rank:
+            fits = lora_rank_for([found.rank]) or "a larger rank"
+            out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} ({ADAPTER_CONFIG} r) exceeds "
+                        f"max_lora_rank {data.max_lora_rank}: vLLM refuses it ('LoRA rank {found.rank} is greater "
+                        f"than max_lora_rank {data.max_lora_rank}.'); raise max_lora_rank to {fits} or remove it "
+                        "to let fleet choose"))  # fmt: skip
+        elif data.max_lora_rank is None and lora_rank_for([found.rank]) is None:
+            out.append((f"{fld}.path", adapter.path, f"its rank {found.rank} exceeds {LORA_RANKS[-1]}, the largest "
+                        "max_lora_rank vLLM 0.33 takes"))  # fmt: skip
+    loras = data.max_loras if data.max_loras is not None else len(data.lora_adapters)
+    if data.max_cpu_loras is not None and data.max_cpu_loras < loras:
+        out.append(("max_cpu_loras", data.max_cpu_loras, f"must be >= max_loras ({loras}), as vLLM checks "
+                    "(LoRAConfig); raise it or remove it"))  # fmt: skip
+    return out
+
+
 def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str, object, str] | None:
     """(field, value, why) when the NVIDIA keys do not go together, or None.
 
@@ -824,6 +1017,8 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
             None,
             "required with nvidia_apt_url: the path, on this machine, of the repository's public key file",
         )
+    if data.nvidia_driver_version == "keep":
+        return None
     series = ".".join(data.vllm_version.split(".")[:2])
     version = data.nvidia_driver_version or default_driver.get(series)
     if version is None:
@@ -837,6 +1032,29 @@ def driver_problem(data: HostData, default_driver: dict[str, str]) -> tuple[str,
         check_driver_version(version, data.vllm_version)
     except LayoutError as exc:
         return ("nvidia_driver_version", version, str(exc).split(": ", 1)[-1] + "; pin a newer driver or leave it out")
+    return None
+
+
+def cuda_problem(data: HostData) -> tuple[str, object, str] | None:
+    """(field, value, why) when the CUDA keys cannot be served, or None: the packages come from
+    NVIDIA's repository, the one ``nvidia_apt_url`` names."""
+    if data.nvidia_apt_url is not None:
+        return None
+    if data.cuda_toolkit is not None:
+        pkg = "cuda-toolkit-" + data.cuda_toolkit.replace(".", "-")
+        return (
+            "cuda_toolkit",
+            data.cuda_toolkit,
+            f"{pkg} comes from NVIDIA's apt repository: set nvidia_apt_url and nvidia_apt_keyring "
+            "(with nvidia_driver_version: keep to leave the host's driver alone), or remove cuda_toolkit",
+        )
+    if data.nvidia_driver_version == "keep":
+        return (
+            "nvidia_driver_version",
+            "keep",
+            "only read with nvidia_apt_url (without it fleet does not manage the driver anyway): "
+            "set nvidia_apt_url and nvidia_apt_keyring, or remove nvidia_driver_version",
+        )
     return None
 
 

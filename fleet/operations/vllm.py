@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
+from typing import Any
 
-from pyinfra.api.command import StringCommand
+from pyinfra.api.command import QuoteString, StringCommand
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.operations import server
+from pyinfra.facts.server import Which
+from pyinfra.operations import files, server
 
 from fleet.facts.releases import MARKER, VllmReleases
+from fleet.facts.users import UserEntry
 from fleet.operations import layout
 from fleet.operations.files import Commands
 
@@ -29,18 +34,49 @@ DEFAULT_ROOT = "/opt/fleet/vllm"
 PIP_TIMEOUT_S = 60
 
 
+SERVICE_USER = "vllm"
+SERVICE_SHELL = "/usr/sbin/nologin"
+
+
+def user_command(existing: Mapping[str, Any] | None, user: str, home: str, shell: str) -> list[str]:
+    """What makes ``user`` the service user (pure): its own group as primary group, ``home`` and
+    ``shell``; ``existing``: its entry (``fleet.facts.users.UserEntry``, None: no such user).
+
+    The argv pyinfra 3.10's ``server.user(user, group=user, home, shell, system=True,
+    create_home=True)`` yields (``pyinfra/operations/server.py``: ``useradd -d -s -g -r -m`` for a
+    new user, ``usermod`` with what differs for an existing one), empty when nothing differs."""
+    if existing is None:
+        return ["useradd", "-d", home, "-s", shell, "-g", user, "-r", "-m", user]
+    changes: list[str] = []
+    if existing.get("home") != home:
+        changes += ["-d", home]
+    if existing.get("shell") != shell:
+        changes += ["-s", shell]
+    if existing.get("group") != user:
+        changes += ["-g", user]
+    return ["usermod", *changes, user] if changes else []
+
+
 @operation()
-def service_user(user: str = "vllm", home: str = "/var/lib/vllm") -> Commands:
+def service_user(user: str = SERVICE_USER, home: str = "/var/lib/vllm") -> Commands:
     """
     The system user the vLLM units run as, with its home (caches, model files).
 
     + user: user (and group) name
     + home: its home directory, created by useradd (its default mode)
+
+    pyinfra's ``server.user`` decides from the ``Users`` fact, which reads every user on the
+    host (``lastlog`` and ``id`` for each); this reads the one user (``UserEntry``) and decides as
+    ``server.user`` does (:func:`user_command`), then the home's ownership as ``server.user``
+    does (``files.directory``).
     """
     yield from server.group._inner(group=user, system=True)
-    yield from server.user._inner(
-        user=user, group=user, home=home, shell="/usr/sbin/nologin", system=True, create_home=True
-    )
+    argv = user_command(host.get_fact(UserEntry, user=user), user, home, SERVICE_SHELL)
+    if argv:
+        if not host.get_fact(Which, command=argv[0]):
+            raise OperationError(f"{argv[0]} is not installed (Debian's passwd package)")
+        yield StringCommand(*(QuoteString(a) for a in argv))
+    yield from files.directory._inner(path=home, user=user, group=user, _no_fail_on_link=True)
 
 
 def release_dir(root: str, release_id: str) -> str:

@@ -62,6 +62,11 @@ PLANNED: dict[str, str] = {
     "spec_method": "speculative.method",
     "spec_model": "speculative.model",
     "spec_tokens": "speculative.num_speculative_tokens",
+    "enable_lora": "lora_adapters (fleet plans the adapters' GPU slots from it)",
+    "lora_modules": "lora_adapters (each adapter staged to the hosts like a model)",
+    "max_loras": "max_loras (with lora_adapters)",
+    "max_lora_rank": "max_lora_rank (with lora_adapters)",
+    "max_cpu_loras": "max_cpu_loras (with lora_adapters)",
     "api_key": "api_key_ref (the key reaches the host in a root-only environment file, never in argv)",
 }
 
@@ -84,11 +89,9 @@ REFUSED: dict[str, str] = {
     "headless": "fleet's gates need each instance's API server",
     "uds": "fleet's gates and balancers reach instances on their port",
     "device_ids": "fleet picks each instance's GPUs (CUDA_VISIBLE_DEVICES)",
-    "enable_lora": "LoRA adapters are not planned by fleet yet: their GPU memory would be missing from the plan",
-    "lora_modules": "LoRA adapters are not planned by fleet yet",
-    "max_loras": "LoRA adapters are not planned by fleet yet",
-    "max_lora_rank": "LoRA adapters are not planned by fleet yet",
-    "max_cpu_loras": "LoRA adapters are not planned by fleet yet",
+    "fully_sharded_loras": "it changes the LoRA slots' size per GPU, which the plan counts unsharded (lora_adapters)",
+    "lora_dtype": "the plan counts the LoRA slots in the model's dtype (lora_adapters)",
+    "lora_target_modules": "the plan counts LoRA slots on every layer vLLM wraps by default (lora_adapters)",
 }
 
 #: Flags vLLM removed (``vllm serve`` refuses them: ``unrecognized arguments``), with the way out.

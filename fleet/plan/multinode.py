@@ -40,6 +40,7 @@ from fleet.gpus import GiB, HostGpus
 from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
 from fleet.model.kv import BLOCK_SIZE
+from fleet.plan.cuda import plan_cuda
 from fleet.plan.planner import (
     Flag,
     HostPlan,
@@ -353,6 +354,7 @@ def _host_plan(
     spec: HostSpec, g: HostGpus, arch: ModelArch, precision: Precision, inst: Instance, p: Pipeline, met: bool
 ) -> HostPlan:
     assert inst.node is not None
+    cuda = plan_cuda(spec, g)
     node = inst.node
     start, end = node.layers
     m = inst.memory
@@ -377,7 +379,10 @@ def _host_plan(
     idle = tuple(i for i in range(g.count) if i not in p.group)
     if idle:
         warnings.append(f"GPUs {', '.join(map(str, idle))} stay idle: one node of a multi-node instance per host")
+    notes += cuda.reasons
+    if cuda.env:
+        inst = dataclasses.replace(inst, env=inst.env + cuda.env)
     return HostPlan(
         spec.name, spec.model, arch.source, g.source, spec.vllm_version, precision.name,
-        weight_bytes(arch, precision), (inst,), tuple(notes), tuple(warnings), idle,
+        weight_bytes(arch, precision), (inst,), tuple(notes), tuple(warnings), idle, cuda=cuda,
     )  # fmt: skip

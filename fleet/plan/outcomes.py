@@ -31,6 +31,7 @@ from fleet.plan.gpu_source import (
     gpus_for,
     planning_gpus_of,
 )
+from fleet.plan.lora import field_problem as lora_field_problem
 from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
 from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
 from fleet.plan.speculative import draft_key
@@ -178,6 +179,8 @@ def _plan_all(
             model = arch(key)
             draft = arch(dkey) if (dkey := draft_key(spec)) is not None else None
             if (bad := speculative_field_problem(spec, model, draft)) is not None:
+                raise InventoryError([bad])
+            if (bad := lora_field_problem(spec, model)) is not None:
                 raise InventoryError([bad])
             gpus = gpus_of(spec)
             memo: object = (planning_inputs(spec), gpus, key)
@@ -462,6 +465,8 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "workload_concurrency": m.workload_concurrency,
         },
     }
+    if m.lora is not None:  # LoRA adapters (absent otherwise)
+        data["memory"]["lora_slots_per_gpu_gib"] = _gib(m.lora.bytes_per_gpu)
     if m.draft is not None:  # speculative decoding (absent otherwise)
         data["memory"]["draft_weights_per_gpu_gib"] = _gib(m.draft.weights)
         data["memory"]["draft_kv_bytes_per_block"] = m.draft.kv_bytes_per_block
@@ -502,6 +507,7 @@ def outcome_data(outcome: HostOutcome) -> dict[str, Any]:
                 "notes": list(p.notes),
                 "warnings": list(p.warnings),
                 "idle_gpus": list(p.idle_gpus),
+                "cuda": {"toolkit": p.cuda.toolkit, "compat": p.cuda.compat, "packages": list(p.cuda.packages)},
             }
         )
     if outcome.problem is not None:

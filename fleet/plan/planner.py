@@ -43,7 +43,9 @@ from fleet.inventory.spec import HostSpec
 from fleet.model.arch import ModelArch
 from fleet.model.fp8_blocks import NATIVE_FP8, fp8_blocks
 from fleet.model.kv import ASYNC_BATCHES, BLOCK_SIZE, KvLayout, LayerKind, kv_layout
+from fleet.plan.cuda import CudaPlan, plan_cuda
 from fleet.plan.extra_args import SET_BY_YOU_REASON, parse_extra_args
+from fleet.plan.lora import LoraCost, flags_reasons, lora_cost, unsupported
 from fleet.plan.presets import Batch, preset_batch
 from fleet.plan.speculative import DraftCost, draft_cost, verdict
 from fleet.plan.speculative import problem as speculative_problem
@@ -115,6 +117,7 @@ class MemoryMath:
     #: how many KV tokens the estimated terms could move this plan, either way
     kv_tokens_uncertainty: int = 0
     draft: DraftCost | None = None  #: the speculative draft's share (``fleet.plan.speculative``); in ``weights``
+    lora: LoraCost | None = None  #: the LoRA adapters' GPU slots (``fleet.plan.lora``); in ``weights``
 
     @property
     def max_concurrency(self) -> float:
@@ -216,6 +219,8 @@ class HostPlan:
     notes: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     idle_gpus: tuple[int, ...] = field(default=())
+    #: CUDA packages from NVIDIA's repository and cuda-compat (``fleet.plan.cuda``)
+    cuda: CudaPlan = field(default=CudaPlan())
 
     @property
     def total_kv_tokens(self) -> int:
@@ -378,6 +383,7 @@ def memory_math(
     kv_tokens_per_request: int,
     stage: tuple[LayerKind, ...] | None = None,
     draft: DraftCost | None = None,
+    lora: LoraCost | None = None,
 ) -> MemoryMath:
     """The per-GPU arithmetic vLLM does at start, with our estimates.
 
@@ -391,9 +397,13 @@ def memory_math(
     ``draft``: a speculative draft's weights (added to ``weights``) and KV pages: every block holds
     the draft's layers' pages too, so the target's layers get ``num_blocks × their bytes per block``
     of the KV budget (``UniformTypeKVCacheSpecs``; ``fleet.plan.speculative``).
+
+    ``lora``: the LoRA adapters' slots on every wrapped layer, allocated while the model loads and
+    so measured with the weights (``fleet.plan.lora``): added to ``weights``.
     """
     budget = math.ceil(gpu.cuda_total * utilization)
     weights = -(-weights_total // tp) + (draft.weights if draft is not None else 0)
+    weights += lora.bytes_per_gpu if lora is not None else 0
     non_torch = NON_TORCH_BYTES + (NCCL_BYTES if tp > 1 or stage is not None else 0)
     activations = activation_peak(arch, tp, *batch)
     kv_budget = budget - weights - non_torch - activations - CUDA_GRAPH_BYTES
@@ -435,6 +445,7 @@ def memory_math(
         one_request_fits=layout.fits_one_request(target_share(kv_budget), max_model_len, in_flight),
         in_flight_tokens=in_flight,
         draft=draft,
+        lora=lora,
     )
     low = layout.tokens(target_share(kv_budget - partial.estimate_bounds), max_model_len, in_flight)
     return dataclasses.replace(partial, kv_tokens_uncertainty=max(0, kv_tokens - low))
@@ -534,6 +545,7 @@ def _layout(
     groups = tuple(gpu_groups(gpus, tp, pcie_tp))
     sp = spec.speculative
     cost = draft_cost(sp, arch, draft, tp, kv_dtype_bytes(spec, arch)) if sp is not None else None
+    slots = lora_cost(spec.lora, arch, tp) if spec.lora is not None else None
     utils = tuple(utilization_for(spec, gpus, g) for g in groups)
     per_request = min(max_len, spec.workload.kv_tokens_per_request)
 
@@ -550,6 +562,7 @@ def _layout(
                 batch,
                 per_request,
                 draft=cost,
+                lora=slots,
             )
             for g, u in zip(groups, utils, strict=True)
         )
@@ -622,7 +635,9 @@ def plan_host(
         )
     if not gpus.gpus:
         raise PlanError(PlanProblem(spec.name, "the host has no GPUs", ways_out=["check the driver (fleet audit)"]))
+    cuda = plan_cuda(spec, gpus)
     _check_speculative(spec, arch, draft)
+    _check_lora(spec, arch)
     precision = resolve_precision(spec, arch)
     weights = weight_bytes(arch, precision)
     counted = (
@@ -676,6 +691,7 @@ def plan_host(
             )
     notes += _defaults_notes(spec, arch)
     notes += _kv_notes(arch, chosen.memory[0])
+    notes += cuda.reasons
     speculative_flag: tuple[Flag, ...] = ()
     if spec.speculative is not None:
         share = -(-spec.workload.target_concurrency // max(1, len(chosen.groups)))
@@ -699,12 +715,14 @@ def plan_host(
         _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util, chosen.batch)
         for k, (group, mem, util) in enumerate(zip(chosen.groups, chosen.memory, chosen.utilization, strict=True))
     )
-    extra = speculative_flag + _extra_flags(spec)
+    extra = speculative_flag + _lora_flags(spec, chosen.memory[0], notes) + _extra_flags(spec)
     if extra:
         instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
     if spec.vllm_cpu is not None:
         instances, cpu_notes = _cpu_build(spec, instances)
         notes += cpu_notes
+    if cuda.env:
+        instances = tuple(dataclasses.replace(i, env=i.env + cuda.env) for i in instances)
     for instance in instances:
         _validate_argv(spec, instance)
     return HostPlan(
@@ -719,7 +737,39 @@ def plan_host(
         notes=tuple(notes),
         warnings=tuple(warnings),
         idle_gpus=idle,
+        cuda=cuda,
     )
+
+
+def _lora_flags(spec: HostSpec, memory: MemoryMath, notes: list[str]) -> tuple[Flag, ...]:
+    """``--enable-lora`` and its flags (``fleet.plan.lora``); their memory is in ``memory.weights``."""
+    lora = spec.lora
+    if lora is None:
+        return ()
+    cost = memory.lora
+    assert cost is not None
+    notes.append(f"LoRA adapters ({', '.join(a.name for a in lora.adapters)}): {cost.reason}")
+    why = flags_reasons(lora)
+    first, *rest = [f"{a.name}={a.repo}" for a in lora.adapters]
+    return (
+        Flag("--enable-lora", None, f"inventory lora_adapters: {cost.reason}"),
+        Flag(
+            "--lora-modules",
+            first,
+            "inventory lora_adapters: each NAME=fleet-lora/NAME, staged into the units' cache like a model "
+            "and read from it offline",
+            more=tuple(rest),
+        ),
+        Flag("--max-loras", str(lora.max_loras), why["--max-loras"]),
+        Flag("--max-lora-rank", str(lora.max_lora_rank), why["--max-lora-rank"]),
+        Flag("--max-cpu-loras", str(lora.max_cpu_loras), why["--max-cpu-loras"]),
+    )
+
+
+def _check_lora(spec: HostSpec, arch: ModelArch) -> None:
+    """``lora_adapters`` on a model fleet cannot plan LoRA for (``fleet.plan.lora``)."""
+    if spec.lora is not None and (why := unsupported(arch)) is not None:
+        raise PlanError(PlanProblem(spec.name, f"lora_adapters: {why}", ways_out=["remove lora_adapters"]))
 
 
 def _check_speculative(spec: HostSpec, arch: ModelArch, draft: ModelArch | None) -> None:

@@ -86,6 +86,16 @@ def load_surface(version: str) -> tuple[dict[str, Any], ...]:
     return tuple(data["arguments"])
 
 
+def _typed(choices: Sequence[str], converter: Any) -> list[Any]:
+    """The dump's textual choices converted by the flag's type, where each converts."""
+    if converter is None:
+        return list(choices)
+    try:
+        return [converter(c) for c in choices]
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return list(choices)
+
+
 def build_parser(
     arguments: Sequence[dict[str, Any]], prog: str = "vllm serve", allow_abbrev: bool = False
 ) -> argparse.ArgumentParser:
@@ -121,7 +131,9 @@ def build_parser(
         if converter is not None:
             kwargs["type"] = converter
         if arg["choices"]:
-            kwargs["choices"] = arg["choices"]
+            # the dump writes choices as text; vLLM's are of the flag's type (``--max-lora-rank``'s are
+            # the ints of ``MaxLoRARanks``), and argparse compares them after converting the value
+            kwargs["choices"] = _typed(arg["choices"], converter)
         parser.add_argument(*options, **kwargs)
     return parser
 

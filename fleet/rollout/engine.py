@@ -98,6 +98,8 @@ class Target:
     #: None: the instance's files are left as they are (``--release``, ``fleet restart``)
     revision: str | None = None
     stop_only: bool = False  #: ``fleet drain``: out of traffic and stopped, then done (no start)
+    #: the LoRA adapters its new configuration serves, checked by the models gate (None: not checked)
+    adapters: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,12 @@ class InstanceState:
         if self.rolling_back and self.previous_model is not None:
             return self.previous_model
         return self.target.model
+
+    @property
+    def adapters(self) -> tuple[str, ...] | None:
+        """The LoRA adapters the models gate expects now (None on the way back: the previous
+        configuration's set is not recorded, so a rollback is gated on the model alone)."""
+        return None if self.rolling_back else self.target.adapters
 
     @property
     def touched(self) -> bool:
@@ -479,7 +487,7 @@ def _bake(state: RolloutState, obs: Observations, now: float) -> Decision:
         probe = f.probe if not f.unreachable else Probe(now, unreachable=f.unreachable)
         if probe is None:
             continue
-        checks = evaluate(probe, Expect(inst.model, inst.baseline_restarts, p.metrics))
+        checks = evaluate(probe, Expect(inst.model, inst.baseline_restarts, p.metrics, inst.adapters))
         gate, check, detail = checks[-1]
         if check is not Check.PASS:
             why = f"{ref}: canary bake: {gate.value} gate: {detail}"
@@ -652,7 +660,7 @@ def _phase_step(
         if probe is None:
             return replace(inst, note="awaiting gate probes"), None
         track = inst.track or start_track(now)
-        expect = Expect(inst.model, inst.baseline_restarts, p.metrics)
+        expect = Expect(inst.model, inst.baseline_restarts, p.metrics, inst.adapters)
         track, verdict = gate_step(track, probe, expect, p, now)
         if verdict.status is Status.PASS:
             return _to(inst, Phase.UNDRAIN, now, track=track), None
@@ -794,6 +802,7 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
             "restart": i.target.restart,
             "revision": i.target.revision,
             "stop_only": i.target.stop_only,
+            "adapters": list(i.target.adapters) if i.target.adapters is not None else None,
         },
         "phase": i.phase.value,
         "rolling_back": i.rolling_back,
@@ -823,7 +832,14 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
     return InstanceState(
         ref=ref,
         target=Target(
-            ref, t["release"], t["model"], t["port"], t["restart"], t.get("revision"), t.get("stop_only", False)
+            ref,
+            t["release"],
+            t["model"],
+            t["port"],
+            t["restart"],
+            t.get("revision"),
+            t.get("stop_only", False),
+            tuple(t["adapters"]) if t.get("adapters") is not None else None,
         ),
         phase=Phase(d["phase"]),
         rolling_back=d["rolling_back"],

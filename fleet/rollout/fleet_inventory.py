@@ -38,7 +38,7 @@ from fleet.rollout.batches import InstanceRef
 from fleet.rollout.engine import Target
 from fleet.rollout.executor import ExecutorError
 from fleet.rollout.policy import RolloutPolicy, policy_from_hosts
-from fleet.rollout.ssh_executor import InstanceSpec, SshExecutor
+from fleet.rollout.ssh_executor import Connections, InstanceSpec, SshExecutor, connections, read_fact
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class RolloutFleet:
     unread_quarantine: Mapping[str, str] = field(default_factory=dict)
     #: the audit's host findings from the same round of facts (``fleet.audit.run.judge``): the gate
     findings: tuple[Finding, ...] = ()
+    #: the connections the read round opened (``keep_connections``), handed to the first executor
+    conns: Connections = field(default_factory=dict, repr=False, compare=False)
 
     def gate(self, ignored: Collection[str] = ()) -> GateVerdict:
         """The audit's verdict on rolling this fleet (``fleet.audit.gate``): critical findings and
@@ -82,10 +84,18 @@ class RolloutFleet:
         unknown = sorted(set(gates_over_ssh) - set(self.hosts))
         if unknown:
             raise FleetError(f"--gates-over-ssh {', '.join(unknown)}: not a selected host of {self.inventory}")
+        kept = dict(self.conns)  # the read round's connections: this executor's now (it closes them)
+        self.conns.clear()
         return SshExecutor(
             self.ssh, self.instances, api_keys=self.api_keys, gates_over_ssh=gates_over_ssh,
-            http_timeout_s=http_timeout_s, traffic=self.traffic() if lb else None,
+            http_timeout_s=http_timeout_s, traffic=self.traffic() if lb else None, conns=kept,
         )  # fmt: skip
+
+    def close(self) -> None:
+        """Close the read round's connections no executor took (a command that stops before it rolls)."""
+        for conn in self.conns.values():
+            conn.close()
+        self.conns.clear()
 
     def targets(self, releases: Mapping[str, str | None], *, restart: bool, skip: Collection[str] = ()) -> list[Target]:
         """Every instance heading for its host's entry in ``releases`` (a host without one is
@@ -120,13 +130,17 @@ class RolloutFleet:
         ]
 
 
-def _probe(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str, HostFacts | HostUnreachable]:
-    """The NVML probe of every host: what the audit's gate judges, and what plans the hosts the
-    inventory gives no ``gpu`` entry.
+def _probe(
+    specs: Sequence[HostSpec],
+    ssh: Mapping[str, SshTarget],
+    answers: Mapping[str, HostFacts | HostUnreachable] | None = None,
+) -> dict[str, HostFacts | HostUnreachable]:
+    """The NVML probe of every host (``answers``: read already): what the audit's gate judges,
+    and what plans the hosts the inventory gives no ``gpu`` entry.
 
     Such a host that cannot be reached at all is an ``ExecutorError`` naming it (a host that
     failed, not bad input): its instances cannot be planned, so nothing is touched."""
-    answers = run_fact_on_hosts([ssh[s.name] for s in specs], NvmlProbe)
+    answers = dict(answers) if answers is not None else run_fact_on_hosts([ssh[s.name] for s in specs], NvmlProbe)
     unplanned = {s.name for s in specs if s.gpu is None}
     down = [a for n, a in answers.items() if n in unplanned and isinstance(a, HostUnreachable) and a.ssh_failed]
     if down:
@@ -142,8 +156,16 @@ def _probe(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> dict[str,
 Facts = tuple[Mapping[str, HostFacts | HostUnreachable], Mapping[str, WatchState | HostUnreachable]]
 
 
-def read_facts(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> Facts:
-    """One round, both facts at once: every host's NVML probe and GPU watcher record (read-only)."""
+def read_facts(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget], conns: Connections | None = None) -> Facts:
+    """One round, both facts at once: every host's NVML probe and GPU watcher record (read-only).
+    ``conns``: over these connections (one per host, kept for the rollout's executor), the two
+    reads one after the other on each; else each fact on a connection of its own per host."""
+    if conns is not None:
+        names = [s.name for s in specs]
+        with ThreadPoolExecutor(2) as pool:
+            probing = pool.submit(read_fact, conns, names, NvmlProbe)
+            watching = pool.submit(read_fact, conns, names, GpuWatchState)
+            return _probe(specs, ssh, probing.result()), watching.result()
     with ThreadPoolExecutor(2) as pool:
         watching = pool.submit(run_fact_on_hosts, [ssh[s.name] for s in specs], GpuWatchState)
         probing = pool.submit(_probe, specs, ssh)
@@ -156,13 +178,14 @@ def load_fleet(
     overrides: Mapping[str, Any] | None = None,
     *,
     refuse_unreachable: bool = False,
+    keep_connections: bool = False,
 ) -> RolloutFleet:
     """The fleet of ``inventory`` (only ``limit`` hosts or groups, when given; ``overrides``: host
-    data given on the command line). ``refuse_unreachable``: see :func:`fleet_of`."""
+    data given on the command line). ``refuse_unreachable``, ``keep_connections``: see :func:`fleet_of`."""
     loaded = load_for_planning(inventory, list(limit) if limit else None, overrides)
     if not loaded.hosts:
         raise FleetError(f"{inventory}: no host selected" + (f" by --limit {' '.join(limit)}" if limit else ""))
-    return fleet_of(loaded, refuse_unreachable=refuse_unreachable)
+    return fleet_of(loaded, refuse_unreachable=refuse_unreachable, keep_connections=keep_connections)
 
 
 def unreachable_refusal(answers: Mapping[str, HostFacts | HostUnreachable]) -> str | None:
@@ -177,16 +200,17 @@ def fleet_of(
     read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] | None = None,
     *,
     refuse_unreachable: bool = False,
+    keep_connections: bool = False,
 ) -> RolloutFleet:
     """The rollout's view of a loaded inventory (its selected hosts); ``read``: the facts' round
     (default :func:`read_facts`). ``refuse_unreachable``: a host SSH cannot reach in that round is an
     ``ExecutorError`` naming it, decided then (one connect timeout), not by every later connection
     (a restart, rollout or rollback would refuse it anyway before changing anything; ``fleet drain``
-    and ``fleet lb`` go on without it)."""
-    inventory = loaded.path
+    and ``fleet lb`` go on without it). ``keep_connections``: the round reads over one connection
+    per host that stays open for the fleet's first executor (``RolloutFleet.executor``), so a
+    restart logs into each host once (``benchmarks/ssh_rounds.py``); closed here if this raises."""
     problems: list[str] = []
     ssh: dict[str, SshTarget] = {}
-    instances: dict[InstanceRef, InstanceSpec] = {}
     datas: dict[str, Mapping[str, Any]] = {}
     keys: dict[str, str | None] = {}
     for spec in loaded.hosts:
@@ -199,7 +223,31 @@ def fleet_of(
             problems.append(str(exc))
     if problems:
         raise FleetError("\n".join(problems))
-    answers, watch = (read or read_facts)(loaded.hosts, ssh)
+    conns = connections(ssh) if keep_connections else {}
+    try:
+        return _fleet_of(loaded, read, refuse_unreachable, ssh, datas, keys, conns)
+    except BaseException:
+        for conn in conns.values():
+            conn.close()
+        raise
+
+
+def _fleet_of(
+    loaded: LoadedInventory,
+    read: Callable[[Sequence[HostSpec], Mapping[str, SshTarget]], Facts] | None,
+    refuse_unreachable: bool,
+    ssh: Mapping[str, SshTarget],
+    datas: Mapping[str, Mapping[str, Any]],
+    keys: Mapping[str, str | None],
+    conns: Connections,
+) -> RolloutFleet:
+    inventory = loaded.path
+    problems: list[str] = []
+    instances: dict[InstanceRef, InstanceSpec] = {}
+    if read is None and conns:
+        answers, watch = read_facts(loaded.hosts, ssh, conns=conns)
+    else:
+        answers, watch = (read or read_facts)(loaded.hosts, ssh)
     if refuse_unreachable and (why := unreachable_refusal(answers)) is not None:
         raise ExecutorError(why)
     held, unread = quarantine_and_unread(watch, [s.name for s in loaded.hosts])
@@ -212,13 +260,17 @@ def fleet_of(
     problems += fleet_plan.refusals()
     if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
         raise FleetError(why)
+    lora = {s.name: tuple(a.name for a in s.lora.adapters) if s.lora else () for s in loaded.hosts}
     for planned in fleet_plan.instances():
         ref = InstanceRef(planned.host, planned.name)
         gpus = planned.placements[0].gpus  # one node per instance today
-        instances[ref] = InstanceSpec(ref, planned.unit, planned.url, planned.port, gpus, planned.served_name)
+        instances[ref] = InstanceSpec(
+            ref, planned.unit, planned.url, planned.port, gpus, planned.served_name, adapters=lora.get(planned.host, ())
+        )
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(
         str(Path(inventory).resolve()), inventory, tuple(s.name for s in loaded.hosts), ssh, instances, datas, keys,
         loaded, held, unread, tuple(f for h in judge(loaded, answers, watch=watch).hosts for f in h.findings),
+        conns,
     )  # fmt: skip

@@ -10,7 +10,12 @@ Gates, in order; the first that does not pass decides:
    (``vllm/entrypoints/launchers/launcher.py: setup_server`` binds without listening), so a refused
    connection is the normal "still loading"; 503 is ``EngineDeadError`` (fatal).
 3. **models**: ``GET /v1/models`` lists the expected served model name. Another model is fatal:
-   waiting will not change it (the proposal's "deterministic mismatch").
+   waiting will not change it (the proposal's "deterministic mismatch"). Where the rollout
+   switches the instance's configuration, the LoRA adapters it lists (the cards with a
+   ``parent``, as ``OpenAIServingModels.show_available_models`` in
+   ``vllm/entrypoints/openai/models/serving.py`` adds them after the base model) must be the
+   planned ones, no more and no fewer: vLLM loads every ``--lora-modules`` adapter before it
+   listens (``init_static_loras``), so another set is fatal too (an old unit, or a wrong file).
 4. **completion**: a real ``POST /v1/completions`` returns tokens. An empty answer, an error or
    ``finish_reason: "abort"`` does not pass: vLLM keeps ``/health`` at 200 while it drains
    (``vllm/v1/engine/core.py: _handle_shutdown``), answers new requests with HTTP 500 ``cannot
@@ -102,6 +107,7 @@ class HttpAnswer:
 @dataclass(frozen=True)
 class ModelsAnswer(HttpAnswer):
     ids: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()  #: ids of the cards with a ``parent``: LoRA adapters
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,8 @@ class Expect:
     model: str
     baseline_restarts: int = 0
     thresholds: tuple[MetricThreshold, ...] = ()
+    #: the LoRA adapters ``/v1/models`` must list (None: not checked: the rollout leaves the files)
+    adapters: tuple[str, ...] | None = None
 
 
 #: Watcher actions (fleet.gpuwatch.catalog) that pass the gpu gate: corrected, informational.
@@ -218,7 +226,7 @@ def check_health(answer: HttpAnswer | None) -> tuple[Check, str]:
     return Check.BAD, f"/health {answer.why()}"
 
 
-def check_models(answer: ModelsAnswer | None, model: str) -> tuple[Check, str]:
+def check_models(answer: ModelsAnswer | None, model: str, adapters: tuple[str, ...] | None = None) -> tuple[Check, str]:
     if answer is None or not answer.answered:
         return Check.PENDING, f"/v1/models: {answer.why() if answer else 'not probed'}"
     if answer.status in (401, 403):
@@ -227,7 +235,22 @@ def check_models(answer: ModelsAnswer | None, model: str) -> tuple[Check, str]:
         return Check.BAD, f"/v1/models {answer.why()}"
     if model not in answer.ids:
         return Check.FATAL, f"/v1/models lists {list(answer.ids)}, not {model!r}: another model is loaded"
-    return Check.PASS, f"/v1/models lists {model!r}"
+    if adapters is None:
+        return Check.PASS, f"/v1/models lists {model!r}"
+    listed, planned = sorted(answer.adapters), sorted(adapters)
+    if listed != planned:
+        missing = sorted(set(planned) - set(listed))
+        extra = sorted(set(listed) - set(planned))
+        said = "; ".join(
+            part for part in (f"missing {missing}" if missing else "", f"not planned {extra}" if extra else "") if part
+        )
+        return Check.FATAL, (
+            f"/v1/models lists LoRA adapters {listed}, planned {planned} ({said}): vLLM loads every --lora-modules "
+            "adapter before it listens, so this set will not change by waiting"
+        )
+    if not planned:
+        return Check.PASS, f"/v1/models lists {model!r} and no LoRA adapter, as planned"
+    return Check.PASS, f"/v1/models lists {model!r} and the planned LoRA adapter(s) {planned}"
 
 
 #: What a client gets from a request that meets a dead engine (``EngineDeadError`` in
@@ -289,7 +312,7 @@ def evaluate(probe: Probe, expect: Expect) -> list[tuple[Gate, Check, str]]:
     checks: tuple[Callable[[], tuple[Check, str]], ...] = (
         lambda: check_unit(probe.unit, expect.baseline_restarts),
         lambda: check_health(probe.health),
-        lambda: check_models(probe.models, expect.model),
+        lambda: check_models(probe.models, expect.model, expect.adapters),
         lambda: check_completion(probe.completion),
         lambda: check_metrics(probe.metrics, expect.thresholds),
     )

@@ -529,6 +529,23 @@ class RolloutJournal(ABC):
                         "outcome_detail, outcome_at) VALUES (?,?,?,?,?,?,?,?,?,?)", row)
         )  # fmt: skip
 
+    def note(self, state: RolloutState, what: str, detail: str, now: float, host: str | None = None) -> int:
+        """A step taken around the engine (``fleet gpu clear``), written durably **before** it is
+        taken, its outcome left open (``outcome`` records it), with ``state`` (its status and
+        reason) in the same transaction; returns its sequence number."""
+        row = (state.id, now, host, what, detail, "{}", json.dumps(state_to_dict(state)))
+
+        def write(x: Exec) -> int:
+            rows = x(
+                "INSERT INTO steps (rollout_id, at, instance, action, detail, before, state) "
+                "VALUES (?,?,?,?,?,?,?) RETURNING seq",
+                row,
+            )
+            self._save(x, state, now)
+            return int(rows[0][0])
+
+        return self._write(write)
+
     def drained_hosts(self, fleet: str) -> dict[str, DrainMarker]:
         """The hosts of ``fleet`` whose last marker step in this journal wrote a drain marker (a
         ``fleet drain``), not removed since (``fleet undrain``): what was written, by host."""

@@ -103,13 +103,15 @@ class InstanceProber:
     def models(self) -> ModelsAnswer:
         r = self._request("/v1/models")
         ids: tuple[str, ...] = ()
+        adapters: tuple[str, ...] = ()
         if r.status == 200:
             try:
                 data = json.loads(r.body)
                 ids = tuple(str(m["id"]) for m in data.get("data", []))
+                adapters = tuple(str(m["id"]) for m in data.get("data", []) if m.get("parent") is not None)
             except (ValueError, KeyError, TypeError, AttributeError):
                 return ModelsAnswer(r.status, "not the OpenAI model list", r.elapsed_s)
-        return ModelsAnswer(r.status, r.error, r.elapsed_s, ids=ids)
+        return ModelsAnswer(r.status, r.error, r.elapsed_s, ids=ids, adapters=adapters)
 
     def completion(self, model: str, prompt: str, max_tokens: int) -> CompletionAnswer:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}

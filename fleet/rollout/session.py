@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.audit.findings import Finding
-from fleet.facts.drain import DrainMarker, drained_view, read_marker_answers, read_markers
+from fleet.facts.drain import Drained, DrainMarker, drained_view
 from fleet.facts.runner import HostUnreachable
 from fleet.rollout.claims import ClaimRequest, HostClaims
 from fleet.rollout.engine import RolloutState, RolloutStatus, Target, new_rollout, resume
@@ -96,7 +96,7 @@ def run_rollout(
             rollout_id = new_rollout_id(now)
             journal.acquire(fleet.name, rollout_id, takeover=take_over)
             try:
-                drained = find_drained(fleet, journal) if skip_drained else {}
+                drained = find_drained(fleet, journal, executor) if skip_drained else {}
                 executor.skipped = frozenset(drained)
                 for name, marker in drained.items():
                     warn(f"host {name} skipped: {marker.describe()}; `fleet undrain {fleet.inventory} {name}` puts "
@@ -116,10 +116,11 @@ def run_rollout(
             executor.close()
 
 
-def find_drained(fleet: RolloutFleet, journal: RolloutJournal) -> dict[str, DrainMarker]:
-    """The fleet's hosts drained for maintenance: their markers (all hosts at once), and for a host
-    that does not answer, whether this journal drained it (``fleet.facts.drain.drained_view``)."""
-    answers = read_marker_answers(fleet.ssh[h] for h in fleet.hosts)
+def find_drained(fleet: RolloutFleet, journal: RolloutJournal, executor: SshExecutor) -> dict[str, DrainMarker]:
+    """The fleet's hosts drained for maintenance: their markers (all hosts at once, over the
+    executor's connections, which its steps then use: no login of its own), and for a host that
+    does not answer, whether this journal drained it (``fleet.facts.drain.drained_view``)."""
+    answers = executor.read_fact(list(fleet.hosts), Drained)
     down = [h for h, a in answers.items() if isinstance(a, HostUnreachable)]
     return drained_view(answers, journal.drained_hosts(fleet.name) if down else {})
 
@@ -147,11 +148,12 @@ def resume_rollout(
         saved = journal.latest_state(rid)
         if saved.status is not RolloutStatus.RUNNING:
             raise JournalError(f"rollout {rid} is {saved.status.value} ({saved.reason}); nothing to resume")
-        fleet = load_fleet(saved.fleet, sorted({r.host for r in saved.instances}))
-        for name, marker in read_markers(fleet.ssh[h] for h in fleet.hosts).items():
-            warn(f"host {name} is {marker.describe()}; rollout {rid} began before that, and goes on with it")
+        fleet = load_fleet(saved.fleet, sorted({r.host for r in saved.instances}), keep_connections=True)
         executor = fleet.executor(gates_over_ssh, lb=lb)
         try:
+            for name, marker in executor.read_fact(list(fleet.hosts), Drained).items():
+                if isinstance(marker, DrainMarker):
+                    warn(f"host {name} is {marker.describe()}; rollout {rid} began before that, and goes on with it")
             executor.traffic.preflight()
             journal.acquire(saved.fleet, rid, takeover=take_over)
             try:

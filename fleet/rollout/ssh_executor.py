@@ -45,8 +45,11 @@ import subprocess
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
+
+from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
@@ -54,7 +57,7 @@ from fleet.facts import sshlink
 from fleet.facts.hostfacts import parse_probe_output
 from fleet.facts.nvml import probe_command
 from fleet.facts.releases import MARKER, main_exe_sh, release_of, running_release
-from fleet.facts.runner import SshTarget
+from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, fact_answer
 from fleet.facts.systemctl_show import show_properties, shown_unit
 from fleet.gpuwatch.state import parse_since_start, since_start_argv
 from fleet.lb.runtime import AdminState
@@ -101,6 +104,7 @@ class InstanceSpec:
     model: str  #: the served model name the inventory gives it now
     unit_path: str = ""  #: the live unit file (default: ``/etc/systemd/system/<unit>``)
     env_path: str = ""  #: the live env file (default: ``/etc/fleet/<instance>.env``)
+    adapters: tuple[str, ...] = ()  #: the LoRA adapters the inventory gives it now (``lora_adapters``)
 
     @property
     def files(self) -> tuple[str, str]:
@@ -148,6 +152,8 @@ def one_line(text: str) -> str:
     """Output lines joined with `` | `` (an error is one line)."""
     return " | ".join(line.strip() for line in text.splitlines() if line.strip())
 
+
+T = TypeVar("T")
 
 #: Seconds a host found unreachable is not tried again (calls fail at once with the reason):
 #: a silent host costs each observation nothing instead of a connect timeout.
@@ -252,12 +258,59 @@ class _Conn:
         assert last is not None
         raise ExecutorError(str(last))
 
+    def answer(self, fact: FactBase[T], command: str, timeout: float = DEFAULT_TIMEOUT) -> T | HostUnreachable:
+        """A read-only fact's answer over this connection, as ``fleet.facts.runner.run_fact_on_hosts``
+        gives it on a connection of its own: the processed value, or ``HostUnreachable`` with SSH's
+        reason (``ssh_failed``), the command's exit status, or why its output cannot be read. A read
+        is sent again on a new connection when the one it went out on broke (it changes nothing)."""
+        name = self.target.name
+        for attempt in range(2):
+            try:
+                rc, out, err = self._link(fresh=attempt > 0).run(command, timeout)
+            except sshlink.ConnectionLost as exc:
+                if attempt == 0:
+                    continue
+                return HostUnreachable(name, exc.reason, ssh_failed=True)
+            except sshlink.Unreachable as exc:
+                self._mark_down(exc)
+                return HostUnreachable(name, exc.reason, ssh_failed=True)
+            except sshlink.SshError as exc:  # a refused host key or login, a command over its deadline
+                return HostUnreachable(name, exc.reason, ssh_failed=True)
+            except ExecutorError as exc:  # closed: fleet is stopping
+                return HostUnreachable(name, str(exc))
+            self._mark_up()
+            return fact_answer(name, fact, rc, out, err)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns
+
     def close(self) -> None:
         """Close the connection now; later calls fail at once (``ExecutorError``)."""
         self.closed = True
         link = self.link
         if link is not None:
             link.close()
+
+
+#: One connection per host, each opened on first use: a command's read round and its executor share them.
+Connections = dict[str, _Conn]
+
+
+def connections(targets: Mapping[str, SshTarget]) -> Connections:
+    """A (not yet opened) connection to each of ``targets``."""
+    return {name: _Conn(t) for name, t in targets.items()}
+
+
+def read_fact(
+    conns: Mapping[str, _Conn], hosts: Sequence[str], fact_cls: type[FactBase[T]], **args: Any
+) -> dict[str, T | HostUnreachable]:
+    """``fact_cls`` on each of ``hosts`` over its connection in ``conns``, all hosts at once:
+    ``run_fact_on_hosts``'s answers without a connection of its own per host and fact."""
+    fact = fact_cls()
+    command = str(fact.command(**args))
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        answers = list(pool.map(lambda h: conns[h].answer(fact, command), hosts))
+    return dict(zip(hosts, answers, strict=True))
 
 
 #: Seconds a hook on a host gets after SIGTERM (coreutils ``timeout -k``) before SIGKILL.
@@ -338,6 +391,7 @@ class SshExecutor:
         gates_over_ssh: Collection[str] = (),
         ssh_timeout_s: float = SSH_TIMEOUT_S,
         traffic: Traffic | None = None,
+        conns: Mapping[str, _Conn] | None = None,
     ) -> None:
         missing = sorted({r.host for r in instances} - set(targets))
         if missing:
@@ -350,7 +404,9 @@ class SshExecutor:
         self.gates_over_ssh = frozenset(gates_over_ssh)
         self.ssh_timeout_s = ssh_timeout_s
         self.__keys = dict(api_keys or {})
-        self._conns = {name: _Conn(t) for name, t in self.targets.items()}
+        #: ``conns``: connections opened already (the command's read round), used instead of new ones
+        given = conns or {}
+        self._conns = {name: given.get(name) or _Conn(t) for name, t in self.targets.items()}
         self._units: dict[InstanceRef, tuple[float, UnitState | None]] = {}
         #: the load balancers in front of the instances (empty: none, or ``--no-lb``)
         self.traffic = traffic or Traffic({})
@@ -364,6 +420,11 @@ class SshExecutor:
         self.traffic.close()
 
     # ---- plumbing --------------------------------------------------------------------------------
+
+    def read_fact(self, hosts: Sequence[str], fact_cls: type[FactBase[T]]) -> dict[str, T | HostUnreachable]:
+        """A read-only fact on ``hosts`` over this executor's connections, all at once
+        (:func:`read_fact`): the connection each host's steps then use."""
+        return read_fact(self._conns, hosts, fact_cls)
 
     def spec(self, ref: InstanceRef) -> InstanceSpec:
         try:

@@ -135,12 +135,18 @@ def _write_cache(paths: list[Path], files: dict[str, list[object]]) -> None:
     # no cache anywhere: the manifest is still right, computed again next time
 
 
-def build_manifest(root: str, model: str, hashed: list[str] | None = None) -> Manifest:
+def build_manifest(
+    root: str, model: str, hashed: list[str] | None = None, *, directory: str = "", marker: str = "config.json"
+) -> Manifest:
     """The manifest of ``model`` in the source directory ``root`` (cached, see the module
-    docstring). ``hashed``, when given, receives the paths that were hashed this time."""
-    top = model_dir(root, model)
-    if not (top / "config.json").is_file():
-        raise FleetError(f"model source {root}: no {model}/config.json there")
+    docstring). ``hashed``, when given, receives the paths that were hashed this time.
+    ``directory``: the files are there instead of ``ROOT/ORG/NAME`` (a LoRA adapter's own
+    directory, ``lora_adapters``), with ``marker`` the file that must be in it."""
+    top = Path(directory) if directory else model_dir(root, model)
+    if not (top / marker).is_file():
+        if directory:
+            raise FleetError(f"adapter source {directory}: no {marker} there")
+        raise FleetError(f"model source {root}: no {model}/{marker} there")
     cache_paths = [top / CACHE_NAME, _user_cache(top)]
     cached = _read_cache(cache_paths)
     files: dict[str, list[object]] = {}

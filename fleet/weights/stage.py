@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -43,6 +44,7 @@ import paramiko
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
+from fleet.inventory.schema import ADAPTER_CONFIG
 from fleet.inventory.spec import LoadedInventory
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
@@ -108,11 +110,20 @@ def repo_dir(state_dir: str, model: str) -> str:
 
 @dataclass(frozen=True)
 class StageJob:
-    """One host to stage: how to reach it, the model, and the source directory holding it."""
+    """One host to stage: how to reach it, the model, and the source directory holding it.
+
+    A LoRA adapter (``lora_adapters``) is staged the same way, as the repository ``fleet-lora/NAME``
+    (``fleet.inventory.spec.LORA_REPO_ORG``) whose files are the adapter's own directory."""
 
     target: SshTarget
     model: str
-    source: str  #: the ``dir`` source's root (``model_source.path``)
+    source: str  #: the ``dir`` source's root (``model_source.path``), or the adapter's directory
+    directory: str = ""  #: the files' directory when it is not ``source/ORG/NAME`` (an adapter's)
+    marker: str = "config.json"  #: the file the source directory must hold
+
+    @property
+    def files(self) -> str:
+        return self.directory or str(model_dir(self.source, self.model))
 
 
 @dataclass
@@ -154,7 +165,7 @@ def manifests_for(jobs: Sequence[StageJob], hashed: list[str] | None = None) -> 
     for job in jobs:
         key = (job.source, job.model)
         if key not in out:
-            out[key] = build_manifest(job.source, job.model, hashed)
+            out[key] = build_manifest(job.source, job.model, hashed, directory=job.directory, marker=job.marker)
     return out
 
 
@@ -280,7 +291,7 @@ def _send(
     rc, _out, err = link.run(prepare, 60, label="preparing the incoming directory")
     if rc != 0:
         raise FleetError(f"preparing {incoming} exited {rc}: {err.strip()[-300:]}")
-    source = model_dir(job.source, job.model)
+    source = Path(job.files)
     moves: list[tuple[str, str]] = []
     watch = link.hold(math.inf)  # a host that goes silent mid-copy is closed, not waited on
     sftp = _sftp_as(client, user)
@@ -344,11 +355,62 @@ def describe(r: StageResult) -> str:
 
 
 def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> list[StageJob]:
-    """A job for every selected host (or each of ``names``) whose inventory names a ``model_source``."""
+    """A job for every selected host (or each of ``names``) whose inventory names a ``model_source``,
+    and one for each of its LoRA adapters (``lora_adapters``), after its model's."""
     out = []
     for spec in loaded.hosts:
-        if spec.model_source is None or (names is not None and spec.name not in names):
+        if (spec.model_source is None and spec.lora is None) or (names is not None and spec.name not in names):
             continue
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
-        out.append(StageJob(SshTarget.from_data(spec.name, data), spec.model, spec.model_source.path))
+        target = SshTarget.from_data(spec.name, data)
+        if spec.model_source is not None:
+            out.append(StageJob(target, spec.model, spec.model_source.path))
+        for a in spec.lora.adapters if spec.lora is not None else ():
+            out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out
+
+
+#: How bad each status is, when one host's model and adapters are told as one result.
+_WORST = ("current", "staged", "refused", "failed", "unreachable")
+
+
+def merge(results: Sequence[StageResult]) -> StageResult:
+    """One host's results (its model, then each adapter) as one: the worst status, every error."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    worst = max(results, key=lambda r: _WORST.index(r.status) if r.status in _WORST else len(_WORST))
+    errors = [f"{r.model}: {r.error}" for r in results if r.error]
+    return StageResult(
+        first.host,
+        ", ".join(r.model for r in results),
+        worst.status,
+        first.revision,
+        sum(r.sent_files for r in results),
+        sum(r.sent_bytes for r in results),
+        [f"{r.model}/{p}" for r in results for p in r.repaired],
+        sum(r.seconds for r in results),
+        "; ".join(errors) or None,
+    )
+
+
+def stage_all(
+    jobs: Sequence[StageJob],
+    *,
+    parallel: int = 4,
+    progress: Progress = lambda _h, _w, _d, _t: None,
+    manifests: Mapping[tuple[str, str], Manifest] | None = None,
+) -> dict[str, StageResult]:
+    """``stage`` for jobs of which a host may have several (its model and its adapters): in rounds
+    of one job per host, a host's later jobs only after its earlier ones succeeded; ``{host: merged}``."""
+    queues: dict[str, list[StageJob]] = {}
+    for j in jobs:
+        queues.setdefault(j.target.name, []).append(j)
+    done: dict[str, list[StageResult]] = {h: [] for h in queues}
+    while True:
+        round_ = [q[len(done[h])] for h, q in queues.items() if len(done[h]) < len(q) and all(r.ok for r in done[h])]
+        if not round_:
+            break
+        for host, result in stage(round_, parallel=parallel, progress=progress, manifests=manifests).items():
+            done[host].append(result)
+    return {h: merge(rs) for h, rs in done.items()}

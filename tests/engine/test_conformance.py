@@ -14,6 +14,8 @@ produce each of them on demand (its faults ``drain_open_streams`` and ``sigterm_
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -38,6 +40,13 @@ LATE_500 = (
 DEAD_033 = "The server had an error while processing your request."
 DEAD_032 = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 DRAIN_OUTCOMES = ("error", "hang")
+#: Every scenario serves the model's whole length, so that the real engine compiles once (the
+#: length is part of vLLM's compile cache key, ``ModelConfig.compute_hash``). It is long so that the
+#: drain scenario's streams are still open when its 1 s deadline passes: the real engine makes a
+#: token of the tiny model in ~1 ms on a fast idle core (CI), so 2,000 tokens could finish inside the
+#: deadline (seen in CI); 16,000 take seconds even there.
+MODEL_LEN = "16384"
+DRAIN_STREAM_TOKENS = 16000
 LOADING_OUTCOMES = ("killed", "deadlock", "ignored")
 
 #: Facts that may differ, and why. Everything else both engines showed must be equal.
@@ -107,7 +116,7 @@ def descendants_titles(server: Server) -> list[str]:
 def test_startup_refusals(engine: Engine) -> None:
     """Refused before anything loads, both started at once: argparse refuses a removed flag
     (``--swap-space``, gone since 0.18.0) with exit 2; ``--max-model-len`` above the model's
-    ``max_position_embeddings`` (2048) is refused by ``_get_and_verify_max_len``
+    ``max_position_embeddings`` (16384) is refused by ``_get_and_verify_max_len``
     (``vllm/config/model.py``) with exit 1."""
     flag = engine.start("--swap-space", "4", wait=False)
     too_long = engine.start("--max-model-len", "100000", wait=False)
@@ -126,7 +135,7 @@ def test_readiness_endpoints_completions_metrics_and_a_drain(engine: Engine) -> 
     """Readiness (port bound, connections refused until loaded), the endpoints fleet touches,
     completions and streaming, the API key, metric families, then a drain without open streams:
     ``/health`` 200 throughout, a late request HTTP 500, the in-flight one finished, exit 0."""
-    server = engine.start("--max-model-len", "2048", "--shutdown-timeout", "20", env=_key_env(), wait=False)
+    server = engine.start("--max-model-len", MODEL_LEN, "--shutdown-timeout", "20", env=_key_env(), wait=False)
     refused = 0
     bound_while_loading = None
     while server.health() != 200:
@@ -160,7 +169,7 @@ def test_readiness_endpoints_completions_metrics_and_a_drain(engine: Engine) -> 
     assert facts["not_found"] == (404, b'{"detail":"Not Found"}')
     assert facts["post_models"] == (405,)
     assert facts["unauthorized"] == (401, b'{"error":"Unauthorized"}')
-    assert facts["models"] == (200, [(SERVED, str(engine.model_dir), 2048)])
+    assert facts["models"] == (200, [(SERVED, str(engine.model_dir), int(MODEL_LEN))])
 
     answer = complete(server, 12)
     assert answer.status == 200, answer.body
@@ -251,9 +260,22 @@ def test_readiness_endpoints_completions_metrics_and_a_drain(engine: Engine) -> 
     }
 
 
+def finish_reasons(stream: Any) -> list[str]:
+    """The ``finish_reason`` of every chunk that had one (a stream that ran to ``max_tokens`` ends with
+    ``length``; one aborted by the engine with ``abort``)."""
+    found = []
+    for data in stream.events:
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            reason = json.loads(data)["choices"][0]["finish_reason"]
+            if reason:
+                found.append(str(reason))
+    return found
+
+
 def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
     """``error``: every stream ended with an SSE error event and ``[DONE]`` and the server exited 0;
-    ``hang``: the server is still there and the streams got neither; else what was seen."""
+    ``hang``: the server is still there and the streams got neither; else what was seen, with each
+    stream's finish reasons (a stream that finished before the deadline did not test the scenario)."""
     code = server.wait_exit(wait_s)
     for s in streams:
         s.finished.wait(5)
@@ -261,16 +283,18 @@ def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
         return "error"
     if code is None and not any(s.ended == "done" or s.error_events for s in streams) and server.health() == -1:
         return "hang"
-    return f"exit {code}, streams " + ", ".join(f"{s.ended}/{len(s.error_events)} error" for s in streams)
+    return f"exit {code}, streams " + ", ".join(
+        f"{s.ended}/{len(s.error_events)} error/finish {finish_reasons(s) or 'none'}" for s in streams
+    )
 
 
 def _drain_with_open_streams(engine: Engine, faults: list[dict[str, Any] | None]) -> list[str]:
     """One run per entry of ``faults``, the servers side by side (at most two at once)."""
-    servers = [engine.start("--max-model-len", "2048", "--shutdown-timeout", "1", faults=f, wait=False)
+    servers = [engine.start("--max-model-len", MODEL_LEN, "--shutdown-timeout", "1", faults=f, wait=False)
                for f in faults]  # fmt: skip
     for server in servers:
         server.wait_ready()
-    streams = [[open_stream(server.url, 2000) for _ in range(2)] for server in servers]
+    streams = [[open_stream(server.url, DRAIN_STREAM_TOKENS) for _ in range(2)] for server in servers]
     for s in (s for group in streams for s in group):
         assert s.first.wait(60) and s.status == 200
     for server in servers:
@@ -307,11 +331,11 @@ def test_sigterm_while_loading(engine: Engine) -> None:
     produces each outcome on demand. A server that ignored it is kept for a later scenario."""
     outcomes = []
     if engine.name == "real":
-        early = engine.start("--max-model-len", "2048", wait=False)
+        early = engine.start("--max-model-len", MODEL_LEN, wait=False)
         time.sleep(0.5)
         early.proc.send_signal(signal.SIGTERM)
         outcomes.append(loading_outcome(early, 60))
-        runs = [(engine.start("--max-model-len", "2048", wait=False), delay) for delay in (0.0, 5.0)]
+        runs = [(engine.start("--max-model-len", MODEL_LEN, wait=False), delay) for delay in (0.0, 5.0)]
         signalled: list[tuple[Server, float]] = []
         deadline = time.monotonic() + engine.start_s
         while len(signalled) < len(runs) and time.monotonic() < deadline:
@@ -328,7 +352,7 @@ def test_sigterm_while_loading(engine: Engine) -> None:
             outcomes.append(loading_outcome(server, 120))
     else:
         for wanted in LOADING_OUTCOMES:
-            server = engine.start("--max-model-len", "2048", wait=False, faults={"sigterm_while_loading": wanted},
+            server = engine.start("--max-model-len", MODEL_LEN, wait=False, faults={"sigterm_while_loading": wanted},
                                   env={"FLEET_LAB_LOAD_SECONDS": "3"})  # fmt: skip
             assert wait_for(lambda s=server: "VLLM::EngineCore" in s.tree().values(), timeout=engine.start_s)
             server.proc.send_signal(signal.SIGTERM)
@@ -376,7 +400,7 @@ def test_engine_death_under_traffic(engine: Engine) -> None:
     """The engine core dies while a completion and a stream are in flight: the completion gets
     HTTP 500 and ``engine_error_handler`` stops the server at once (exit 0 within about a
     second, not the watchdog's 5 s); the stream gets an SSE ``{"error": ...}`` event, then ``[DONE]``."""
-    server = engine.spare_or_start("--max-model-len", "2048")
+    server = engine.spare_or_start("--max-model-len", MODEL_LEN)
     record(engine, "process_tree", descendants_titles(server))
     stream = open_stream(server.url, 2000)
     assert stream.first.wait(60)
@@ -411,7 +435,7 @@ def test_engine_death_idle(engine: Engine) -> None:
     """The engine core dies with nothing in flight: ``/health`` 503 until the watchdog
     (``watchdog_loop``: every 5 s from the server's start) stops the server at its next tick,
     0 to 5 s after the death; exit 0."""
-    server = engine.spare_or_start("--max-model-len", "2048")
+    server = engine.spare_or_start("--max-model-len", MODEL_LEN)
     t0 = time.monotonic()
     os.kill(_engine_core(server), signal.SIGKILL)
     assert wait_for(lambda: server.health() == 503, timeout=5)
@@ -425,7 +449,7 @@ def test_engine_death_idle(engine: Engine) -> None:
 def test_sigkill_of_the_api_server_orphans_the_engine_core(engine: Engine) -> None:
     """SIGKILL of the API server leaves the engine core (and its workers) running: nothing in
     vLLM watches the API server (issue vllm#55510); only the unit's cgroup can take them."""
-    server = engine.start("--max-model-len", "2048")
+    server = engine.start("--max-model-len", MODEL_LEN)
     tree = server.tree()
     os.kill(server.proc.pid, signal.SIGKILL)
     server.wait_exit(10)

@@ -60,6 +60,11 @@ EXPECTED: dict[str, set[Key]] = {
     },
     "h100-sxm-8-pcie-degraded": {("pcie-width-degraded", "error", 2, None), ("pcie-gen-degraded", "error", 2, None)},
     "h100-sxm-8-driver-mismatch": {("driver-mismatch", "critical", None, None)},
+    # a VM image with driver 570 (CUDA 12.8) under vLLM 0.33's CUDA 13.0: the way out names cuda-compat
+    "h100-sxm-1-passthrough-driver-570": {
+        ("nvlink-not-visible-vm", "info", 0, None),
+        ("cuda-driver-too-old", "critical", None, None),
+    },
     "a100-sxm-8-ecc-errors": {("ecc-uncorrected", "error", 4, None), ("row-remap-pending", "error", 4, None)},
     RM_MISMATCH: {("driver-mismatch", "critical", None, None)},
 }

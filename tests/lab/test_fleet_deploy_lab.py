@@ -498,6 +498,24 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(fleet3: LabFleet) -> 
     assert unit_pids(fleet3) == before
 
 
+def test_a_changed_service_user_is_seen_and_put_back_without_a_restart(fleet3: LabFleet) -> None:
+    """The service user is read alone (``fleet.facts.users.UserEntry``, not pyinfra's ``Users``
+    of every user): a shell changed by hand is still seen by a re-run and put back."""
+    before = unit_pids(fleet3)
+    rc, out, err = on(fleet3, 1, "sudo usermod -s /bin/bash vllm && getent passwd vllm")
+    assert rc == 0 and out.strip().endswith(":/bin/bash"), (out, err)
+    rc, result = deploy3(fleet3)
+    assert rc == 0 and isinstance(result, dict), result
+    status = {h["host"]: (h["status"], h["operations"]) for h in result["hosts"]}  # type: ignore[union-attr]
+    name = fleet3.state.hosts[1].name
+    assert status.pop(name) == ("changed", ["vLLM system user"]), result
+    assert all(s == ("unchanged", []) for s in status.values()), status
+    rc, out, _err = on(fleet3, 1, "getent passwd vllm")
+    fields = out.strip().split(":")
+    assert fields[0] == "vllm" and fields[5:] == ["/var/lib/vllm", "/usr/sbin/nologin"], out
+    assert unit_pids(fleet3) == before
+
+
 def test_the_api_key_is_in_no_argv_journal_or_world_readable_file(fleet3: LabFleet) -> None:
     for i in range(3):
         rc, out, _err = on(

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_the_unit_runs_hardened_under_systemd(watched: SshTarget) -> None:
 
 @pytest.mark.lab
 def test_an_xid_79_on_gpu_2_is_recorded_exported_quarantined_planned_around_and_cleared(
-    watched: SshTarget, lab_fleet: LabFleet
+    watched: SshTarget, lab_fleet: LabFleet, tmp_path: Path
 ) -> None:
     line = fault_line(2, "xid", 79, time.time())
     sh(watched, f"printf '%s\\n' {shlex.quote(line)} >> {NVML_STATE_DIR}/{EVENTS_FILE}")
@@ -128,12 +129,38 @@ def test_an_xid_79_on_gpu_2_is_recorded_exported_quarantined_planned_around_and_
     assert gpus and 2 not in gpus, mine
 
     why = "reseated the riser"
-    cleared = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "2", "--why", why)
+    journal = str(tmp_path / "j.sqlite")  # fleet's journal: the clear is kept there too, never in $HOME
+    cleared = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "2", "--why", why,
+                        "--journal", journal)  # fmt: skip
     assert cleared.returncode == 0, cleared.stderr
     assert "cleared of XID 79 (reboot)" in cleared.stdout and why in cleared.stdout
+    listed = fleet_cli("history", "--journal", journal, "--json")
+    (entry,) = json.loads(listed.stdout)["rollouts"]
+    assert (entry["kind"], entry["status"]) == ("gpu-clear", "done") and why in entry["reason"], entry
+    assert f"journaled as {entry['id']}" in cleared.stdout
     assert state(watched).quarantined() == {}
     assert wait_for(lambda: quarantined_series(watched).get("2") == "0", timeout=20, step=0.5)
-    again = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "2", "--why", why)
+    again = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "2", "--why", why,
+                      "--journal", journal)  # fmt: skip
     assert again.returncode == 2 and "GPU 2 is not quarantined" in again.stderr
-    unknown = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "9", "--why", why)
+    unknown = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "9", "--why", why,
+                        "--journal", journal)  # fmt: skip
     assert unknown.returncode == 2 and "GPU 9 is not in the watcher's record" in unknown.stderr
+    assert len(json.loads(fleet_cli("history", "--journal", journal, "--json").stdout)["rollouts"]) == 1
+
+    # a corrupt clears.json (it keeps who cleared what): its GPUs count as never cleared, and the
+    # clear refuses to write over it (exit 1: the host's state), naming the way out
+    clears = f"{STATE_DIR}/clears.json"
+    sh(watched, f"sudo -n cp -p {clears} {clears}.good && echo '{{half' | sudo -n tee {clears} >/dev/null")
+    try:
+        assert set(state(watched).quarantined()) == {2}
+        refused = fleet_cli("gpu", "clear", str(lab_fleet.opts.inventory), watched.name, "2", "--why", why,
+                            "--journal", journal)  # fmt: skip
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert f"host {watched.name}: clears.json is not JSON" in refused.stderr
+        assert "fleet does not write over it; nothing was cleared" in refused.stderr
+        assert sh(watched, f"sudo -n cat {clears}").strip() == "{half"
+    finally:
+        sh(watched, f"sudo -n mv -f {clears}.good {clears}")
+    assert state(watched).quarantined() == {}
+    assert len(json.loads(fleet_cli("history", "--journal", journal, "--json").stdout)["rollouts"]) == 1

@@ -318,7 +318,8 @@ def test_profile_reads_back_through_pynvml(name: str, shim_dir: Path, state_dir:
     out = probe(shim_dir, write_profile(tmp_path, profile), state_dir)
 
     assert out["driver"] == profile.driver_version
-    assert out["nvml"] == f"13.{profile.driver_version}"
+    # NVML's version is the CUDA major of the driver's branch, then the driver's (13.580..., 12.570...)
+    assert out["nvml"] == f"{profile.cuda_driver_version // 1000}.{profile.driver_version}"
     assert out["cuda"] == out["cuda_v2"] == profile.cuda_driver_version
     assert len(out["gpus"]) == len(profile.enumerated)
     for index, gpu in enumerate(out["gpus"]):

@@ -1,5 +1,6 @@
 """``fleet rollout INVENTORY`` / ``--model`` and ``fleet deploy`` on a serving fleet: a change of the
-serving settings rolls out through the engine, as a configuration revision per instance.
+serving settings rolls out through the engine, as a configuration revision per instance; LoRA
+adapters and a speculative config (issue 23) are deployed and rolled out the same way.
 
 Four lab hosts (one A10 each, one vLLM stand-in instance per host) serving Llama 3.1 8B after
 ``fleet deploy``; Mistral 7B's config is staged beside it. Every test asserts the end state of
@@ -9,8 +10,10 @@ and the revision (unit + env file) live on the host.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import pprint
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,7 +23,9 @@ from typing import Any
 import pytest
 
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
+from fleet.rollout.probe import InstanceProber
 from fleetlab import lab as lab_ops
+from fleetlab.inventory_writer import GROUP
 from fleetlab.models import staging_command
 
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
@@ -172,3 +177,68 @@ def test_rollback_of_a_model_rollout_puts_the_old_files_back(llama: tuple[LabFle
     assert set(serves(after).values()) == {(LLAMA,)}, after
     assert all(s["unit"] == "active/running" for s in after.values())
     assert live_revisions(lab, fleet) == revs_before
+
+
+def lora_inventory(lab: LabFleet, adapters: dict[str, Path]) -> Path:
+    """The lab's inventory with LoRA adapters and an n-gram speculative config on every host, written
+    beside it (so its group_data, the quick rollout policy, applies)."""
+    inventory = lab.opts.inventory
+    assert inventory is not None
+    hosts = ast.literal_eval(inventory.read_text().split(f"\n{GROUP} = ", 1)[1])
+    for _name, data in hosts:
+        data["lora_adapters"] = {n: {"kind": "dir", "path": str(p)} for n, p in adapters.items()}
+        data["speculative"] = {"method": "ngram", "num_speculative_tokens": 3}
+    path = inventory.with_name("lora.py")
+    path.write_text(f"{GROUP} = {pprint.pformat(hosts, width=100, sort_dicts=False)}\n")
+    return path
+
+
+def peft_adapter(where: Path, r: int) -> Path:
+    """A PEFT LoRA adapter directory for Llama 3.1 8B (its config and a small weights file)."""
+    where.mkdir(parents=True)
+    (where / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "bias": "none", "base_model_name_or_path": LLAMA,
+         "target_modules": ["q_proj", "v_proj"]}
+    ))  # fmt: skip
+    (where / "adapter_model.safetensors").write_bytes(os.urandom(4096))
+    return where
+
+
+def test_lora_adapters_and_ngram_speculation_deploy_then_an_adapter_change_rolls_out_behind_the_gate(
+    llama: tuple[LabFleet, RolloutFleet, Path], tmp_path: Path
+) -> None:
+    """Issue 23 parts 1 and 7 on one host (``--limit``): deploy with one adapter and an n-gram
+    speculative config → ``/v1/models`` lists the adapter (parent: the model) → a completion with
+    the adapter → a second adapter rolls out through the engine, whose models gate checks the set."""
+    lab, fleet, journal = llama
+    host = fleet.hosts[0]
+    (ref, spec), *_ = [(r, s) for r, s in fleet.instances.items() if r.host == host]
+    sql, chat = peft_adapter(tmp_path / "sql", 8), peft_adapter(tmp_path / "chat", 16)
+    inventory = str(lora_inventory(lab, {"sql": sql}))
+    before = instance_state(lab, fleet)[str(ref)]
+
+    rc, data, out = fleet_cli(lab, "deploy", inventory, "--limit", host, "--json", journal=journal)
+    assert rc == 0, out
+    prober = InstanceProber(spec.url, 10)
+    models = prober.models()
+    assert (models.status, models.ids, models.adapters) == (200, (LLAMA, "sql"), ("sql",)), models
+    argv = must(lab, 0, f"tr '\\000' ' ' < /proc/{instance_state(lab, fleet)[str(ref)]['pid']}/cmdline")
+    assert "--lora-modules sql=fleet-lora/sql" in argv and '"method":"ngram"' in argv, argv
+    staged = must(lab, 0, "sudo cat /var/lib/vllm/hf/hub/models--fleet-lora--sql/refs/main").strip()
+    assert must(lab, 0, f"sudo stat -c %U /var/lib/vllm/hf/hub/models--fleet-lora--sql/snapshots/{staged}/"
+                "adapter_config.json").strip() == "vllm"  # fmt: skip
+    answer = prober.completion("sql", "Hello", 4)
+    assert answer.status == 200 and answer.completion_tokens > 0, answer
+    first = instance_state(lab, fleet)[str(ref)]
+    assert first["pid"] != before["pid"] and first["unit"] == "active/running"
+
+    inventory = str(lora_inventory(lab, {"sql": sql, "chat": chat}))
+    rc, data, out = fleet_cli(lab, "deploy", inventory, "--limit", host, "--json", journal=journal)
+    assert rc == 0, out
+    rolled = [op for h in data["hosts"] for op in h["operations"] if op.startswith("rolled out")]
+    assert rolled, data
+    after = instance_state(lab, fleet)[str(ref)]
+    assert after["pid"] != first["pid"] and after["unit"] == "active/running"
+    models = prober.models()
+    assert sorted(models.adapters) == ["chat", "sql"], models
+    assert prober.completion("chat", "Hello", 4).status == 200

@@ -236,6 +236,171 @@ def test_canary_that_fails_to_load_is_rolled_back_and_the_rollout_halts(
     assert [a for _i, a, _d in steps] == ["stop", "flip", "start", "stop", "flip", "start"], steps
 
 
+# ---- the GPU watcher as a gate (issue 24): an XID during the canary's soak, a critical finding -------
+#
+# ``fleet deploy`` installed the GPU watcher on both hosts (``fleet-gpu-watch.service``). A fault
+# goes into the simulated NVML the way the lab injects one (``fleetlab.nvml.faults``: a line of the
+# library's events file, delivered through nvmlEventSetWait_v2 at the line's time); a critical
+# audit finding is the simulated driver answering a failed row remapping on one GPU (a line added
+# to the host's NVML profile, which the library reads at each nvmlInit: what a driver reports).
+
+NVML_PROFILE = "/etc/fleet-lab/nvml-profile"
+
+
+def inject_fault(lab: LabFleet, index: int, gpu: int, xid: int, at: float) -> None:
+    from fleetlab.hostfiles import NVML_STATE_DIR
+    from fleetlab.nvml.faults import EVENTS_FILE, fault_line
+
+    line = shlex.quote(fault_line(gpu, "xid", xid, at))
+    must(lab, index, f"sudo -n sh -c {shlex.quote(f'printf %s {line} >> {NVML_STATE_DIR}/{EVENTS_FILE}')}")
+
+
+def watch_state(lab: LabFleet, fleet: RolloutFleet, host: str) -> Any:
+    from fleet.facts.runner import run_command
+    from fleet.gpuwatch.state import parse_watch_state, watch_command
+
+    _rc, out, _err = run_command(fleet.ssh[host], watch_command(), 30.0)
+    return parse_watch_state(out.splitlines())
+
+
+def test_an_xid_79_on_the_canarys_gpu_during_its_soak_fails_the_gpu_gate_and_gpu_clear_is_journaled(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """The canary loads release ``next`` and serves; about 3 s into its 15 s soak its GPU throws XID 79
+    (fallen off the bus). ``/health`` stays 200, but the gpu gate reads the watcher's record: the
+    canary fails, goes back to the release it ran, the rollout halts naming the XID and the GPU,
+    and no other instance is touched. ``fleet gpu clear`` then lifts the quarantine, kept in the
+    same journal as the rollout (``fleet history``), so the lab is clean for the tests after."""
+    from fleet.gpuwatch.clear import clear_gpu
+
+    lab, fleet = serving
+    h0 = fleet.hosts[0]
+    ref = next(r for r in fleet.instances if r.host == h0)
+    canary, spec = str(ref), fleet.instances[ref]
+    gpu = spec.gpus[0]
+    assert must(lab, 0, "systemctl is-active fleet-gpu-watch.service").strip() == "active"
+    assert watch_state(lab, fleet, h0).quarantined() == {}
+    before = instance_state(lab, fleet)
+    release = before[canary]["runs"]
+    journal = tmp_path / "j.sqlite"
+    argv = [str(FLEET), "rollout", fleet.inventory, "--release", "next", "--batches", "1,-1", "--soak", "15",
+            "--probe-interval", "0.5", "--health-timeout", "60", "--json", "--journal", str(journal)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            _wait_for_step(journal, "start", 1, proc=proc)
+            # soaking: the canary answers a real completion on the new release, and its gates
+            # (probed every 0.5 s) have seen it; the fault comes at a chosen time 2 s from now
+            assert wait_for(
+                lambda: InstanceProber(spec.url, 5).completion(MODEL, "Reply with OK.", 1).status == 200, 60, 0.5
+            )
+            time.sleep(1.0)
+            at = time.time() + 2.0
+            inject_fault(lab, 0, gpu, 79, at)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 1, out + err
+        result = json.loads(out)
+        assert result["status"] == "halted"
+        reason = result["reason"]
+        assert reason.startswith(f"batch 1 failed ({canary}: gpu gate: GPU {gpu} reported XID 79 (reboot)"), reason
+        phases = {i["instance"]: i["phase"] for i in result["instances"]}
+        assert phases == {canary: "rolled_back", **{n: "pending" for n in before if n != canary}}
+        after = instance_state(lab, fleet)
+        for name, inst in after.items():
+            assert inst["unit"] == "active/running" and inst["runs"] == release, (name, inst)
+            assert inst["serves"] == (MODEL,) and inst["current"] == release, (name, inst)
+            assert (inst["pid"] != before[name]["pid"]) == (name == canary), (name, before[name], inst)
+        # the journal names the XID and the GPU, and the canary's steps were the only ones
+        data = history(result["id"], journal)
+        assert data["status"] == "halted" and "XID 79" in data["reason"] and f"GPU {gpu}" in data["reason"]
+        (failed,) = [i for i in data["instances"] if i["failure"]]
+        assert failed["instance"] == canary and f"GPU {gpu} reported XID 79" in failed["failure"], failed
+        assert {s["instance"] for s in data["steps"]} == {canary}
+        # the watcher quarantined the GPU; the host's own record names the fault's time
+        held = watch_state(lab, fleet, h0).quarantined()
+        assert set(held) == {gpu} and (held[gpu].kind, held[gpu].xid) == ("xid", 79), held
+        assert at - 1.0 <= held[gpu].at <= at + 30, (at, held[gpu])
+
+        why = "GPU reseated and tested (lab)"
+        rc, cleared = fleet_cli("gpu", "clear", fleet.inventory, h0, str(gpu), "--why", why, "--json", journal=journal)
+        assert rc == 0, cleared
+        assert watch_state(lab, fleet, h0).quarantined() == {}
+        rc, listed = fleet_cli("history", "--json", journal=journal)
+        assert rc == 0, listed
+        kinds = {r["id"]: (r["kind"], r["status"]) for r in listed["rollouts"]}
+        assert kinds == {result["id"]: ("rollout", "halted"), cleared["journal"]: ("gpu-clear", "done")}, kinds
+        entry = history(cleared["journal"], journal)
+        (step,) = entry["steps"]
+        assert (step["instance"], step["action"], step["outcome"]) == (h0, "gpu:cleared", "ok"), step
+        assert f"GPU {gpu} (" in step["detail"] and "cleared of XID 79 (reboot)" in step["detail"], step
+        assert why in step["detail"] and "@" in step["detail"], step  # who (user@control-machine) and why
+        assert entry["fleet"] == fleet.name
+    finally:
+        if watch_state(lab, fleet, h0).quarantined():  # left clean for the tests after, pass or fail
+            clear_gpu(fleet.ssh[h0], gpu, "pytest", "test cleanup", time.time())
+        ensure_serving(lab, fleet)
+
+
+def test_a_critical_finding_refuses_fleet_deploy_on_its_host_before_anything_is_written(
+    serving: tuple[LabFleet, RolloutFleet], tmp_path: Path
+) -> None:
+    """GPU 1 of the second host reports a failed row remapping (``row-remap-failed``, critical):
+    ``fleet deploy`` refuses that host before writing anything to it (exit 1, naming the host, the
+    GPU, the finding and ``--ignore-finding row-remap-failed``) and, within ``--fail-percent``,
+    deploys the other (with the default 0 a refused host stops the others); a change the
+    deploy would make on it (its watcher's record dir made 0711) is still there. With
+    ``--ignore-finding row-remap-failed`` the deploy goes through and makes that change."""
+    from fleet.render.gpuwatch import STATE_DIR
+
+    lab, fleet = serving
+    h0, h1 = fleet.hosts[0], fleet.hosts[1]
+    saved = "/var/tmp/nvml-profile.before-test"
+    before = instance_state(lab, fleet)
+    must(lab, 1, f"test -f {NVML_PROFILE} && ! test -L {NVML_PROFILE} && sudo cp -p {NVML_PROFILE} {saved}")
+    try:
+        # a new profile file (a driver reload, as the library sees it) with GPU 1's remapping failed
+        new = f"{NVML_PROFILE}.new"
+        must(lab, 1, f"sudo sh -c 'cp {NVML_PROFILE} {new} && echo gpu.1.remapped_rows=0 1 0 1 >> {new} && "
+                     f"mv {new} {NVML_PROFILE}' && sudo chmod 0711 {STATE_DIR}")  # fmt: skip
+
+        def deploy(*args: str) -> tuple[int, dict[str, Any]]:
+            proc = subprocess.run(
+                [str(FLEET), "deploy", fleet.inventory, "--json", "--health-timeout", "120", *args],
+                cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, check=False,
+            )  # fmt: skip
+            try:
+                return proc.returncode, json.loads(proc.stdout)
+            except ValueError:
+                raise AssertionError(proc.stdout + proc.stderr) from None
+
+        rc, result = deploy("--fail-percent", "50")  # one refused host of two is within it: the other deploys
+        assert rc == 1, result
+        hosts = {h["host"]: h for h in result["hosts"]}
+        assert hosts[h1]["status"] == "refused", hosts[h1]
+        error = hosts[h1]["error"]
+        assert "fleet deploy: refused by the audit before touching any host" in error, error
+        assert f"{h1} GPU1: row-remap-failed (critical): row remapping failed" in error, error
+        assert "RMA the GPU" in error and "--ignore-finding row-remap-failed" in error, error
+        assert error.endswith("(nothing was written to the host)"), error
+        assert hosts[h0]["status"] == "unchanged", hosts[h0]
+        assert must(lab, 1, f"sudo stat -c %a {STATE_DIR}").strip() == "711"  # nothing was written
+        assert {n: i["pid"] for n, i in instance_state(lab, fleet).items()} == {n: i["pid"] for n, i in before.items()}
+
+        rc, result = deploy("--ignore-finding", "row-remap-failed")
+        assert rc == 0, result
+        hosts = {h["host"]: h for h in result["hosts"]}
+        assert hosts[h1]["status"] == "changed" and "GPU watcher record dir" in hosts[h1]["operations"], hosts[h1]
+        assert hosts[h0]["status"] == "unchanged", hosts[h0]
+        assert must(lab, 1, f"sudo stat -c %a {STATE_DIR}").strip() == "700"
+        assert {n: i["pid"] for n, i in instance_state(lab, fleet).items()} == {n: i["pid"] for n, i in before.items()}
+    finally:
+        on_host(lab, 1, f"sudo mv {saved} {NVML_PROFILE}; sudo chmod 0700 {STATE_DIR}")
+
+
 def _wait_for_step(
     journal: Path, action: str, count: int, timeout: float = 120, proc: subprocess.Popen[Any] | None = None
 ) -> str:

@@ -963,3 +963,83 @@ def test_metrics_are_prometheus_client_output(run: Callable[..., Server]) -> Non
         assert families[name].samples[0].labels == {"model_name": "m", "engine": "0"}
     total = [s for s in families["vllm:generation_tokens"].samples if s.name.endswith("_total")]
     assert total[0].value == 3
+
+
+# ---- LoRA adapters and --speculative-config (vLLM 0.33's cli_args.py, lora/, config/speculative.py) ----
+
+
+def _adapter(where: Path, r: int) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": r, "bias": "none", "base_model_name_or_path": LLAMA_8B})
+    )
+    (where / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    return where
+
+
+def _kv_tokens(server: Server) -> int:
+    found = re.search(r"GPU KV cache size: ([\d,]+) tokens", server.log())
+    assert found, server.log()
+    return int(found.group(1).replace(",", ""))
+
+
+def test_lora_adapters_are_listed_and_served_with_a_speculative_config(
+    lab: Lab, run: Callable[..., Server], tmp_path: Path
+) -> None:
+    repo = lab.hf_home / "hub" / "models--fleet-lora--sql"
+    if not repo.exists():  # staged as fleet stages it: snapshots/<rev>, refs/main
+        _adapter(repo / "snapshots" / "abc", 16)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text("abc")
+    local = _adapter(tmp_path / "chat-lora", 8)
+    flags = ["--served-model-name", "llama", "--max-model-len", "8192"]
+    plain = run(LLAMA_8B, *flags, wait=True)
+    server = run(
+        LLAMA_8B, *flags, "--enable-lora", "--lora-modules", "sql=fleet-lora/sql", f"chat={local}",
+        "--max-loras", "2", "--max-lora-rank", "256", "--max-cpu-loras", "2",
+        "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}', wait=True,
+        env={"CUDA_VISIBLE_DEVICES": "1"},  # the plain one holds GPU 0
+    )  # fmt: skip
+    cards = json.loads(http(server.url + "/v1/models")[1])["data"]
+    assert [(c["id"], c["root"], c["parent"]) for c in cards] == [
+        ("llama", LLAMA_8B, None), ("sql", "fleet-lora/sql", "llama"), ("chat", str(local), "llama"),
+    ]  # fmt: skip
+    assert cards[1]["max_model_len"] is None
+    status, body, _ = http(server.url + "/v1/completions", {"model": "sql", "prompt": "hi", "max_tokens": 3})
+    assert status == 200 and json.loads(body)["model"] == "sql"
+    assert http(server.url + "/v1/completions", {"model": "nope", "prompt": "hi"})[0] == 404
+    assert "Loaded new LoRA adapter: name 'sql', path 'fleet-lora/sql'" in server.log()
+    assert "'prompt_lookup_min': 5" in server.log()
+    # 2 slots of rank 256 on Llama-3.1-8B (fleet.plan.lora, equal to vLLM's buffers in tests/oracle): one
+    # slot is 41,943,040 B per layer, and (vocab + hidden) × rank × 2 B for the embedding and the logits
+    slots = 2 * (32 * 41_943_040 + 2 * (128256 + 4096) * 256 * 2)
+    per_token = 2 * 32 * 8 * 128 * 2
+    assert _kv_tokens(plain) - _kv_tokens(server) == pytest.approx(slots / per_token, abs=64)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--max-lora-rank", "16", "--lora-modules", "big=BIG"],
+            "ValueError: LoRA rank 64 is greater than max_lora_rank 16.",
+        ),
+        (
+            ["--lora-modules", "gone=/nowhere/gone"],
+            "ValueError: Loading lora gone failed: No adapter found for /nowhere/gone",
+        ),
+        (["--max-loras", "4", "--max-cpu-loras", "2"], "ValueError: max_cpu_loras (2) must be >= max_loras (4)."),
+    ],
+)
+def test_bad_adapters_end_the_start_up(
+    run: Callable[..., Server], tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    big = _adapter(tmp_path / "big", 64)
+    argv = [f.replace("BIG", str(big)) for f in flags]
+    log = _refused(run(LLAMA_8B, "--max-model-len", "8192", "--enable-lora", *argv))
+    assert expected in log
+
+
+def test_a_bad_speculative_config_ends_the_start_up(run: Callable[..., Server]) -> None:
+    log = _refused(run(LLAMA_8B, "--speculative-config", '{"method":"ngram","num_speculative_tokens":0}'))
+    assert "num_speculative_tokens to be greater than zero" in log

@@ -91,7 +91,7 @@ def _inventory(tmp_path: Path) -> Path:
 
 
 def _read(probes: Mapping[str, Any], watch: Mapping[str, Any] | None = None) -> Any:
-    def read(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget]) -> Facts:
+    def read(specs: Sequence[HostSpec], ssh: Mapping[str, SshTarget], conns: Any = None) -> Facts:
         return probes, watch or {}
 
     return read

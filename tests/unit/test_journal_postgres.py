@@ -376,3 +376,29 @@ def test_an_unversioned_sqlite_journal_is_migrated_and_keeps_its_records(tmp_pat
     db = sqlite3.connect(path)
     assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
     assert db.execute("SELECT name FROM sqlite_master WHERE name = 'rollouts_by_fleet'").fetchall()
+
+
+def test_a_gpu_clear_is_journaled_in_postgresql_as_in_sqlite(fresh: PgCluster, tmp_path: Path) -> None:
+    """``fleet gpu clear``'s entry (``fleet.rollout.gpu_clear``) through both backends: the same
+    history, the same step, read back from a second connection."""
+    if os.geteuid() != 0:
+        pytest.skip("the watcher record's commands run as root")
+    from fleet.rollout.gpu_clear import clear_journaled
+    from tests.unit.test_gpu_clear_journaled import TARGET, local, make_record
+
+    results = {}
+    for name, where in (("sqlite", str(tmp_path / "j.sqlite")), ("postgresql", fresh.url)):
+        state_dir = tmp_path / name
+        state_dir.mkdir(mode=0o700)
+        make_record(state_dir)
+        read, write = local(state_dir)
+        done = clear_journaled("lab", TARGET, 1, "ops@ctl", "reseated", journal_path=where, now=2000.0, read=read,
+                               write=write)  # fmt: skip
+        with open_journal(where, write=False) as journal:
+            results[name] = (
+                [(r.fleet, r.kind, r.status, r.reason, r.steps) for r in journal.history()],
+                [(s.instance, s.action, s.detail, s.outcome) for s in journal.steps(done.rollout_id)],
+            )
+    assert results["sqlite"] == results["postgresql"]
+    ((fleet, kind, status, _reason, steps),) = results["postgresql"][0]
+    assert (fleet, kind, status, steps) == ("lab", "gpu-clear", "done", 1)

@@ -110,9 +110,53 @@ def gpu_info(pynvml: Any, nvml_index: int, cuda_index: int) -> Gpu:
     )
 
 
+#: The CUDA vLLM 0.33's wheels are built for (``torch==2.14.0``, CUDA 13.0), as NVML's integer.
+BUILT_FOR_CUDA = 13000
+#: The first line of the lab's stand-in ``cuda-compat`` ``libcuda.so.1`` (``fleetlab.apt_repo``).
+COMPAT_MARKER = "fleet-lab-stand-in libcuda.so.1 CUDA"
+
+
+def compat_cuda(ld_library_path: str | None) -> int | None:
+    """The CUDA of the first ``libcuda.so.1`` on ``LD_LIBRARY_PATH`` when it is a (stand-in)
+    forward-compatibility library: the dynamic loader takes that one before the driver's, and
+    ``cuDriverGetVersion`` then answers its CUDA (NVIDIA "CUDA Compatibility", "Forward
+    Compatibility"). None: the driver's own ``libcuda.so.1`` is used."""
+    for d in (ld_library_path or "").split(":"):
+        lib = os.path.join(d, "libcuda.so.1") if d else ""
+        if not lib or not os.path.exists(lib):
+            continue
+        try:
+            with open(lib, "rb") as f:
+                head = f.read(200).decode("ascii", "replace")
+        except OSError:
+            return None
+        if not head.startswith(COMPAT_MARKER):
+            return None
+        major, _, minor = head[len(COMPAT_MARKER) :].split()[0].partition(".")
+        return int(major) * 1000 + int(minor or 0) * 10
+    return None
+
+
+def check_cuda_driver(pynvml: Any) -> None:
+    """Refuse as torch does (``torch/cuda/__init__.py``, ``_check_driver`` / ``_lazy_init``) when
+    the CUDA the process gets (the driver's, or a compat library's) is older than the build's."""
+    try:
+        driver = int(pynvml.nvmlSystemGetCudaDriverVersion())
+    except Exception:
+        return
+    found = compat_cuda(os.environ.get("LD_LIBRARY_PATH")) or driver
+    if found < BUILT_FOR_CUDA:
+        raise StartupError(
+            "RuntimeError",
+            f"The NVIDIA driver on your system is too old (found version {found}). Please update your GPU "
+            "driver, or install a PyTorch version that has been compiled with your version of the CUDA driver.",
+        )
+
+
 def visible_gpus() -> list[Gpu]:
     """The GPUs CUDA would show this process, in CUDA order."""
     pynvml = nvml_init()
+    check_cuda_driver(pynvml)
     count = pynvml.nvmlDeviceGetCount()
     uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
     chosen = _select(os.environ.get("CUDA_VISIBLE_DEVICES"), uuids)

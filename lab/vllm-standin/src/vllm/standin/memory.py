@@ -34,6 +34,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from vllm.standin import lora
 from vllm.standin.gpus import Gpu
 from vllm.standin.log import StartupError
 from vllm.standin.model import DTYPE_BYTES, ModelArch, weight_bytes_per_gpu
@@ -239,6 +240,7 @@ def make_plan(args: argparse.Namespace, arch: ModelArch, gpus: list[Gpu], max_mo
     max_num_seqs = min(max_num_seqs, tokens)
 
     weights = weight_bytes_per_gpu(arch, dtype_bytes, args.quantization, tp * pp)
+    weights += lora.slot_bytes(args, arch, tp, dtype_bytes)  # measured with the weights, as vLLM does
     activation = tokens * (2 * arch.intermediate_size // tp + 4 * arch.hidden_size) * dtype_bytes
     activation += max_num_seqs * arch.vocab_size * 4
     non_torch = NON_TORCH_BYTES

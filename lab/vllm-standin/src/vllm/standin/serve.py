@@ -46,7 +46,7 @@ from http.server import ThreadingHTTPServer
 
 from vllm.standin import faults as faults_mod
 from vllm.standin import gpus as gpus_mod
-from vllm.standin import memory, model
+from vllm.standin import lora, memory, model
 from vllm.standin.args import model_of
 from vllm.standin.core_client import EngineCoreClient
 from vllm.standin.engine import Engine
@@ -167,6 +167,9 @@ class Serve:
         tp, pp = int(args.tensor_parallel_size), int(args.pipeline_parallel_size)
         memory.check_parallel(arch, tp, pp, len(visible))
         used = visible[: tp * pp]
+        speculative = lora.check_speculative(args.speculative_config)
+        if speculative is not None:
+            logger.info("Speculative decoding config (the stand-in proposes nothing): %s", speculative)
         plan = memory.make_plan(args, arch, used, max_len)
         served_names = list(args.served_model_name or [name])
         logger.info(
@@ -208,7 +211,11 @@ class Serve:
         plan.num_blocks = int(ready["num_blocks"])
         plan.available_kv = int(ready["available_kv"])
         plan.requested = int(ready["requested"])
-        return self._serve(server, url, plan, served_names, name, faults)
+        # init_static_loras, before the server listens: a bad adapter ends the start-up
+        adapters = lora.load_adapters(args)
+        for a in adapters:
+            logger.info("Loaded new LoRA adapter: name '%s', path '%s'", a.name, a.path)
+        return self._serve(server, url, plan, served_names, name, faults, adapters)
 
     # -- serving -----------------------------------------------------------------------
     def _serve(
@@ -219,6 +226,7 @@ class Serve:
         served_names: list[str],
         root: str,
         faults: faults_mod.Faults,
+        adapters: list[lora.Adapter] | None = None,
     ) -> int:
         args = self.args
         core = self.core
@@ -256,7 +264,7 @@ class Serve:
             keys = [os.environ["VLLM_API_KEY"]]
         app = App(engine, served_names, root, plan.max_model_len, keys,
                   access_log=not args.disable_uvicorn_access_log,
-                  load_tracking=bool(args.enable_server_load_tracking))  # fmt: skip
+                  load_tracking=bool(args.enable_server_load_tracking), adapters=adapters or [])  # fmt: skip
         core.monitor(engine.kill)
         signal.signal(signal.SIGTERM, self.stop.handler)
         signal.signal(signal.SIGINT, self.stop.handler)

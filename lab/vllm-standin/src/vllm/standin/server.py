@@ -59,6 +59,7 @@ from typing import Any
 
 from vllm.standin.engine import Engine, EngineDeadError, RequestAborted, ShutdownRejected, count_tokens
 from vllm.standin.log import logger
+from vllm.standin.lora import Adapter
 from vllm.version import __version__
 
 PROTECTED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
@@ -80,8 +81,11 @@ class App:
         api_keys: list[str],
         access_log: bool,
         load_tracking: bool = False,
+        adapters: list[Adapter] | None = None,
     ) -> None:
         self.engine = engine
+        self.adapters = list(adapters or [])  #: static LoRA adapters (``--lora-modules``)
+        self.adapter_names = {a.name for a in self.adapters}
         self.served_names = served_names
         self.served_name = served_names[0]
         self.root = root
@@ -249,7 +253,18 @@ class Handler(BaseHTTPRequestHandler):
         self._send(200, self.app.engine.metrics.render(), CONTENT_TYPE)
 
     def _models(self) -> None:
-        self._json(200, {"object": "list", "data": [self._card(name) for name in self.app.served_names]})
+        cards = [self._card(name) for name in self.app.served_names]
+        cards += [self._lora_card(a) for a in self.app.adapters]
+        self._json(200, {"object": "list", "data": cards})
+
+    def _lora_card(self, adapter: Adapter) -> dict[str, Any]:
+        """An adapter's card (``OpenAIServingModels.show_available_models``): ``root`` its path as
+        given, ``parent`` its base model name or the first served name, no ``max_model_len``."""
+        card = self._card(adapter.name)
+        card["root"] = adapter.path
+        card["parent"] = adapter.base_model_name or self.app.served_names[0]
+        card["max_model_len"] = None
+        return card
 
     def _card(self, name: str) -> dict[str, Any]:
         return {
@@ -302,7 +317,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, _error(f"Invalid request body: {exc}", "BadRequestError", 400))
             return
         model = body.get("model")
-        if model is not None and model not in self.app.served_names:
+        if model is not None and model not in self.app.served_names and model not in self.app.adapter_names:
             self._json(404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"))
             return
         if chat:
@@ -352,7 +367,7 @@ class Handler(BaseHTTPRequestHandler):
         kind = "chat.completion" if chat else "text_completion"
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if body.get("stream"):
-            self._stream(chat, rid, kind, requests)
+            self._stream(chat, rid, kind, requests, model or self.app.served_name)
             return
         choices = []
         for index, req in enumerate(requests):
@@ -396,7 +411,7 @@ class Handler(BaseHTTPRequestHandler):
         self.app.terminate.set()
         self._json(500, _error(ENGINE_DEAD_CLIENT_MESSAGE, "InternalServerError", 500))
 
-    def _stream(self, chat: bool, rid: str, kind: str, requests: list[Any]) -> None:
+    def _stream(self, chat: bool, rid: str, kind: str, requests: list[Any], name: str) -> None:
         """Server-sent events, one chunk per token, then ``data: [DONE]``."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -412,7 +427,7 @@ class Handler(BaseHTTPRequestHandler):
                 choice = {"index": index, "text": token or ""}
             choice["finish_reason"] = finish
             payload = {"id": rid, "object": chunk_kind, "created": int(time.time()),
-                       "model": self.app.served_name, "choices": [choice]}  # fmt: skip
+                       "model": name, "choices": [choice]}  # fmt: skip
             return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
         for index, req in enumerate(requests):
