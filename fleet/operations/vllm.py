@@ -180,7 +180,8 @@ def release(spec: layout.ReleaseSpec, root: str = DEFAULT_ROOT, python: str = "p
         return
     pip = [
         "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir",
-        "--timeout", str(PIP_TIMEOUT_S), "--index-url", spec.index_url, *spec.requirements(),
+        "--timeout", str(PIP_TIMEOUT_S), "--index-url", spec.index_url,
+        *(["--no-deps"] if spec.no_deps else []), *spec.requirements(),
     ]  # fmt: skip
     marker = {
         "id": name,

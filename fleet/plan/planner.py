@@ -718,6 +718,9 @@ def plan_host(
     extra = speculative_flag + _lora_flags(spec, chosen.memory[0], notes) + _extra_flags(spec)
     if extra:
         instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
+    if spec.vllm_cpu is not None:
+        instances, cpu_notes = _cpu_build(spec, instances)
+        notes += cpu_notes
     if cuda.env:
         instances = tuple(dataclasses.replace(i, env=i.env + cuda.env) for i in instances)
     for instance in instances:
@@ -973,6 +976,27 @@ def _instance(
     visible = ",".join(gpus.gpus[i].uuid if by_uuid else str(i) for i in group)
     env = (("CUDA_VISIBLE_DEVICES", visible), ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"))
     return Instance(index, group, tp, port, spec.model, tuple(flags), env, mem)
+
+
+def _cpu_build(spec: HostSpec, instances: tuple[Instance, ...]) -> tuple[tuple[Instance, ...], list[str]]:
+    """The instances of a host running vLLM's CPU build (``vllm_cpu``), each with its CPU
+    environment (``fleet.plan.cpu_engine``), and the notes that say why."""
+    from fleet.plan.cpu_engine import CpuPlanError, cpu_env
+
+    assert spec.vllm_cpu is not None
+    out: list[Instance] = []
+    notes = [
+        f"vLLM's CPU build vllm-cpu {spec.vllm_cpu.version} (vllm_cpu, lab hosts only): flags checked against "
+        f"vLLM {spec.vllm_version}'s surface; GPU memory flags are ignored by the CPU build"
+    ]
+    for inst in instances:
+        try:
+            got = cpu_env(spec.vllm_cpu, inst.index, len(instances), inst.tensor_parallel_size)
+        except CpuPlanError as exc:
+            raise PlanError(PlanProblem(spec.name, str(exc))) from None
+        out.append(dataclasses.replace(inst, env=inst.env + got.env))
+        notes.append(got.reason)
+    return tuple(out), notes
 
 
 def _extra_flags(spec: HostSpec) -> tuple[Flag, ...]:

