@@ -14,6 +14,8 @@ produce each of them on demand (its faults ``drain_open_streams`` and ``sigterm_
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -258,6 +260,18 @@ def test_readiness_endpoints_completions_metrics_and_a_drain(engine: Engine) -> 
     }
 
 
+def finish_reasons(stream: Any) -> list[str]:
+    """The ``finish_reason`` of every chunk that had one (a stream that ran to ``max_tokens`` ends with
+    ``length``; one aborted by the engine with ``abort``)."""
+    found = []
+    for data in stream.events:
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            reason = json.loads(data)["choices"][0]["finish_reason"]
+            if reason:
+                found.append(str(reason))
+    return found
+
+
 def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
     """``error``: every stream ended with an SSE error event and ``[DONE]`` and the server exited 0;
     ``hang``: the server is still there and the streams got neither; else what was seen, with each
@@ -270,7 +284,7 @@ def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
     if code is None and not any(s.ended == "done" or s.error_events for s in streams) and server.health() == -1:
         return "hang"
     return f"exit {code}, streams " + ", ".join(
-        f"{s.ended}/{len(s.error_events)} error/finish {s.finish_reasons or 'none'}" for s in streams
+        f"{s.ended}/{len(s.error_events)} error/finish {finish_reasons(s) or 'none'}" for s in streams
     )
 
 
