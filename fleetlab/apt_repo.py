@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from pathlib import Path
 
+from fleet.plan.cuda import compat_lib_dir, compat_package, toolkit_dir, toolkit_package
 from fleetlab.errors import LabError
 from fleetlab.hostfiles import HARDWARE_PROFILE, NVML_PROFILE_PATH, PROC_DRIVER_SOURCE
 from fleetlab.index import ensure_index, index_root
@@ -287,8 +288,8 @@ def cuda_packages() -> list[DebPackage]:
     out = []
     for version in CUDA_TOOLKITS:
         mm = ".".join(version.split(".")[:2])
-        name = "cuda-toolkit-" + mm.replace(".", "-")
-        root = f"/usr/local/cuda-{mm}"
+        name = toolkit_package(mm)
+        root = toolkit_dir(mm)
         out.append(
             DebPackage(
                 name,
@@ -306,8 +307,8 @@ def cuda_packages() -> list[DebPackage]:
             )
         )
     for cuda, driver in CUDA_COMPAT:
-        name = "cuda-compat-" + cuda.replace(".", "-")
-        compat = f"/usr/local/cuda-{cuda}/compat"
+        name = compat_package(cuda)
+        compat = compat_lib_dir(cuda)
         out.append(
             DebPackage(
                 name,

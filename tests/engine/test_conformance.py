@@ -14,14 +14,13 @@ produce each of them on demand (its faults ``drain_open_streams`` and ``sigterm_
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import socket
 import threading
 import time
 from typing import Any
+from urllib.error import URLError
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -260,18 +259,6 @@ def test_readiness_endpoints_completions_metrics_and_a_drain(engine: Engine) -> 
     }
 
 
-def finish_reasons(stream: Any) -> list[str]:
-    """The ``finish_reason`` of every chunk that had one (a stream that ran to ``max_tokens`` ends with
-    ``length``; one aborted by the engine with ``abort``)."""
-    found = []
-    for data in stream.events:
-        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
-            reason = json.loads(data)["choices"][0]["finish_reason"]
-            if reason:
-                found.append(str(reason))
-    return found
-
-
 def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
     """``error``: every stream ended with an SSE error event and ``[DONE]`` and the server exited 0;
     ``hang``: the server is still there and the streams got neither; else what was seen, with each
@@ -284,8 +271,19 @@ def drain_outcome(server: Server, streams: list[Any], wait_s: float) -> str:
     if code is None and not any(s.ended == "done" or s.error_events for s in streams) and server.health() == -1:
         return "hang"
     return f"exit {code}, streams " + ", ".join(
-        f"{s.ended}/{len(s.error_events)} error/finish {finish_reasons(s) or 'none'}" for s in streams
+        f"{s.ended}/{len(s.error_events)} error/finish {s.finish_reasons or 'none'}" for s in streams
     )
+
+
+def late_reply(server: Server) -> tuple[int, bytes] | str:
+    """A request sent while the server drains: the 500 its shutdown middleware answers, or, once
+    uvicorn has closed its listening socket (it does at the deadline, which on idle cores can
+    come first), a connection that was reset or refused."""
+    try:
+        late = complete(server, 5, key=None)
+    except (ConnectionError, URLError):  # RemoteDisconnected is a ConnectionResetError
+        return "connection closed"
+    return (late.status, late.body)
 
 
 def _drain_with_open_streams(engine: Engine, faults: list[dict[str, Any] | None]) -> list[str]:
@@ -301,8 +299,8 @@ def _drain_with_open_streams(engine: Engine, faults: list[dict[str, Any] | None]
         server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     for server in servers:
-        late = complete(server, 5, key=None)
-        assert (late.status, late.body) == (500, LATE_500)
+        late = late_reply(server)
+        assert late in ((500, LATE_500), "connection closed"), late
     outcomes = [drain_outcome(server, group, 10) for server, group in zip(servers, streams, strict=True)]
     engine.stop_all()
     return outcomes
