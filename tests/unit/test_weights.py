@@ -17,7 +17,7 @@ import pytest
 
 from fleet.errors import FleetError, InventoryError
 from fleet.inventory.spec import host_spec
-from fleet.weights.copyfact import SCRIPT, parse_copy
+from fleet.weights.copyfact import HASH_CACHE_DIR, SCRIPT, hash_cache_path, parse_copy
 from fleet.weights.manifest import CACHE_NAME, FileEntry, Manifest, build_manifest, safe_relpath
 from fleet.weights.verify import FileState, HostFile, Rate, file_state, space_refusal, verdict
 
@@ -238,6 +238,48 @@ def test_the_listing_script_on_a_host_without_the_model(tmp_path: Path) -> None:
     )  # fmt: skip
     copy = parse_copy(proc.stdout.strip())
     assert copy.files == {} and copy.refs_main is None and not copy.user_exists and copy.where == str(tmp_path)
+
+
+def _list_with_cache(repo: Path, cache: Path) -> Any:
+    proc = subprocess.run(
+        [sys.executable, "-", str(repo), "r1", getpass.getuser(), str(cache)], input=SCRIPT, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    return parse_copy(proc.stdout.strip())
+
+
+def test_the_listing_script_reads_an_unchanged_file_once(tmp_path: Path) -> None:
+    """The hash cache (issue 22's re-hash cost): a second listing reads no file; a file rewritten
+    with the same size and its old mtime put back is read again (its ctime moved), so a corrupted
+    copy is still found; a cache others may write is not trusted."""
+    snap = tmp_path / "models--acme--tiny-7b" / "snapshots" / "r1"
+    snap.mkdir(parents=True)
+    (snap / "a.bin").write_bytes(b"a" * 1000)
+    (snap / "b.bin").write_bytes(b"b" * 500)
+    cache = tmp_path / "cache" / "snap.json"
+    first = _list_with_cache(snap.parent.parent, cache)
+    assert (first.hashed_bytes, first.reused_bytes) == (1500, 0)
+    assert cache.stat().st_mode & 0o777 == 0o600 and cache.parent.stat().st_mode & 0o777 == 0o700
+    second = _list_with_cache(snap.parent.parent, cache)
+    assert (second.hashed_bytes, second.reused_bytes) == (0, 1500) and second.files == first.files
+    old = (snap / "b.bin").stat()
+    (snap / "b.bin").write_bytes(b"B" * 500)  # a flipped copy of the same size ...
+    os.utime(snap / "b.bin", ns=(old.st_atime_ns, old.st_mtime_ns))  # ... with its old mtime back
+    third = _list_with_cache(snap.parent.parent, cache)
+    assert (third.hashed_bytes, third.reused_bytes) == (500, 1000)
+    assert third.files["b.bin"].sha256 == hashlib.sha256(b"B" * 500).hexdigest() != first.files["b.bin"].sha256
+    cache.chmod(0o666)
+    assert _list_with_cache(snap.parent.parent, cache).hashed_bytes == 1500
+
+
+def test_the_hash_cache_is_one_root_only_file_per_snapshot() -> None:
+    a, b = hash_cache_path("/var/lib/vllm/hf/hub/models--a--b", "r1"), hash_cache_path("/srv/hub/models--a--b", "r1")
+    assert (
+        a != b
+        and a.startswith(HASH_CACHE_DIR + "/")
+        and a.endswith("-r1.json")
+        and "/" not in a[len(HASH_CACHE_DIR) + 1 :]
+    )
 
 
 def test_an_unreadable_answer_is_an_error() -> None:
