@@ -179,7 +179,8 @@ def host_part(spec: HostSpec, plan: HostPlan | None, paths: HostPaths, waiting: 
     if plan is not None:
         files = rendered_files(spec, plan, paths)
         served = served_name(spec, plan)
-        revisions = revisions_of(files, served)
+        adapters = tuple(a.name for a in spec.lora.adapters) if spec.lora is not None else ()
+        revisions = revisions_of(files, served, adapters)
     else:
         api_key(spec)  # an unreadable key is refused now, not once the GPUs are known
     return HostPart(

@@ -40,6 +40,9 @@ class Revision:
     unit: RenderedFile
     env: RenderedFile
     served_model: str
+    #: the LoRA adapters its ``--lora-modules`` serves, recorded so a rollback back onto this
+    #: revision can gate on them (None: not recorded)
+    adapters: tuple[str, ...] | None = None
 
     @property
     def id(self) -> str:
@@ -50,10 +53,15 @@ class Revision:
 
     def meta(self) -> str:
         """``revision.json``: one line (the executor reads it with the id in one round trip)."""
-        return json.dumps({"id": self.id, "instance": self.instance, "served_model": self.served_model}) + "\n"
+        meta: dict[str, object] = {"id": self.id, "instance": self.instance, "served_model": self.served_model}
+        if self.adapters is not None:
+            meta["adapters"] = list(self.adapters)
+        return json.dumps(meta) + "\n"
 
 
-def revisions_of(files: Sequence[RenderedFile], served_model: str) -> list[Revision]:
+def revisions_of(
+    files: Sequence[RenderedFile], served_model: str, adapters: tuple[str, ...] | None = None
+) -> list[Revision]:
     """Pair each instance's unit (``fleet-<instance>.service``) with its env file (``<instance>.env``)."""
     envs = {f.path.rsplit("/", 1)[1].removesuffix(".env"): f for f in files if f.path.endswith(".env")}
     out = []
@@ -61,5 +69,5 @@ def revisions_of(files: Sequence[RenderedFile], served_model: str) -> list[Revis
         name = f.path.rsplit("/", 1)[1]
         if name.startswith("fleet-") and name.endswith(".service"):
             instance = name.removeprefix("fleet-").removesuffix(".service")
-            out.append(Revision(instance, f, envs[instance], served_model))
+            out.append(Revision(instance, f, envs[instance], served_model, adapters))
     return out

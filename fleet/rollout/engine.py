@@ -113,6 +113,8 @@ class InstanceState:
     previous_release: str | None = None  #: recorded before anything is changed
     previous_model: str | None = None
     previous_revision: str | None = None
+    #: the LoRA adapters its previous revision serves (its ``revision.json``); None: not recorded
+    previous_adapters: tuple[str, ...] | None = None
     previous_unit: str | None = None  #: "active/running" etc. before anything is changed
     hooks_done: tuple[str, ...] = ()
     killed: tuple[int, ...] = ()
@@ -148,9 +150,9 @@ class InstanceState:
 
     @property
     def adapters(self) -> tuple[str, ...] | None:
-        """The LoRA adapters the models gate expects now (None on the way back: the previous
-        configuration's set is not recorded, so a rollback is gated on the model alone)."""
-        return None if self.rolling_back else self.target.adapters
+        """The LoRA adapters the models gate expects now: on the way back, those the previous
+        revision records (None where it records none: gated on the model alone)."""
+        return self.previous_adapters if self.rolling_back else self.target.adapters
 
     @property
     def touched(self) -> bool:
@@ -578,12 +580,13 @@ def _phase_step(
                 # there): gate it, then put it back; nothing is stopped
                 return _to(inst, Phase.GATES, now, first_step_at=now, previous_release=f.release,
                            previous_model=f.model, previous_revision=f.revision, previous_unit=unit,
-                           baseline_restarts=f.unit.n_restarts if f.unit else 0, track=start_track(now),
+                           previous_adapters=f.adapters, baseline_restarts=f.unit.n_restarts if f.unit else 0,
+                           track=start_track(now),
                            note=f"serving release {f.release} but out of traffic ({f.lb.view})"), None  # fmt: skip
             # Already there and serving: nothing to do (Kubernetes compares the template hash;
             # Nomad reports a rollback to the same job as a no-op).
             return _to(inst, Phase.DONE, now, previous_release=f.release, previous_model=f.model,
-                       previous_revision=f.revision, previous_unit=unit,
+                       previous_revision=f.revision, previous_unit=unit, previous_adapters=f.adapters,
                        note=f"already serving release {f.release}"), None  # fmt: skip
         return _to(
             inst,
@@ -593,6 +596,7 @@ def _phase_step(
             previous_release=f.release,
             previous_model=f.model,
             previous_revision=f.revision,
+            previous_adapters=f.adapters,
             previous_unit=unit,
         ), None
     if inst.phase is Phase.LB_OUT:
@@ -811,6 +815,7 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
         "previous_release": i.previous_release,
         "previous_model": i.previous_model,
         "previous_revision": i.previous_revision,
+        "previous_adapters": list(i.previous_adapters) if i.previous_adapters is not None else None,
         "previous_unit": i.previous_unit,
         "hooks_done": list(i.hooks_done),
         "killed": list(i.killed),
@@ -848,6 +853,7 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
         previous_release=d["previous_release"],
         previous_model=d["previous_model"],
         previous_revision=d.get("previous_revision"),
+        previous_adapters=tuple(d["previous_adapters"]) if d.get("previous_adapters") is not None else None,
         previous_unit=d["previous_unit"],
         hooks_done=tuple(d["hooks_done"]),
         killed=tuple(d["killed"]),

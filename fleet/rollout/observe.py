@@ -41,6 +41,8 @@ class InstanceFacts:
     release: str | None = None  #: the release the instance's link points at (the host's marker)
     model: str | None = None  #: the served model name its configuration names
     revision: str | None = None  #: its configuration revision (the live unit and env file), when known
+    #: the LoRA adapters that revision serves (its ``revision.json``); None when not recorded
+    adapters: tuple[str, ...] | None = None
     gpu_processes: tuple[GpuProcess, ...] = ()
     in_flight: float | None = None  #: vllm:num_requests_running + waiting; None when /metrics gave nothing
     serving: bool = False  #: unit active and /health 200 (for the availability budget)

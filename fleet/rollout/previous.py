@@ -43,6 +43,7 @@ def back_to(inst: InstanceState) -> Target:
         inst.previous_model or inst.target.model,
         inst.target.port,
         revision=inst.previous_revision if inst.target.revision else None,
+        adapters=inst.previous_adapters,
     )
 
 

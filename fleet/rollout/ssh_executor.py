@@ -128,6 +128,7 @@ class LiveInstance:
     release: str | None
     revision: str | None  #: id of the unit and env file in place (``fleet.render.revision``)
     served_model: str | None  #: what that revision serves, from its ``revision.json``
+    adapters: tuple[str, ...] | None = None  #: the LoRA adapters it serves, from its ``revision.json``
 
 
 def served_model_of(meta: str) -> str | None:
@@ -137,6 +138,18 @@ def served_model_of(meta: str) -> str | None:
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and value else None
+
+
+def adapters_of(meta: str) -> tuple[str, ...] | None:
+    """The ``adapters`` of a revision's ``revision.json``; None when it records none (written
+    before fleet recorded them, or stored from live files) or is unreadable."""
+    try:
+        value = json.loads(meta).get("adapters") if meta else None
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        return None
+    return tuple(value)
 
 
 def command_label(argv: Sequence[str]) -> str:
@@ -490,6 +503,7 @@ class SshExecutor:
             running_release(exe, release_of(values.get("current", "")), self.root),
             values.get("revision") or None,
             served_model_of(values.get("meta", "")),
+            adapters_of(values.get("meta", "")),
         )
 
     def gpu_processes(self, ref: InstanceRef) -> tuple[GpuProcess, ...]:
@@ -553,6 +567,7 @@ class SshExecutor:
             release=release,
             model=live.served_model or s.model,
             revision=live.revision,
+            adapters=live.adapters,
             gpu_processes=gpus,
             in_flight=in_flight,
             serving=serving,

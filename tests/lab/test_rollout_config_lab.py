@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from fleet.rollout.fleet_inventory import RolloutFleet, load_fleet
+from fleet.rollout.journal import Journal
 from fleet.rollout.probe import InstanceProber
 from fleetlab import lab as lab_ops
 from fleetlab.inventory_writer import GROUP
@@ -242,3 +243,14 @@ def test_lora_adapters_and_ngram_speculation_deploy_then_an_adapter_change_rolls
     models = prober.models()
     assert sorted(models.adapters) == ["chat", "sql"], models
     assert prober.completion("chat", "Hello", 4).status == 200
+
+    # `fleet rollback` of that change: back to the revision with one adapter, gated on that set (the
+    # previous revision's revision.json records it), not on the model alone
+    rollout_id = next(op.rsplit(" ", 1)[1].rstrip(")") for h in data["hosts"] for op in h["operations"]
+                      if op.startswith("rolled out"))  # fmt: skip
+    rc, back, out = fleet_cli(lab, "rollback", rollout_id, *FAST, journal=journal)
+    assert rc == 0 and back["kind"] == "rollback", out
+    assert prober.models().adapters == ("sql",)
+    with Journal(journal) as j:
+        undone = j.latest_state(back["id"]).instances[ref]
+    assert undone.target.adapters == ("sql",) and undone.phase.value == "done", undone

@@ -40,16 +40,38 @@ def test_the_gate_order_stops_at_an_adapter_mismatch() -> None:
     ]  # fmt: skip
 
 
-def test_the_planned_adapters_survive_the_journal_and_are_not_asked_on_the_way_back() -> None:
+def test_the_adapters_survive_the_journal_and_the_way_back_expects_the_previous_revisions() -> None:
     from dataclasses import replace
 
     from fleet.rollout.batches import InstanceRef
     from fleet.rollout.engine import InstanceState, Target, _inst_from_dict, _inst_to_dict
+    from fleet.rollout.previous import back_to
 
     ref = InstanceRef("h1", "vllm-0")
-    inst = InstanceState(ref, Target(ref, "r2", "llama", 8000, revision="abc", adapters=("sql", "chat")))
+    target = Target(ref, "r2", "llama", 8000, revision="abc", adapters=("sql", "chat"))
+    inst = InstanceState(ref, target, previous_release="r1", previous_revision="old", previous_adapters=("sql",))
     again = _inst_from_dict(_inst_to_dict(inst))
     assert again.target.adapters == ("sql", "chat") and again.adapters == ("sql", "chat")
-    assert replace(again, rolling_back=True).adapters is None
+    assert again.previous_adapters == ("sql",) and replace(again, rolling_back=True).adapters == ("sql",)
+    assert back_to(again).adapters == ("sql",) and back_to(again).revision == "old"  # `fleet rollback` gates on them
+    unknown = replace(again, previous_adapters=None)  # a revision stored before fleet recorded them
+    assert replace(unknown, rolling_back=True).adapters is None and back_to(unknown).adapters is None
     plain = InstanceState(ref, Target(ref, "r2", "llama"))
     assert _inst_from_dict(_inst_to_dict(plain)).target.adapters is None
+    old_journal = {k: v for k, v in _inst_to_dict(inst).items() if k != "previous_adapters"}
+    assert _inst_from_dict(old_journal).previous_adapters is None  # a journal written before: still read
+
+
+def test_a_revision_records_its_adapters_and_the_host_reads_them_back() -> None:
+    from fleet.render.revision import Revision
+    from fleet.render.units import RenderedFile
+    from fleet.rollout.ssh_executor import adapters_of, served_model_of
+
+    unit = RenderedFile("/etc/systemd/system/fleet-vllm-0.service", "[Service]\n", 0o644)
+    env = RenderedFile("/etc/fleet/vllm-0.env", "\n", 0o600)
+    meta = Revision("vllm-0", unit, env, "llama", ("sql", "chat")).meta()
+    assert adapters_of(meta.strip()) == ("sql", "chat") and served_model_of(meta.strip()) == "llama"
+    assert adapters_of(Revision("vllm-0", unit, env, "llama", ()).meta()) == ()  # none planned: checked as none
+    assert adapters_of(Revision("vllm-0", unit, env, "llama").meta()) is None  # not recorded: not checked
+    for bad in ("", "not json", '{"adapters": "sql"}', '{"adapters": [1]}', "[]"):
+        assert adapters_of(bad) is None, bad

@@ -443,6 +443,9 @@ def test_decide_records_what_was_there_before() -> None:
     d = decide(one(Phase.PENDING), facts(), 5.0)
     inst = d.state.inst(REF)
     assert (inst.previous_release, inst.previous_model, inst.previous_unit) == ("v1", "m1", "active/running")
+    assert inst.previous_adapters is None
+    with_adapters = decide(one(Phase.PENDING), facts(adapters=("sql",)), 5.0).state.inst(REF)
+    assert with_adapters.previous_adapters == ("sql",)  # what the live revision's revision.json records
     assert d.actions[0].argv == ("lb", "disable", "h0/i0")
 
 
