@@ -124,6 +124,7 @@ COMMANDS = {
     "lb": ("fleet.cli.lb", "lb"),
     "monitor": ("fleet.cli.monitor", "monitor"),
     "plan": ("fleet.cli.plan", "plan"),
+    "prune": ("fleet.cli.prune", "prune"),
     "restart": ("fleet.cli.rollout", "restart"),
     "rollback": ("fleet.cli.rollout", "rollback"),
     "rollout": ("fleet.cli.rollout", "rollout"),
