@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,8 +45,8 @@ import paramiko
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
-from fleet.inventory.schema import ADAPTER_CONFIG
-from fleet.inventory.spec import LoadedInventory
+from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
+from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
@@ -354,9 +355,21 @@ def describe(r: StageResult) -> str:
     return f"{r.model}: {r.status}: {r.error}"
 
 
+def draft_in_source(spec: HostSpec) -> str | None:
+    """The ``speculative`` draft model (or EAGLE head) to stage with the host's model: named by id
+    and held by the host's ``model_source`` (``ORG/NAME/`` there). A draft given as a path, or one
+    the source does not hold (its ``model_config`` given elsewhere), is left to the operator as
+    before; the preflight still checks the host's cache."""
+    sp, source = spec.speculative, spec.model_source
+    if sp is None or sp.model is None or source is None or sp.model.startswith("/"):
+        return None
+    return sp.model if os.path.isdir(source_model_dir(source.path, sp.model)) else None
+
+
 def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> list[StageJob]:
-    """A job for every selected host (or each of ``names``) whose inventory names a ``model_source``,
-    and one for each of its LoRA adapters (``lora_adapters``), after its model's."""
+    """A job for every selected host (or each of ``names``) whose inventory names a ``model_source``
+    (its model, then its speculative draft when the source holds it), and one for each of its LoRA
+    adapters (``lora_adapters``), after its model's."""
     out = []
     for spec in loaded.hosts:
         if (spec.model_source is None and spec.lora is None) or (names is not None and spec.name not in names):
@@ -365,6 +378,8 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
         target = SshTarget.from_data(spec.name, data)
         if spec.model_source is not None:
             out.append(StageJob(target, spec.model, spec.model_source.path))
+            if (draft := draft_in_source(spec)) is not None:
+                out.append(StageJob(target, draft, spec.model_source.path))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out

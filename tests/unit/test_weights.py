@@ -298,3 +298,36 @@ def test_the_planner_reads_the_models_config_from_the_source(tmp_path: Path) -> 
     assert spec.model_config == str(tmp_path / "acme" / "tiny-7b")
     arch = load_model(spec.model, spec.model_config)
     assert arch.name == MODEL and str(tmp_path) in arch.source
+
+
+def test_a_draft_model_the_source_holds_is_staged_after_the_model(tmp_path: Path) -> None:
+    """Issue 23 part 2: the speculative draft's weights travel with the model (when named by id and
+    held by ``model_source``); a draft the source does not hold is left to the operator."""
+    from fleet.inventory.spec import load_inventory
+    from fleet.weights.stage import jobs_for
+
+    bundled = Path(__file__).resolve().parents[2] / "fleet" / "data" / "models" / "meta-llama"
+    source = tmp_path / "src"
+    for name in ("Llama-3.1-70B-Instruct", "Llama-3.1-8B-Instruct"):
+        (source / "meta-llama" / name).mkdir(parents=True)
+        (source / "meta-llama" / name / "config.json").write_bytes((bundled / name / "config.json").read_bytes())
+    wl = {"p95_input_tokens": 2000, "p95_output_tokens": 300, "prefix_reuse": 0.0, "target_concurrency": 8}
+
+    def staged(draft: str, **extra: str) -> list[str]:
+        sp = {"method": "draft_model", "model": draft, "num_speculative_tokens": 4, **extra}
+        inv = tmp_path / "inv.py"
+        inv.write_text(
+            f"h = [('h1', {{'model': 'meta-llama/Llama-3.1-70B-Instruct', 'workload': {wl}, 'gpu': {{'sku': "
+            f"'h100-sxm-80gb', 'count': 4}}, 'speculative': {sp}, 'model_source': {{'kind': 'dir', 'path': "
+            f"'{source}'}}}})]\n"
+        )
+        return [j.model for j in jobs_for(load_inventory(str(inv)))]
+
+    seventy, eight = "meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct"
+    assert staged(eight) == [seventy, eight]
+    elsewhere = tmp_path / "draft"  # the draft's config given apart, its weights not in the source
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_bytes((source / eight / "config.json").read_bytes())
+    (source / eight / "config.json").unlink()
+    (source / eight).rmdir()
+    assert staged(eight, model_config=str(elsewhere / "config.json")) == [seventy]
