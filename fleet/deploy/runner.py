@@ -430,6 +430,7 @@ def deploy(
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
     manifests = staging.manifests(loaded) if not dry else {}  # a source that cannot be read: before any host
+    weights = staging.weights_by_host(loaded, manifests)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
     results: dict[str, HostResult] = {}
@@ -487,7 +488,7 @@ def deploy(
         progress("preparing operations")
         for h in active:
             step(h.name, "checking what to change")
-        parts = _parts(loaded, plans, [h.name for h in active], waiting)
+        parts = _parts(loaded, plans, [h.name for h in active], waiting, weights)
         caches = factcache.install(state, active, lambda h: prefetch.vllm_host_facts(parts[h.name]))  # one batch
         if not dry:  # their units come from the second probe (_units_once_probed), not the gpu entry now
             host_deploy.units_later([h for h in active if h.name in unprobed and h.name not in waiting])
@@ -540,7 +541,9 @@ def deploy(
             budget.stop_others("not finished: the deploy stopped at the first failures")
         if not start or budget.over():
             if not start and not budget.over():  # units are installed, not started
-                _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+                _units_once_probed(
+                    loaded, plans, results, _answer_now(unprobed, results), progress, step, staged, weights
+                )
             return finish(budget.message() if budget.failed else None)
         ready = _Ready()
 
@@ -564,7 +567,7 @@ def deploy(
                 _reboot(loaded, plans, results, health_timeout, progress, step)
 
         def units_once_probed() -> None:
-            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged)
+            _units_once_probed(loaded, plans, results, _answer_now(unprobed, results), progress, step, staged, weights)
 
         phases = [
             DeployPhase("stage model", stage_models, stopped="nothing restarted: the deploy stopped after staging"),
@@ -759,6 +762,7 @@ def _units_once_probed(
     progress: Progress,
     step: Step,
     staged: dict[str, host_deploy.Staged],
+    weights: Mapping[str, tuple[tuple[str, str], ...]],
 ) -> None:
     """Hosts whose NVML did not answer when the run began (their units wait, or were planned
     from the inventory's gpu entry): this run installed the release (nvidia-ml-py for the probe),
@@ -786,7 +790,9 @@ def _units_once_probed(
             return
         for h in ready:
             step(h.name, "installing units")
-        _add_deploy(state, host_deploy.vllm_units, ready, _parts(fresh, probed.plans, [h.name for h in ready]))
+        _add_deploy(
+            state, host_deploy.vllm_units, ready, _parts(fresh, probed.plans, [h.name for h in ready], None, weights)
+        )
         try:
             run_ops(state)
         except PyinfraError as exc:
@@ -849,12 +855,18 @@ def _paths() -> HostPaths:
 
 
 def _parts(
-    loaded: LoadedInventory, plans: Mapping[str, HostPlan], names: list[str], waiting: Mapping[str, str] | None = None
+    loaded: LoadedInventory,
+    plans: Mapping[str, HostPlan],
+    names: list[str],
+    waiting: Mapping[str, str] | None = None,
+    weights: Mapping[str, tuple[tuple[str, str], ...]] | None = None,
 ) -> dict[str, HostPart]:
     """Each host's part of the plan, for its operations (``fleet.render.part``): from the plan this
-    run made for it, or without one while its GPUs are not known (``waiting`` says why)."""
+    run made for it, or without one while its GPUs are not known (``waiting`` says why); ``weights``:
+    the snapshots staged for each host (``staging.weights_by_host``)."""
     return {
-        n: host_part(loaded.host(n), plans.get(n), _paths(), (waiting or {}).get(n, "")) for n in names
+        n: host_part(loaded.host(n), plans.get(n), _paths(), (waiting or {}).get(n, ""), (weights or {}).get(n, ()))
+        for n in names
     }  # fmt: skip
 
 

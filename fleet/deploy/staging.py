@@ -19,6 +19,20 @@ def manifests(loaded: LoadedInventory) -> dict[tuple[str, str], Manifest]:
     return manifests_for(jobs_for(loaded))
 
 
+def weights_by_host(
+    loaded: LoadedInventory, known: Mapping[tuple[str, str], Manifest]
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    """Per host, the (model id, snapshot revision) of everything staged for it (model, draft,
+    adapters), for its env files (``fleet.render.units.env_file``): new files under the same name
+    are a new snapshot, so a new configuration revision, rolled out behind the gates."""
+    out: dict[str, tuple[tuple[str, str], ...]] = {}
+    for job in jobs_for(loaded):
+        manifest = known.get((job.source, job.model))
+        if manifest is not None:
+            out[job.target.name] = (*out.get(job.target.name, ()), (job.model, manifest.revision))
+    return out
+
+
 def stage_hosts(
     loaded: LoadedInventory,
     names: Sequence[str],

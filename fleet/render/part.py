@@ -162,13 +162,22 @@ def served_name(spec: HostSpec, plan: HostPlan) -> str:
     return spec.served_model_name or plan.model
 
 
-def rendered_files(spec: HostSpec, plan: HostPlan, paths: HostPaths) -> list[RenderedFile]:
-    """The host's units and env files from its plan (API key from the ``api_key_ref``, if set)."""
+def rendered_files(
+    spec: HostSpec, plan: HostPlan, paths: HostPaths, weights: Sequence[tuple[str, str]] = ()
+) -> list[RenderedFile]:
+    """The host's units and env files from its plan (API key from the ``api_key_ref``, if set;
+    ``weights``: the snapshots staged for it, see ``fleet.render.units.env_file``)."""
     ref = spec.api_key_ref
-    return render_host(plan, api_key(spec), str(ref) if ref else None, paths)
+    return render_host(plan, api_key(spec), str(ref) if ref else None, paths, weights)
 
 
-def host_part(spec: HostSpec, plan: HostPlan | None, paths: HostPaths, waiting: str = "") -> HostPart:
+def host_part(
+    spec: HostSpec,
+    plan: HostPlan | None,
+    paths: HostPaths,
+    waiting: str = "",
+    weights: Sequence[tuple[str, str]] = (),
+) -> HostPart:
     """The host's part: its deploy keys checked (``HostDataError``, ``SecretError``), and with a
     plan, its units, env files and revisions rendered for ``paths``."""
     driver = driver_settings(spec, plan)
@@ -177,7 +186,7 @@ def host_part(spec: HostSpec, plan: HostPlan | None, paths: HostPaths, waiting: 
     revisions: list[Revision] = []
     served = spec.served_model_name or ""
     if plan is not None:
-        files = rendered_files(spec, plan, paths)
+        files = rendered_files(spec, plan, paths, weights)
         served = served_name(spec, plan)
         adapters = tuple(a.name for a in spec.lora.adapters) if spec.lora is not None else ()
         revisions = revisions_of(files, served, adapters)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -133,26 +134,36 @@ def env_file(
     api_key: str | None,
     api_key_ref: str | None = None,
     paths: HostPaths = HostPaths(),
+    weights: Sequence[tuple[str, str]] = (),
 ) -> RenderedFile:
-    """The instance's environment file; ``api_key=None`` renders a placeholder comment instead."""
+    """The instance's environment file; ``api_key=None`` renders a placeholder comment instead.
+
+    ``weights``: the (model id, snapshot revision) pairs fleet stages for the host (model, draft,
+    LoRA adapters), written as comments: new files under the same name are a new snapshot, so a
+    new configuration revision, which the rollout engine restarts behind its gates. systemd reads
+    no comment (``systemd.exec(5)``, ``EnvironmentFile=``), so the process sees nothing of it."""
     if api_key is not None and (not api_key or any(not c.isprintable() for c in api_key)):
         raise ValueError("the API key must be one non-empty line of printable characters")
     content = (
         _environment()
         .get_template("vllm.env.j2")
-        .render(plan=plan, instance=instance, api_key=api_key, api_key_ref=api_key_ref)
+        .render(plan=plan, instance=instance, api_key=api_key, api_key_ref=api_key_ref, weights=weights)
     )
     return RenderedFile(f"{paths.env_dir}/{instance.unit_name}.env", content, 0o600)
 
 
 def render_host(
-    plan: HostPlan, api_key: str | None = None, api_key_ref: str | None = None, paths: HostPaths = HostPaths()
+    plan: HostPlan,
+    api_key: str | None = None,
+    api_key_ref: str | None = None,
+    paths: HostPaths = HostPaths(),
+    weights: Sequence[tuple[str, str]] = (),
 ) -> list[RenderedFile]:
     """All files of one host: a unit and an environment file per instance."""
     files: list[RenderedFile] = []
     for instance in plan.instances:
         files.append(unit_file(plan, instance, paths))
-        files.append(env_file(plan, instance, api_key, api_key_ref, paths))
+        files.append(env_file(plan, instance, api_key, api_key_ref, paths, weights))
     return files
 
 

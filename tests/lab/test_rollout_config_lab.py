@@ -233,6 +233,20 @@ def test_lora_adapters_and_ngram_speculation_deploy_then_an_adapter_change_rolls
     first = instance_state(lab, fleet)[str(ref)]
     assert first["pid"] != before["pid"] and first["unit"] == "active/running"
 
+    # the adapter retrained under the same name: a new snapshot, so a new configuration revision,
+    # rolled out behind the gates (before, nothing restarted and the old weights stayed loaded)
+    (sql / "adapter_model.safetensors").write_bytes(os.urandom(4096))
+    rc, data, out = fleet_cli(lab, "deploy", inventory, "--limit", host, "--json", journal=journal)
+    assert rc == 0, out
+    assert any(op.startswith("rolled out") for h in data["hosts"] for op in h["operations"]), data
+    retrained = instance_state(lab, fleet)[str(ref)]
+    assert retrained["pid"] != first["pid"] and retrained["unit"] == "active/running"
+    snapshot = must(lab, 0, "sudo cat /var/lib/vllm/hf/hub/models--fleet-lora--sql/refs/main").strip()
+    assert snapshot != staged and f"# weights: fleet-lora/sql snapshot {snapshot}" in must(
+        lab, 0, f"sudo cat /etc/fleet/{ref.instance}.env"
+    )
+    first = retrained
+
     inventory = str(lora_inventory(lab, {"sql": sql, "chat": chat}))
     rc, data, out = fleet_cli(lab, "deploy", inventory, "--limit", host, "--json", journal=journal)
     assert rc == 0, out

@@ -231,3 +231,29 @@ def test_host_render_dir_is_one_component(tmp_path: Path) -> None:
     for bad in ("../x", "/tmp/x", "/", "", ".", "..", "a/b", "a\nb"):
         with pytest.raises(RenderError):
             host_render_dir(tmp_path, bad)
+
+
+def test_the_staged_snapshots_are_comments_in_the_env_file_and_a_new_one_is_a_new_revision(plan: HostPlan) -> None:
+    """Issue 23: new files under a model's (or adapter's) name are a new snapshot; written into the
+    env file, that is a new configuration revision, so the rollout restarts the instance behind its
+    gates. As comments, systemd passes nothing of it to the process."""
+    from fleet.render.revision import revisions_of
+
+    inst = plan.instances[0]
+    weights = (("meta-llama/Llama-3.1-70B-Instruct", "a" * 40), ("fleet-lora/sql", "b" * 40))
+    text = env_file(plan, inst, None, "env:KEY", weights=weights).content
+    lines = [line for line in text.splitlines() if line.startswith("# weights: ")]
+    assert lines == [
+        f"# weights: meta-llama/Llama-3.1-70B-Instruct snapshot {'a' * 40} (staged by fleet; a new snapshot is a new "
+        "configuration revision)",
+        f"# weights: fleet-lora/sql snapshot {'b' * 40} (staged by fleet; a new snapshot is a new configuration "
+        "revision)",
+    ]
+    ids = {
+        w: revisions_of(render_host(plan, None, "env:KEY", weights=w), "served")[0].id
+        for w in ((), weights, (weights[0], ("fleet-lora/sql", "c" * 40)))
+    }
+    assert len(set(ids.values())) == 3  # none, one snapshot set, an adapter rewritten under its name
+    assert env_file(plan, inst, None, "env:KEY").content == env_file(plan, inst, None, "env:KEY", weights=()).content
+    weird = env_file(plan, inst, None, "env:KEY", weights=(("org/x\nVLLM_API_KEY=stolen", "r"),)).content
+    assert "\nVLLM_API_KEY=stolen" not in weird  # a comment stays one line (comment_text)

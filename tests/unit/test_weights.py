@@ -331,3 +331,22 @@ def test_a_draft_model_the_source_holds_is_staged_after_the_model(tmp_path: Path
     (source / eight / "config.json").unlink()
     (source / eight).rmdir()
     assert staged(eight, model_config=str(elsewhere / "config.json")) == [seventy]
+
+
+def test_each_host_s_env_files_name_the_snapshots_staged_for_it(tmp_path: Path) -> None:
+    """``weights_by_host``: (model id, manifest revision) per staged job, in the order staged;
+    a file rewritten under the same name gives another revision (so another configuration revision)."""
+    from fleet.deploy.staging import weights_by_host
+    from fleet.inventory.spec import load_inventory
+    from fleet.weights.stage import jobs_for, manifests_for
+
+    top = make_source(tmp_path / "src")
+    inv = tmp_path / "inv.py"
+    data = {**BASE, "model_source": {"kind": "dir", "path": str(tmp_path / "src")}}
+    inv.write_text(f"h = [('h1', {data!r}), ('h2', {BASE!r})]\n")
+    loaded = load_inventory(str(inv))
+    first = weights_by_host(loaded, manifests_for(jobs_for(loaded)))
+    assert list(first) == ["h1"] and [m for m, _r in first["h1"]] == [MODEL]  # h2 stages nothing
+    (top / "model.safetensors").write_bytes(b"y" * 3000)
+    again = weights_by_host(loaded, manifests_for(jobs_for(loaded)))
+    assert again["h1"][0][1] != first["h1"][0][1]
