@@ -429,7 +429,7 @@ def deploy(
     t0 = time.monotonic()
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
-    manifests = staging.manifests(loaded) if not dry else {}  # a source that cannot be read: before any host
+    manifests = staging.manifests(loaded)  # a source that cannot be read: before any host (dry runs too)
     weights = staging.weights_by_host(loaded, manifests)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
