@@ -48,6 +48,8 @@ from fleet.inventory.schema import (
     LORA_KEYS,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
+    STAGING_KEYS,
+    StagingData,
     SPECULATIVE_KEYS,
     USER_PREFIX,
     VLLM_CPU_KEYS,
@@ -63,6 +65,7 @@ from fleet.inventory.schema import (
     lora_problems,
     lora_rank_for,
     model_source_problem,
+    staging_port_problem,
     port_range_problem,
     read_adapter,
     read_pins,
@@ -280,6 +283,7 @@ class HostSpec:
     model_config: str | None = None
     #: where ``fleet stage`` and ``fleet deploy`` copy the model's weights from (None: not staged)
     model_source: ModelSource | None = None
+    staging: StagingData = field(default_factory=StagingData)  #: host-to-host copies (``fleet stage --fanout``)
     served_model_name: str | None = None
     weights: WeightPrecision = "auto"
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -509,7 +513,7 @@ def _allowed(err: Any, fld: str) -> str:
         parent, _, key = fld.rpartition(".")
         keys = {
             "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
-            "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS,
+            "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS, "staging": STAGING_KEYS,
         }.get(parent, ())  # fmt: skip
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
@@ -726,6 +730,8 @@ def host_spec(
                   "remove speculative, or serve the model on one host")  # fmt: skip
     if valid is not None and (bad := model_source_problem(valid)) is not None:
         h.problem(*bad)
+    if valid is not None and (why := staging_port_problem(valid)) is not None:
+        h.problem("staging.port", valid.staging.port, why)
     if valid is not None and (bad := vllm_cpu_problem(valid)) is not None:
         h.problem(*bad)
     for bad in lora_problems(valid) if valid is not None else ():
@@ -744,6 +750,7 @@ def host_spec(
         model_config=valid.model_config_
         or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
         model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
+        staging=valid.staging,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
         kv_cache_dtype=valid.kv_cache_dtype,
