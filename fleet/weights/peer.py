@@ -174,7 +174,7 @@ class Seed:
 
 
 def _as_user(user: str, script: str) -> str:
-    return ssh_command(["sudo", "-n", "-u", user, "--", "python3", "-c", script])
+    return "cd / && " + ssh_command(["sudo", "-n", "-u", user, "--", "python3", "-c", script])
 
 
 def _start(client: paramiko.SSHClient, command: str, job: dict[str, object]) -> paramiko.Channel:
