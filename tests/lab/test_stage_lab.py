@@ -223,7 +223,7 @@ def test_fanout_sends_host_to_host_in_a_tree_at_the_link_limit(lab_fleet: LabFle
                 assert s["sent_bytes"] / s["seconds"] <= limit * 1.05, s  # the sender kept to its limit
         for i in range(3):
             assert host_sums(lab_fleet, i, revision) == want  # every copy verifies
-            rc, out, _err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; sudo ls -A {REPO}")
+            rc, out, _err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; echo; sudo ls -A {REPO}")
             assert out.split() == [revision, "refs", "snapshots"], out
 
         if state.air_gap is not None:  # only the staging port is open between the hosts
