@@ -552,6 +552,7 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         BALANCER_KEYS,
         LAB_KEYS,
         SOURCE_KEYS,
+        STAGING_KEYS,
         SPECULATIVE_KEYS,
         VLLM_CPU_KEYS,
         PYINFRA_KEYS_READ,
