@@ -99,9 +99,7 @@ def _family(address: str) -> str:
     return "ip6" if ipaddress.ip_address(address).version == 6 else "ip"
 
 
-def ruleset(
-    lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint], peer_ports: Sequence[int] = ()
-) -> str:
+def ruleset(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint], peer_ports: Sequence[int] = ()) -> str:
     """The nft script that replaces the lab's table (one transaction: never half applied).
     ``peer_ports``: TCP ports each host may reach on the lab's other hosts."""
     table = table_name(lab)
