@@ -64,10 +64,11 @@ while conn is None:
     if left <= 0:
         sys.stderr.write("no connection from %s within %ds\n" % (job["peer"], job["wait_s"]))
         sys.exit(4)
-    srv.settimeout(left)
+    srv.settimeout(min(left, 1.0))
     try:
         c, peer = srv.accept()
     except socket.timeout:
+        print("waiting", flush=True)  # fleet gone (its channel closed): EPIPE ends the receiver here
         continue
     c.settimeout(job["idle_s"])
     got = b""
@@ -198,6 +199,8 @@ def _lines(chan: paramiko.Channel, on_line: Callable[[str], None], deadline: flo
             data = chan.recv(4096)
         except TimeoutError:
             continue
+        except (OSError, EOFError):  # closed under us (the other end failed)
+            break
         if not data:
             break
         buf += data
@@ -254,6 +257,7 @@ def send_from_peer(
             client = connect(seed.sender)
         except SshError as exc:
             sender_error.append(f"cannot reach the sender {seed.sender.name}: {exc.reason}")
+            rchan.close()
             return
         link = Link(seed.sender.name, client)
         watch = link.hold(deadline - time.monotonic())
@@ -276,6 +280,8 @@ def send_from_peer(
         except (FleetError, paramiko.SSHException, OSError, EOFError) as exc:
             sender_error.append(f"the sender {seed.sender.name} failed after {sent[0]} bytes: {exc}")
         finally:
+            if sender_error:  # the receiver would wait for it: closing its channel ends it (EPIPE)
+                rchan.close()
             link.release(watch)
             link.close()
 

@@ -132,3 +132,15 @@ def test_the_sender_keeps_to_its_egress_limit_and_a_short_stream_fails_the_recei
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 5 and "the sender closed the connection after 100 of 1000 bytes" in err, err
     assert sent.returncode != 0  # no "ok" from the receiver
+
+
+def test_the_receiver_ends_when_fleet_goes_away(tmp_path: Path) -> None:
+    """fleet closes the receiver's channel when the sender cannot come: the receiver must not hold
+    the staging port until its deadline (a retry from another sender binds it next round)."""
+    port = free_port()
+    proc = receiver(tmp_path, [("x.partial", 10)], port, "ab" * 32)
+    assert proc.stdout is not None
+    proc.stdout.close()  # what sshd does when fleet closes the channel
+    assert proc.wait(timeout=10) != 0
+    with socket.socket() as s:
+        s.bind((RECEIVER, port))  # the port is free again
