@@ -11,6 +11,8 @@ one output-hook chain that sends each host's packets to a chain of its own::
     established or related          accept   (answers on connections made to the host: SSH)
     to the host's own address       accept   (its services talking to themselves)
     to the index address:port (TCP) accept   (pip and apt: the lab's index serves both)
+    to another host of the lab,
+      at one of its peer ports (TCP) accept   (``LabState.peer_ports``: e.g. fleet's staging port)
     anything else                   reject with icmpx admin-prohibited
 
 so a connection anywhere else fails at once (``EHOSTUNREACH``, ``EACCES`` over IPv6, ``EPERM``
@@ -31,8 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from fleet.inventory.schema import DEFAULT_STAGING_PORT
 from fleetlab import cgroups
 from fleetlab.errors import LabError
+
+#: The TCP ports the hosts of one lab may reach on each other (and nothing else of each other):
+#: fleet's staging port (``fleet stage --fanout``: a host sends the model to the next). Each is a
+#: port a host listens on for its peers; add one here for another host-to-host protocol.
+PEER_PORTS: tuple[int, ...] = (DEFAULT_STAGING_PORT,)
 
 #: nft names cgroup paths relative to this directory (nftables' SYSFS_CGROUPSV2_PATH).
 NFT_CGROUP_BASE = Path("/sys/fs/cgroup")
@@ -91,8 +99,9 @@ def _family(address: str) -> str:
     return "ip6" if ipaddress.ip_address(address).version == 6 else "ip"
 
 
-def ruleset(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) -> str:
-    """The nft script that replaces the lab's table (one transaction: never half applied)."""
+def ruleset(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint], peer_ports: Sequence[int] = ()) -> str:
+    """The nft script that replaces the lab's table (one transaction: never half applied).
+    ``peer_ports``: TCP ports each host may reach on the lab's other hosts."""
     table = table_name(lab)
     lines = [
         f"table inet {table}",  # so that the delete below always finds it
@@ -111,6 +120,11 @@ def ruleset(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) ->
             f"    {_family(h.address)} daddr {h.address} accept",
         ]
         lines += [f"    {_family(e.address)} daddr {e.address} tcp dport {e.port} accept" for e in allowed]
+        ports = ", ".join(str(p) for p in sorted(set(peer_ports)))
+        for family in ("ip", "ip6"):
+            peers = sorted({p.address for p in hosts if p.address != h.address and _family(p.address) == family})
+            if peers and ports:
+                lines.append(f"    {family} daddr {{ {', '.join(peers)} }} tcp dport {{ {ports} }} accept  # peers")
         lines += ["    counter reject with icmpx admin-prohibited", "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -183,12 +197,12 @@ def delete_table(table: str) -> None:
     nft(f"table inet {table}\ndelete table inet {table}\n", "-f", "-")
 
 
-def apply(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) -> None:
+def apply(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint], peer_ports: Sequence[int] = ()) -> None:
     """Load the lab's table (replacing the one loaded before)."""
     why = unavailable()
     if why is not None:
         raise LabError(f"cannot cut lab {lab!r} off the network: {why}; install it " + NO_AIR_GAP_HINT)
-    done = nft(ruleset(lab, hosts, allowed), "-f", "-")
+    done = nft(ruleset(lab, hosts, allowed, peer_ports), "-f", "-")
     if done.returncode != 0:
         why = done.stderr.strip()[-500:]
         raise LabError(f"nft refused the air gap rules of lab {lab!r}: {why}; " + NO_AIR_GAP_HINT)

@@ -252,7 +252,8 @@ def up(opts: UpOptions, progress: Progress = lambda _m: None) -> UpResult:
         result.started.append(m.name)
     apply_air_gap(lab, state)  # with systemd as PID 1 here, the hosts' scopes are known by now
     if state.air_gap is not None:
-        progress("air gap: hosts reach only " + ", ".join(state.air_gap))
+        peers = ", ".join(map(str, airgap.PEER_PORTS))
+        progress("air gap: hosts reach only " + ", ".join(state.air_gap) + f", and each other on port(s) {peers}")
     if opts.engine == "standin":
         state.real_engine = None
     if state.real_engine is not None and opts.pip_index_url is not None:
@@ -313,7 +314,7 @@ def apply_air_gap(lab: LabDir, state: LabState) -> None:
                 raise LabError(f"air gap: cannot tell the cgroup of {h.name}; " + airgap.NO_AIR_GAP_HINT)
             continue
         rules.append(airgap.host_rule(h.name, h.address, cgroup))
-    airgap.apply(lab.name, rules, [airgap.Endpoint.parse(e) for e in state.air_gap])
+    airgap.apply(lab.name, rules, [airgap.Endpoint.parse(e) for e in state.air_gap], airgap.PEER_PORTS)
 
 
 def _install_host_debs(

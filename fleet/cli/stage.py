@@ -30,14 +30,27 @@ from fleet.errors import FleetError
 @click.command()
 @click.argument("inventory", type=click.Path(dir_okay=False))
 @click.option("--limit", multiple=True, help="Only these hosts or groups (repeatable; globs allowed).")
-@click.option("--parallel", type=click.IntRange(1, 64), default=4, show_default=True, help="Hosts copied at once.")
+@click.option(
+    "--parallel", type=click.IntRange(1, 1024), default=None,
+    help="Hosts copied at once [default: 4; with --fanout the inventory's staging.concurrency].",
+)  # fmt: skip
+@click.option(
+    "--fanout", is_flag=True,
+    help="Hosts holding a verified copy send it on to the next ones (a tree), directly host to host on "
+    "the inventory's staging port, each sender at its staging.egress_mib_s.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def stage(inventory: str, limit: tuple[str, ...], parallel: int, as_json: bool) -> None:
+def stage(inventory: str, limit: tuple[str, ...], parallel: int | None, fanout: bool, as_json: bool) -> None:
     """Copy the model's weights from the inventory's model_source to each host and verify them.
 
     Each host's copy is checked against the source's manifest (size and SHA-256 of every file);
     what is missing, truncated or corrupted is sent again; refs/main names the snapshot only once
     it verifies. Exit status 1 when a host was refused or failed, 2 when the input is invalid.
+
+    With --fanout each round every host that holds the model (and this machine) sends it to at most
+    one more host, at most staging.concurrency at once (and --parallel), so n hosts take about
+    log2(n+1) rounds; a sender that fails mid-copy keeps serving and is named, its receiver is
+    given another sender. This machine sends at the smallest staging.egress_mib_s of the hosts.
     """
     from fleet.inventory.spec import load_inventory
     from fleet.weights.stage import describe, jobs_for, manifests_for
@@ -72,11 +85,29 @@ def stage(inventory: str, limit: tuple[str, ...], parallel: int, as_json: bool) 
         if not as_json and not err.is_terminal and what not in ("sending",):
             err.print(f"[dim]{escape(host)}: {escape(what)}[/]")
 
+    extra: dict[str, object] = {}
+    fan = None
     with bars:
-        results = run_stage(jobs, parallel=parallel, progress=progress, manifests=manifests)
+        if fanout:
+            from fleet.weights.fanout import MIB, fan_out
+
+            staging = {s.name: s.staging for s in loaded.hosts}
+            limits = [s.egress_mib_s for s in staging.values() if s.egress_mib_s is not None]
+            try:
+                fan = fan_out(
+                    jobs, staging, manifests, progress=progress,
+                    source_egress=min(limits) * MIB if limits else None,
+                    concurrency=min([*([parallel] if parallel else []), *(s.concurrency for s in staging.values())]),
+                )  # fmt: skip
+            except FleetError as exc:
+                fail(str(exc), as_json)
+            results = fan.results
+            extra = {"rounds": fan.rounds, "bounds": fan.bounds, "broken_senders": fan.broken}
+        else:
+            results = run_stage(jobs, parallel=parallel or 4, progress=progress, manifests=manifests)
     ok = all(r.ok for r in results.values())
     if as_json:
-        click.echo(json.dumps({"ok": ok, "hosts": [r.data() for r in results.values()]}, indent=2))
+        click.echo(json.dumps({"ok": ok, "hosts": [r.data() for r in results.values()], **extra}, indent=2))
     else:
         table = Table(title="fleet stage")
         for col in ("host", "status", "detail"):
@@ -84,4 +115,9 @@ def stage(inventory: str, limit: tuple[str, ...], parallel: int, as_json: bool) 
         for r in results.values():
             table.add_row(escape(r.host), r.status, escape(describe(r)))
         console().print(table)
+        for n, sends in enumerate(fan.rounds if fan is not None else [], 1):
+            pairs = ", ".join(f"{escape(s['from'])} -> {escape(s['to'])} ({s['status']})" for s in sends)
+            console().print(f"round {n}: {pairs}")
+        for b in fan.broken if fan is not None else []:
+            console().print(f"[yellow]{escape(b)} failed while sending; it keeps serving its copy[/]")
     sys.exit(EXIT_OK if ok else EXIT_SOME_HOSTS)

@@ -127,6 +127,10 @@ MAX_PORT = 65535
 MAX_NODES = 64
 #: vLLM 0.33's default rendezvous port of a multi-node instance (``ParallelConfig.master_port``).
 DEFAULT_MASTER_PORT = 29501
+#: The port a host receives a model copy on from another host (``fleet stage --fanout``).
+DEFAULT_STAGING_PORT = 7470
+#: Most copies running at once in one round of a fan-out, by default.
+DEFAULT_STAGING_CONCURRENCY = 16
 
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
@@ -558,6 +562,21 @@ class DirSourceData(BaseModel):
     path: SourceDir
 
 
+class StagingData(BaseModel):
+    """``staging``: how hosts copy a model to each other (``fleet stage --fanout``).
+
+    ``port``: where a host receiving a copy listens, on its fleet address, for the one host
+    planned to send it (never a serving, SSH or rendezvous port of the host); ``egress_mib_s``:
+    the most MiB/s one sender sends in all (None: no limit); ``concurrency``: the most copies
+    running at once in one round."""
+
+    model_config = _STRICT
+
+    port: Annotated[int, Field(ge=1024, le=MAX_PORT)] = DEFAULT_STAGING_PORT
+    egress_mib_s: Annotated[float, Field(gt=0, le=1_000_000, allow_inf_nan=False)] | None = None
+    concurrency: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_STAGING_CONCURRENCY
+
+
 class SpeculativeData(BaseModel):
     """``speculative``: speculative decoding, as vLLM 0.33's ``SpeculativeConfig`` takes it."""
 
@@ -714,6 +733,7 @@ class HostData(BaseModel):
     workload: WorkloadData
     model_config_: PathText | None = Field(default=None, alias="model_config")
     model_source: DirSourceData | None = None
+    staging: StagingData = Field(default_factory=StagingData)
     served_model_name: ServedName | None = None
     weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
@@ -787,6 +807,7 @@ WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
+STAGING_KEYS: tuple[str, ...] = tuple(StagingData.model_fields)
 VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
 LORA_KEYS: tuple[str, ...] = tuple(LoraAdapterData.model_fields)
@@ -831,6 +852,11 @@ FIELD_HELP: dict[str, str] = {
     "balancer.timeout_s": "seconds from 1 to 600",
     "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model",
     "model_source.kind": "dir (a directory on this machine)",
+    "staging": "{port: 7470, egress_mib_s: 100, concurrency: 16}: how hosts copy the model to each other "
+    "(fleet stage --fanout)",
+    "staging.port": "a port from 1024 to 65535, not one the host serves on, its ssh_port or master_port",
+    "staging.egress_mib_s": "a number of MiB/s above 0: the most one sender sends in all",
+    "staging.concurrency": "a whole number from 1 to 1024: copies at once in one round",
     "vllm_cpu": "{version: '0.32.0', requirements: /path/lock.txt, kv_cache_gib?: 1, cpus: [0]}: the lab's "
     "real engine (vLLM's CPU build), written by `fleet lab up --engine real`",
     "vllm_cpu.cpus": "a list of CPU numbers the host's instances bind (VLLM_CPU_OMP_THREADS_BIND), e.g. [0, 1]",
@@ -847,6 +873,20 @@ def port_range_problem(data: HostData) -> str | None:
     count = data.gpu.count if data.gpu is not None else 1
     if data.port + count - 1 > MAX_PORT:
         return f"port {data.port} + {count} GPU(s): instance n listens on port + n, past {MAX_PORT}; use a lower port"
+    return None
+
+
+def staging_port_problem(data: HostData) -> str | None:
+    """The staging port must not be one the host already listens on: its instances' ports
+    (``port`` .. ``port + count - 1``), ``ssh_port``, a multi-node instance's ``master_port``."""
+    sp = data.staging.port
+    count = data.gpu.count if data.gpu is not None else 1
+    if data.port <= sp < data.port + count:
+        return f"the host's instances listen on ports {data.port}..{data.port + count - 1}; pick a port outside them"
+    if sp == data.ssh_port:
+        return f"it is the host's ssh_port ({data.ssh_port}); pick another"
+    if data.multi_node and sp == (data.master_port or DEFAULT_MASTER_PORT):
+        return f"it is the multi-node rendezvous port (master_port {sp}); pick another"
     return None
 
 

@@ -49,6 +49,7 @@ from fleet.inventory.schema import (
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
     SPECULATIVE_KEYS,
+    STAGING_KEYS,
     USER_PREFIX,
     VLLM_CPU_KEYS,
     WORKLOAD_KEYS,
@@ -57,6 +58,7 @@ from fleet.inventory.schema import (
     GpuData,
     HostData,
     LabData,
+    StagingData,
     cuda_problem,
     driver_problem,
     haproxy_name,
@@ -67,6 +69,7 @@ from fleet.inventory.schema import (
     read_adapter,
     read_pins,
     source_model_dir,
+    staging_port_problem,
     vllm_cpu_problem,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
@@ -280,6 +283,7 @@ class HostSpec:
     model_config: str | None = None
     #: where ``fleet stage`` and ``fleet deploy`` copy the model's weights from (None: not staged)
     model_source: ModelSource | None = None
+    staging: StagingData = field(default_factory=StagingData)  #: host-to-host copies (``fleet stage --fanout``)
     served_model_name: str | None = None
     weights: WeightPrecision = "auto"
     kv_cache_dtype: KvCacheDtype = "auto"
@@ -509,7 +513,7 @@ def _allowed(err: Any, fld: str) -> str:
         parent, _, key = fld.rpartition(".")
         keys = {
             "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
-            "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS,
+            "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS, "staging": STAGING_KEYS,
         }.get(parent, ())  # fmt: skip
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
@@ -548,6 +552,7 @@ def _field_name(loc: tuple[Any, ...]) -> str:
         BALANCER_KEYS,
         LAB_KEYS,
         SOURCE_KEYS,
+        STAGING_KEYS,
         SPECULATIVE_KEYS,
         VLLM_CPU_KEYS,
         PYINFRA_KEYS_READ,
@@ -726,6 +731,8 @@ def host_spec(
                   "remove speculative, or serve the model on one host")  # fmt: skip
     if valid is not None and (bad := model_source_problem(valid)) is not None:
         h.problem(*bad)
+    if valid is not None and (why := staging_port_problem(valid)) is not None:
+        h.problem("staging.port", valid.staging.port, why)
     if valid is not None and (bad := vllm_cpu_problem(valid)) is not None:
         h.problem(*bad)
     for bad in lora_problems(valid) if valid is not None else ():
@@ -744,6 +751,7 @@ def host_spec(
         model_config=valid.model_config_
         or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
         model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
+        staging=valid.staging,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
         kv_cache_dtype=valid.kv_cache_dtype,

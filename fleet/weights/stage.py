@@ -49,6 +49,7 @@ from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
+from fleet.weights.peer import Seed, SenderFailed, send_from_peer
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
 
 #: How fast a host's ``python3`` hashes, for the listing's deadline (slower disks get the floor).
@@ -121,6 +122,10 @@ class StageJob:
     source: str  #: the ``dir`` source's root (``model_source.path``), or the adapter's directory
     directory: str = ""  #: the files' directory when it is not ``source/ORG/NAME`` (an adapter's)
     marker: str = "config.json"  #: the file the source directory must hold
+    #: ``fleet stage --fanout``: another host sends the files (None: this machine, over SFTP)
+    seed: Seed | None = None
+    rate: float | None = None  #: this machine's egress limit when it sends, bytes per second
+    probe: bool = False  #: list and check only: a copy that needs files ends ``waiting``, nothing sent
 
     @property
     def files(self) -> str:
@@ -140,6 +145,8 @@ class StageResult:
     repaired: list[str] = field(default_factory=list)  #: files that were there but wrong
     seconds: float = 0.0
     error: str | None = None
+    sender: str | None = None  #: the host that sent the files (None: this machine)
+    sender_fault: bool = False  #: failed because its sender stopped mid-copy (another may try)
 
     @property
     def ok(self) -> bool:
@@ -151,6 +158,7 @@ class StageResult:
             "host": self.host, "model": self.model, "status": self.status, "revision": self.revision,
             "sent_files": self.sent_files, "sent_bytes": self.sent_bytes, "repaired": self.repaired,
             "seconds": round(self.seconds, 3), "bytes_per_s": round(rate) if rate else None, "error": self.error,
+            "sender": self.sender,
         }  # fmt: skip
 
 
@@ -216,6 +224,9 @@ def _stage_one(job: StageJob, manifest: Manifest, user: str, state_dir: str, pro
     link = Link(name, client)
     try:
         _copy(link, client, job, manifest, user, state_dir, progress, result)
+    except SenderFailed as exc:
+        result.status, result.sender_fault = "failed", True
+        result.error = f"{exc}; its current model is untouched (refs/main not changed)"
     except SshError as exc:
         result.status = "unreachable" if isinstance(exc, Unreachable) else "failed"
         result.error = f"{exc.reason}; its current model is untouched (refs/main not changed)"
@@ -256,6 +267,9 @@ def _copy(
     if (why := space_refusal(before.bytes_to_send, have.free, have.where)) is not None:
         result.status, result.error = "refused", why
         return
+    if job.probe and before.to_send:
+        result.status = "waiting"
+        return
     result.repaired = before.damaged()
     if before.to_send:
         _send(link, client, job, manifest, before, repo, snapshot, user, progress, result)
@@ -292,26 +306,53 @@ def _send(
     rc, _out, err = link.run(prepare, 60, label="preparing the incoming directory")
     if rc != 0:
         raise FleetError(f"preparing {incoming} exited {rc}: {err.strip()[-300:]}")
+    moves: list[tuple[str, str]] = [(f"{n:06d}.partial", f.path) for n, f in enumerate(before.to_send)]
+    if job.seed is not None:
+        result.sender = job.seed.sender.name
+        sizes = [(tmp, rel, f.size) for (tmp, rel), f in zip(moves, before.to_send, strict=True)]
+        watch = link.hold(math.inf)
+        try:
+            result.sent_bytes = send_from_peer(
+                client, job.seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
+            )
+        finally:
+            link.release(watch)
+        result.sent_files = len(moves)
+        _root(link, "place", {"incoming": incoming, "snapshot": snapshot, "moves": moves, "user": user}, 600)
+        return
     source = Path(job.files)
-    moves: list[tuple[str, str]] = []
+    pace = _Pace(job.rate)
     watch = link.hold(math.inf)  # a host that goes silent mid-copy is closed, not waited on
     sftp = _sftp_as(client, user)
     try:
-        for n, f in enumerate(before.to_send):
-            tmp = f"{n:06d}.partial"
+        for (tmp, _rel), f in zip(moves, before.to_send, strict=True):
             done_before = result.sent_bytes
 
             def sent(done: int, _size: int, base: int = done_before) -> None:
+                pace.wait(base + done)
                 progress(name, "sending", base + done, total)
 
             sftp.put(str(source / f.path), f"{incoming}/{tmp}", callback=sent, confirm=True)
             result.sent_bytes += f.size
             result.sent_files += 1
-            moves.append((tmp, f.path))
     finally:
         sftp.close()
         link.release(watch)
     _root(link, "place", {"incoming": incoming, "snapshot": snapshot, "moves": moves, "user": user}, 600)
+
+
+class _Pace:
+    """This machine's egress limit for an SFTP copy: a token bucket one write deep (paramiko calls
+    ``put``'s callback after each write; sleeping there holds the next one back)."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate, self.start = rate, time.monotonic()
+
+    def wait(self, sent: int) -> None:
+        if self.rate:
+            ahead = sent / self.rate - (time.monotonic() - self.start)
+            if ahead > 0:
+                time.sleep(ahead)
 
 
 #: Where OpenSSH's SFTP server lives: Debian/Ubuntu, RHEL/Fedora, Arch/SUSE.

@@ -34,6 +34,22 @@ def test_ruleset_sends_each_hosts_packets_to_its_own_chain() -> None:
     ]
 
 
+def test_ruleset_opens_only_the_peer_ports_between_the_labs_hosts() -> None:
+    text = airgap.ruleset("t-1", [*HOSTS, HostRule("lab-3", "::1", "fleet-lab/lab-3", 2)], ALLOWED, (7470, 29501))
+    chain = text[text.index("chain host_1") : text.index("chain host_2")]
+    rules = [line.split("#")[0].strip() for line in chain.splitlines()[1:] if line.strip() not in ("", "}")]
+    assert rules == [
+        "ct state established,related accept",
+        "ip daddr 127.0.120.12 accept",
+        "ip daddr 127.0.0.1 tcp dport 35423 accept",
+        "ip daddr { 127.0.120.11 } tcp dport { 7470, 29501 } accept",  # not itself, not another port
+        "ip6 daddr { ::1 } tcp dport { 7470, 29501 } accept",
+        "counter reject with icmpx admin-prohibited",
+    ]
+    assert "tcp dport {" not in airgap.ruleset("t-1", HOSTS, ALLOWED)  # no peer ports: nothing opened
+    assert 7470 in airgap.PEER_PORTS  # fleet's staging port (DEFAULT_STAGING_PORT)
+
+
 def test_ruleset_of_an_ipv6_index_and_no_hosts() -> None:
     text = airgap.ruleset("lab", [HostRule("h", "::1", "fleet-lab/h", 2)], [Endpoint("fd00::5", 8080)])
     assert "ip6 daddr ::1 accept" in text and "ip6 daddr fd00::5 tcp dport 8080 accept" in text
@@ -72,7 +88,8 @@ def test_nft_accepts_the_rules(tmp_path_factory: pytest.TempPathFactory) -> None
     try:
         rule = airgap.host_rule("h", "127.0.120.11", group)
         assert rule.level == 2
-        text = airgap.ruleset(f"unit-test-{os.getpid()}", [rule], ALLOWED)
+        peer = airgap.HostRule("p", "127.0.120.12", rule.cgroup, rule.level)
+        text = airgap.ruleset(f"unit-test-{os.getpid()}", [rule, peer], ALLOWED, airgap.PEER_PORTS)
         done = subprocess.run(["nft", "-c", "-f", "-"], input=text, capture_output=True, text=True, check=False)
         assert done.returncode == 0, done.stderr
     finally:
