@@ -23,7 +23,7 @@ import os
 import re
 import struct
 import sys
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 SYSFS_DEVICES = "/sys/bus/pci/devices"
 ACS_EXT_CAP_ID = 0x000D
@@ -31,7 +31,7 @@ EXT_CAP_START = 0x100
 _BDF = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
-def acs_registers(config: bytes) -> dict[str, Any]:
+def acs_registers(config: bytes) -> Dict[str, Any]:
     """``{"cap": int, "ctl": int}`` from a function's configuration space, ``{"cap": None, "ctl": None}``
     when it has no ACS capability, ``{"error": ...}`` when the extended space cannot be read."""
     if len(config) < EXT_CAP_START + 4:
@@ -60,13 +60,13 @@ def is_gpu(path: str) -> bool:
     return vendor == "0x10de" and klass[:6] in ("0x0300", "0x0302")
 
 
-def bridges_above(devices: str, bdf: str) -> list[str]:
+def bridges_above(devices: str, bdf: str) -> List[str]:
     """The PCI addresses between the root complex and ``bdf``, root port first."""
     parts = os.path.realpath(os.path.join(devices, bdf)).split("/")
     return [p.lower() for p in parts[:-1] if _BDF.match(p)]
 
 
-def read_config(devices: str, bdf: str) -> bytes | None:
+def read_config(devices: str, bdf: str) -> Optional[bytes]:
     try:
         with open(os.path.join(devices, bdf, "config"), "rb") as f:
             return f.read(4096)
@@ -74,7 +74,7 @@ def read_config(devices: str, bdf: str) -> bytes | None:
         return None
 
 
-def probe(devices: str = SYSFS_DEVICES) -> dict[str, Any]:
+def probe(devices: str = SYSFS_DEVICES) -> Dict[str, Any]:
     out: dict[str, Any] = {"schema": 1, "status": "ok", "root": os.geteuid() == 0, "gpus": {}, "bridges": {}}
     try:
         names = sorted(os.listdir(devices))
