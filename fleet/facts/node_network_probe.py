@@ -133,13 +133,13 @@ def route(address: str) -> "dict[str, Any]":
     return answer
 
 
-def rdma() -> "dict[str, Any]":
-    if not os.path.isdir(IB):
+def rdma(root: str = IB) -> "dict[str, Any]":
+    if not os.path.isdir(root):
         return {"present": False, "ports": [], "error": None}
     ports = []
     try:
-        for device in sorted(os.listdir(IB)):
-            base = os.path.join(IB, device, "ports")
+        for device in sorted(os.listdir(root)):
+            base = os.path.join(root, device, "ports")
             for port in sorted(os.listdir(base), key=lambda p: int(p) if p.isdigit() else 0):
                 entry: "dict[str, Any]" = {"device": device, "port": int(port) if port.isdigit() else port}
                 for name in ("state", "link_layer", "rate"):
@@ -150,7 +150,7 @@ def rdma() -> "dict[str, Any]":
                 ports.append(entry)
     except OSError as exc:
         return {"present": True, "ports": ports, "error": str(exc)[:200]}
-    return {"present": bool(ports) or bool(os.listdir(IB)), "ports": ports, "error": None}
+    return {"present": bool(ports) or bool(os.listdir(root)), "ports": ports, "error": None}
 
 
 def main(argv: "list[str]") -> "dict[str, Any]":
