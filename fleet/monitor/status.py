@@ -142,6 +142,8 @@ class NodeState:
     host: str
     rank: int  #: vLLM's ``--node-rank``; 0 leads
     unit: UnitFacts | None = None
+    #: its GPUs the GPU watcher of its host quarantined (the leader's are the row's ``quarantine``)
+    quarantine: tuple[QuarantinedGpu, ...] = ()
 
     @property
     def down(self) -> bool:
@@ -291,6 +293,7 @@ def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
             out.append(node.why_down(status.target.unit))
         if node.unit is not None and node.unit.restarts is not None and node.unit.restarts > th.restarts:
             out.append(f"node {node.rank} ({node.host}): unit restarted {node.unit.restarts} times")
+        out += [f"node {node.rank} ({node.host}): {q.describe(node.host)}" for q in node.quarantine]
     out += [q.describe(status.target.host) for q in status.quarantine]
     if status.lb_error:
         out.append(f"load balancer: {status.lb_error}")
@@ -363,6 +366,10 @@ def attach_host_state(
             lb=seen if isinstance(seen, ServerView) else None,
             lb_error=seen if isinstance(seen, str) else "",
             quarantine=quarantined_gpus(r.target.gpus, (watch or {}).get(r.target.host)),
+            nodes=tuple(
+                replace(n, quarantine=quarantined_gpus(r.target.gpus, (watch or {}).get(n.host))) if n.rank else n
+                for n in r.nodes
+            ),
         )
         out.append(_with_problems(row, thresholds.get(r.target.host, Thresholds())))
     return out
@@ -543,7 +550,7 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
     if row.nodes:  # an instance spanning hosts (absent otherwise)
         data["nodes"] = [
             {"host": n.host, "rank": n.rank, "leader": n.rank == 0, "headless": n.rank > 0,
-             "unit": _unit_data(n.unit), "down": n.down}
+             "unit": _unit_data(n.unit), "down": n.down, "quarantine": [q.data() for q in n.quarantine]}
             for n in row.nodes
         ]  # fmt: skip
     return data

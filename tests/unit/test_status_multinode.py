@@ -163,3 +163,15 @@ def test_node_state_down_needs_facts() -> None:
     assert not NodeState("n2", 1).down
     assert NodeState("n2", 1, unit("inactive/dead")).down and not NodeState("n2", 1, unit()).down
     assert replace(SPAN, nodes=()).node_hosts == ("n1",)
+
+
+def test_a_quarantined_gpu_on_a_worker_node_is_a_problem_of_the_instance() -> None:
+    from .test_status_quarantine import RECORD  # GPU 2 quarantined after XID 79
+
+    span = replace(SPAN, gpus=(2,))
+    r = row(Health.READY, {h: unit() for h in ("n1/vllm-0", "n2/vllm-0", "n3/vllm-0")}, span)
+    (got,) = attach_host_state([r], {}, {}, watch={"n3": RECORD})
+    assert got.quarantine == () and [len(n.quarantine) for n in got.nodes] == [0, 0, 1]
+    (problem,) = got.problems
+    assert problem.startswith("node 2 (n3): GPU 2 quarantined since ") and "fleet gpu clear INVENTORY n3 2" in problem
+    assert status_data(got)["nodes"][2]["quarantine"][0]["gpu"] == 2 and not got.ok
