@@ -241,3 +241,15 @@ def test_judge_puts_the_multi_node_findings_beside_the_fleet_findings(tmp_path: 
     assert rules == {("multinode-driver", "n1", "n1/vllm-0"), ("multinode-tcp", "n1", "n1/vllm-0")}
     n1 = next(h for h in report["hosts"] if h["host"] == "n1")
     assert {f["rule"] for f in n1["findings"]} >= {"multinode-driver", "multinode-tcp"}
+
+
+def test_html_lists_them_under_their_own_heading_escaped(tmp_path: Path) -> None:
+    loaded = load_inventory(inventory(tmp_path, L70, "fp8"))
+    probed: dict[str, HostFacts | HostUnreachable] = {"n1": host(), "n2": host()}
+    instances, _ = plan_multi_node(loaded, probed)
+    spanning = MultiNode(instances, [], {"n1": releases(), "n2": releases()},
+                         {"n1": net(leader=True), "n2": net(route__mtu=1500, route__dev="<b>eth9")})  # fmt: skip
+    page = judge(loaded, probed, spanning=spanning).to_html()
+    assert "<h3>instances spanning hosts</h3>" in page and "hosts that differ from their peers" not in page
+    assert "&lt;b&gt;eth9 MTU 1500" in page and "<b>eth9" not in page
+    assert "instances spanning hosts" not in judge(loaded, probed).to_html()
