@@ -38,10 +38,14 @@ class Finding:
     gpu: int | None = None  #: NVML index
     link: int | None = None  #: NVLink number
     way_out: str = ""
+    #: the multi-node instance it is about (``leader/vllm-N``); None: a host's own finding
+    instance: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["severity"] = self.severity.label
+        if self.instance is None:
+            del out["instance"]  # a host's finding reads as it always did
         return out
 
     @property
@@ -51,6 +55,8 @@ class Finding:
             parts.append(f"GPU{self.gpu}")
         if self.link is not None:
             parts.append(f"link {self.link}")
+        if self.instance is not None:
+            parts.append(f"instance {self.instance}")
         return " ".join(parts)
 
 

@@ -196,8 +196,12 @@ class AuditReport:
                 f"<td>{len(fs)}</td></tr>"
             )
         parts.append("</table>")
-        if self.fleet:
-            parts.append("<h3>hosts that differ from their peers</h3>" + _findings_table(self.fleet))
+        peers = [f for f in self.fleet if f.instance is None]
+        spanning = [f for f in self.fleet if f.instance is not None]
+        if peers:
+            parts.append("<h3>hosts that differ from their peers</h3>" + _findings_table(peers))
+        if spanning:
+            parts.append("<h3>instances spanning hosts</h3>" + _findings_table(spanning))
         parts.append("</body></html>")
         return "\n".join(parts)
 

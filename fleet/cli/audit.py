@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fleet.audit.findings import Severity
-from fleet.audit.run import judge, probe, probe_acs, probe_watch
+from fleet.audit.run import MultiNode, judge, plan_multi_node, probe, probe_acs, probe_multi_node, probe_watch
 from fleet.cli import console, fail
 from fleet.errors import FleetError
 from fleet.facts.runner import HostUnreachable, targets_from_inventory
@@ -51,6 +51,11 @@ def audit(
     bridges between each host's GPUs: redirection there makes GPU peer-to-peer crawl or hang;
     and the GPU watcher's record: a quarantined GPU is an error (`fleet gpu clear` lifts it).
 
+    For each instance the plan spreads over several hosts (multi_node groups), also: the same
+    driver, vLLM release and GPUs on all its nodes, each worker's TCP connect to the leader's
+    rendezvous port, an ACTIVE RDMA port on every node (else: traffic goes over TCP, and what
+    that costs), and one MTU towards the leader.
+
     Exit code 0 when no finding reaches --fail-on, 1 when one does, 2 on bad input.
     """
     try:
@@ -76,7 +81,12 @@ def audit(
             results = probe(loaded, progress=progress, python=python, timeout=timeout)
     acs = probe_acs(loaded, timeout=timeout)
     watch = probe_watch(loaded, timeout=timeout)
-    report = judge(loaded, results, time.monotonic() - started, acs=acs, watch=watch)
+    spanning = None
+    instances, unplanned = plan_multi_node(loaded, results)
+    if instances or unplanned:
+        releases, net = probe_multi_node(loaded, instances, timeout=timeout)
+        spanning = MultiNode(instances, unplanned, releases, net)
+    report = judge(loaded, results, time.monotonic() - started, acs=acs, watch=watch, spanning=spanning)
     if html_file:
         Path(html_file).write_text(report.to_html())
     if as_json:

@@ -18,6 +18,8 @@ Model names are shown in a short form: the part after the last ``/`` (a Hugging 
 its organisation, a model directory's name), or the name in full where two models of the fleet
 would read the same; where even that does not fit, the cell wraps, so a name is never cut.
 Host, instance and state are never shortened (a host name wider than the terminal itself wraps).
+An instance spanning hosts is one row whose host cell lists its nodes' hosts, one a line, the
+leader (which serves the API) first and a node that is down in red.
 
 The state column is rendered in one place (:func:`state_cell`) from
 :attr:`fleet.monitor.status.InstanceStatus.state`.
@@ -104,6 +106,15 @@ def state_cell(row: InstanceStatus) -> Text:
     else:
         style = "red"
     return Text(state.value, style=style)
+
+
+def host_cell(row: InstanceStatus) -> str | Text:
+    """The host column: the host; for an instance spanning hosts, every node's host on a line of
+    its own, leader first, a node that is down in red."""
+    if not row.nodes:
+        return row.target.host
+    down = {n.host for n in row.down_nodes}
+    return Text("\n").join(Text(n.host, style="red" if n.host in down else "") for n in row.nodes)
 
 
 def _lb_cell(row: InstanceStatus) -> Text:
@@ -195,7 +206,7 @@ def _columns(rows: list[InstanceStatus], wide: bool) -> tuple[list[Column], list
     """The default columns (host, inst, state: keys; model, run/wait) and, with ``wide``, the rest."""
     models = short_models(r.target.model for r in rows)
     main = [
-        Column("host", tuple(r.target.host for r in rows), key=True),
+        Column("host", tuple(host_cell(r) for r in rows), key=True),
         Column("inst", tuple(str(r.target.index) for r in rows), "right", key=True),
         Column("state", tuple(state_cell(r) for r in rows), key=True),
         Column("model", tuple(models[r.target.model] for r in rows), min_width=8),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from fleet.facts.drain import read_markers
@@ -82,38 +83,46 @@ def _venv(units: UnitsDict, release: str | None, root: str) -> str | None:
 def unit_facts(
     targets: Iterable[Target], answers: Mapping[str, HostAnswer], root: str = "/opt/fleet/vllm"
 ) -> dict[str, UnitFacts]:
-    """One ``UnitFacts`` per instance (by ``Target.instance``) from each host's answer (pure)."""
+    """One ``UnitFacts`` per instance (by ``Target.instance``) from each host's answer (pure); for
+    an instance spanning hosts also one per node (by ``Target.node_instance(host)``)."""
     out: dict[str, UnitFacts] = {}
-    for t in targets:
-        answer = answers.get(t.host)
-        if answer is None:
-            continue
-        if isinstance(answer, HostUnreachable):
-            out[t.instance] = UnitFacts("unreachable", None, None, None, None, detail=answer.reason)
-            continue
-        units = answer.units
-        info = units["units"].get(t.unit)
-        state = _state(info)
-        release = info["release"] if info else units["release"]  # what it runs; not installed: current
-        out[t.instance] = UnitFacts(
-            state=state,
-            uptime_seconds=info["uptime_seconds"] if info else None,
-            restarts=info["restarts"] if info else None,
-            venv=_venv(units, release, root),
-            gpu_memory_used=gpu_memory_of(t, answer.gpus),
-            release=release,
-            vllm_version=info["vllm_version"] if info else units["vllm_version"],
-            main_pid=info["main_pid"] if info else None,
-            detail=answer.gpu_error or "",
-        )
+    for target in targets:
+        for host in target.node_hosts:
+            _node_facts(replace(target, host=host, nodes=()), answers, root, out)
     return out
 
 
+def _node_facts(t: Target, answers: Mapping[str, HostAnswer], root: str, out: dict[str, UnitFacts]) -> None:
+    """One node's ``UnitFacts`` into ``out`` (by its ``Target.instance``)."""
+    answer = answers.get(t.host)
+    if answer is None:
+        return
+    if isinstance(answer, HostUnreachable):
+        out[t.instance] = UnitFacts("unreachable", None, None, None, None, detail=answer.reason)
+        return
+    units = answer.units
+    info = units["units"].get(t.unit)
+    state = _state(info)
+    release = info["release"] if info else units["release"]  # what it runs; not installed: current
+    out[t.instance] = UnitFacts(
+        state=state,
+        uptime_seconds=info["uptime_seconds"] if info else None,
+        restarts=info["restarts"] if info else None,
+        venv=_venv(units, release, root),
+        gpu_memory_used=gpu_memory_of(t, answer.gpus),
+        release=release,
+        vllm_version=info["vllm_version"] if info else units["vllm_version"],
+        main_pid=info["main_pid"] if info else None,
+        detail=answer.gpu_error or "",
+    )
+
+
 def ssh_targets(inventory: Any, targets: Iterable[Target]) -> list[SshTarget]:
-    """The SSH targets of the hosts that have planned instances, from the pyinfra inventory."""
+    """The SSH targets of the hosts that have planned instances (every node of one spanning hosts),
+    from the pyinfra inventory."""
     from fleet.facts.runner import targets_from_inventory
 
-    return targets_from_inventory(inventory, {t.host for t in targets})
+    return targets_from_inventory(inventory, {h for t in targets for h in t.node_hosts})
 
 
 def read_hosts(hosts: list[SshTarget], timeout: float = 20.0, root: str = "/opt/fleet/vllm") -> dict[str, HostAnswer]:

@@ -12,6 +12,13 @@ library caller passing no ``units``) those fields are ``None`` and shown as such
 drain marker (``fleet drain``: a drained instance is stopped on purpose, which is no problem) and
 what its load balancer says about the instance (``fleet.lb``: UP/DRAIN/MAINT/DOWN and sessions;
 an instance that serves but is left out of traffic, not drained, is a problem).
+
+An instance spanning hosts (``fleet.plan.multinode``) is one row: HTTP asks its leader only (the
+other nodes run headless: no API server), SSH reads the unit on every node (:class:`NodeState`,
+leader first). A node whose unit is not active or whose host cannot be reached makes the whole
+instance down, naming the node: vLLM's leader does not listen until every node has joined, and
+the death of one node's workers ends the engine on all of them (``MultiprocExecutor``'s worker
+monitor, ``vllm/v1/executor/multiproc_executor.py``).
 """
 
 from __future__ import annotations
@@ -64,6 +71,9 @@ class State(StrEnum):
     UNREACHABLE = "unreachable"  #: neither HTTP nor (when asked) SSH reaches the host
     ERROR = "error"  #: answered, but not like vLLM
     DRAINED = "drained"  #: its host is out of service for maintenance (``fleet drain``'s marker)
+    #: a node of an instance spanning hosts is down (its unit not active, or its host unreachable)
+    #: while the leader is up or on its way: the instance cannot serve
+    NODE_DOWN = "node down"
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,29 @@ def quarantined_gpus(gpus: tuple[int, ...], watch: WatchState | None) -> tuple[Q
 
 
 @dataclass(frozen=True)
+class NodeState:
+    """One node of an instance spanning hosts, as its host's systemd says (None: not read)."""
+
+    host: str
+    rank: int  #: vLLM's ``--node-rank``; 0 leads
+    unit: UnitFacts | None = None
+    #: its GPUs the GPU watcher of its host quarantined (the leader's are the row's ``quarantine``)
+    quarantine: tuple[QuarantinedGpu, ...] = ()
+
+    @property
+    def down(self) -> bool:
+        """Its unit is not active, or its host cannot be reached (unknown without SSH facts: not down)."""
+        return self.unit is not None and not self.unit.active
+
+    def why_down(self, unit_name: str) -> str:
+        assert self.unit is not None
+        where = f"node {self.rank} ({self.host})"
+        if self.unit.state == "unreachable":
+            return f"{where} down: host unreachable over SSH: {self.unit.detail}"
+        return f"{where} down: unit {unit_name} is {self.unit.state}"
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     target: Target
     health: Health
@@ -141,6 +174,8 @@ class InstanceStatus:
     lb: ServerView | None = None  #: what its load balancer says (None: none in front of it, or not asked)
     lb_error: str = ""  #: why its load balancer could not be asked
     quarantine: tuple[QuarantinedGpu, ...] = ()  #: its GPUs the GPU watcher quarantined
+    #: an instance spanning hosts: every node, leader first (the leader's unit is ``unit``); else empty
+    nodes: tuple[NodeState, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -148,8 +183,13 @@ class InstanceStatus:
         return (self.health is Health.READY or self.drained is not None) and not self.problems
 
     @property
+    def down_nodes(self) -> tuple[NodeState, ...]:
+        """The nodes other than the leader that are down (the leader's own state is ``state``'s)."""
+        return tuple(n for n in self.nodes if n.rank > 0 and n.down)
+
+    @property
     def state(self) -> State:
-        return state_of(self.health, self.unit, drained=self.drained is not None)
+        return state_of(self.health, self.unit, drained=self.drained is not None, node_down=bool(self.down_nodes))
 
 
 # -- pure pieces ------------------------------------------------------------------------------------
@@ -167,7 +207,12 @@ def classify_error(exc: BaseException) -> tuple[Health, str]:
     return Health.UNREACHABLE, str(reason)
 
 
-def state_of(health: Health, unit: UnitFacts | None, drained: bool = False) -> State:
+#: The leader's own states that say more than "a node is down" (it is stopped, gone or unreachable
+#: itself, or stopping on purpose): shown as they are, the down node named among the problems.
+LEADER_SAYS_MORE = frozenset({State.STOPPED, State.FAILED, State.NO_UNIT, State.UNREACHABLE, State.STOPPING})
+
+
+def state_of(health: Health, unit: UnitFacts | None, drained: bool = False, node_down: bool = False) -> State:
     """The state column's word (pure, table-tested): ``/health`` first, systemd to say why not.
 
     vLLM binds its port before it loads the model but calls ``listen()`` only once the engine is
@@ -179,9 +224,16 @@ def state_of(health: Health, unit: UnitFacts | None, drained: bool = False) -> S
     ``--shutdown-timeout`` drain (``AsyncLLM.shutdown`` in ``vllm/v1/engine/async_llm.py``) while new
     requests fail. An instance of a host drained for maintenance (``fleet drain``) is "drained",
     whatever it does: it is out of service on purpose.
+
+    ``node_down``: a node of an instance spanning hosts other than its leader is down. Unless the
+    leader's own state says more (:data:`LEADER_SAYS_MORE`), the instance is "node down": its
+    leader may still answer 200 for a moment or wait for the node to join, but cannot serve.
     """
     if drained:
         return State.DRAINED
+    if node_down:
+        own = state_of(health, unit)
+        return own if own in LEADER_SAYS_MORE else State.NODE_DOWN
     if unit is not None and unit.state.startswith("deactivating/"):
         return State.STOPPING
     if health is Health.READY:
@@ -236,6 +288,12 @@ def problems_of(status: InstanceStatus, th: Thresholds) -> tuple[str, ...]:
             out.append(f"unit {status.target.unit} is {unit.state}")
         if unit.restarts is not None and unit.restarts > th.restarts:
             out.append(f"unit restarted {unit.restarts} times")
+    for node in status.nodes[1:]:
+        if node.down and status.drained is None:
+            out.append(node.why_down(status.target.unit))
+        if node.unit is not None and node.unit.restarts is not None and node.unit.restarts > th.restarts:
+            out.append(f"node {node.rank} ({node.host}): unit restarted {node.unit.restarts} times")
+        out += [f"node {node.rank} ({node.host}): {q.describe(node.host)}" for q in node.quarantine]
     out += [q.describe(status.target.host) for q in status.quarantine]
     if status.lb_error:
         out.append(f"load balancer: {status.lb_error}")
@@ -272,8 +330,14 @@ def from_scrapes(
         waiting=latest.value(names.waiting) if latest else None,
         interval=interval_stats(first, second, names) if first and second else None,
         unit=unit,
+        nodes=_nodes(target, {target.instance: unit} if unit is not None else {}),
     )
     return _with_problems(status, th)
+
+
+def _nodes(target: Target, units: Mapping[str, UnitFacts]) -> tuple[NodeState, ...]:
+    """Every node of an instance spanning hosts with its unit facts (by ``host/vllm-N``); () otherwise."""
+    return tuple(NodeState(h, r, units.get(target.node_instance(h))) for r, h in enumerate(target.nodes))
 
 
 def _with_problems(status: InstanceStatus, th: Thresholds) -> InstanceStatus:
@@ -287,19 +351,25 @@ def attach_host_state(
     thresholds: Mapping[str, Thresholds] | None = None,
     watch: Mapping[str, WatchState] | None = None,
 ) -> list[InstanceStatus]:
-    """The rows with their host's drain marker (by host), their balancer's view (by instance,
-    ``host/vllm-N``; a string: why the balancer could not be asked) and their quarantined GPUs (by
-    host: its GPU watcher record) filled in, problems recomputed (pure)."""
+    """The rows with their host's drain marker (by host; an instance spanning hosts: its leader's,
+    else the first of its nodes' that has one), their balancer's view (by instance, ``host/vllm-N``;
+    a string: why the balancer could not be asked) and their quarantined GPUs (by host: its GPU
+    watcher record) filled in, problems recomputed (pure)."""
     thresholds = thresholds or {}
     out = []
     for r in rows:
         seen = lb.get(r.target.instance)
+        marker = next((m for h in r.target.node_hosts if (m := drained.get(h)) is not None), None)
         row = replace(
             r,
-            drained=drained.get(r.target.host),
+            drained=marker,
             lb=seen if isinstance(seen, ServerView) else None,
             lb_error=seen if isinstance(seen, str) else "",
             quarantine=quarantined_gpus(r.target.gpus, (watch or {}).get(r.target.host)),
+            nodes=tuple(
+                replace(n, quarantine=quarantined_gpus(r.target.gpus, (watch or {}).get(n.host))) if n.rank else n
+                for n in r.nodes
+            ),
         )
         out.append(_with_problems(row, thresholds.get(r.target.host, Thresholds())))
     return out
@@ -308,13 +378,20 @@ def attach_host_state(
 def attach_units(
     rows: list[InstanceStatus], units: Mapping[str, UnitFacts], thresholds: Mapping[str, Thresholds] | None = None
 ) -> list[InstanceStatus]:
-    """The rows with each instance's SSH facts filled in and its problems recomputed (pure)."""
+    """The rows with each instance's SSH facts (an instance spanning hosts: each node's, by
+    ``host/vllm-N``) filled in and its problems recomputed (pure)."""
     thresholds = thresholds or {}
     th = Thresholds()
-    return [
-        _with_problems(replace(r, unit=units.get(r.target.instance, r.unit)), thresholds.get(r.target.host, th))
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        unit = units.get(r.target.instance, r.unit)
+        known = {r.target.node_instance(n.host): n.unit for n in r.nodes if n.unit is not None}
+        known.update(units)
+        if unit is not None:
+            known[r.target.instance] = unit
+        row = replace(r, unit=unit, nodes=_nodes(r.target, known))
+        out.append(_with_problems(row, thresholds.get(r.target.host, th)))
+    return out
 
 
 # -- I/O ----------------------------------------------------------------------------------------------
@@ -422,7 +499,7 @@ def _q(q: Any) -> dict[str, Any] | None:
 def status_data(row: InstanceStatus) -> dict[str, Any]:
     t = row.target
     iv = row.interval
-    return {
+    data: dict[str, Any] = {
         "host": t.host,
         "group": t.group,
         "instance": t.instance,
@@ -452,19 +529,7 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
             "e2e_p50": _q(iv.e2e_p50),
             "e2e_p99": _q(iv.e2e_p99),
         },
-        "unit": None
-        if row.unit is None
-        else {
-            "state": row.unit.state,
-            "uptime_seconds": row.unit.uptime_seconds,
-            "restarts": row.unit.restarts,
-            "venv": row.unit.venv,
-            "release": row.unit.release,
-            "installed_vllm_version": row.unit.vllm_version,
-            "main_pid": row.unit.main_pid,
-            "gpu_memory_used_bytes": row.unit.gpu_memory_used,
-            "detail": row.unit.detail,
-        },
+        "unit": _unit_data(row.unit),
         "drained": None if row.drained is None else row.drained.data(),
         "balancer": None
         if row.lb is None and not row.lb_error
@@ -481,4 +546,27 @@ def status_data(row: InstanceStatus) -> dict[str, Any]:
         "quarantine": [q.data() for q in row.quarantine],
         "problems": list(row.problems),
         "ok": row.ok,
+    }
+    if row.nodes:  # an instance spanning hosts (absent otherwise)
+        data["nodes"] = [
+            {"host": n.host, "rank": n.rank, "leader": n.rank == 0, "headless": n.rank > 0,
+             "unit": _unit_data(n.unit), "down": n.down, "quarantine": [q.data() for q in n.quarantine]}
+            for n in row.nodes
+        ]  # fmt: skip
+    return data
+
+
+def _unit_data(unit: UnitFacts | None) -> dict[str, Any] | None:
+    if unit is None:
+        return None
+    return {
+        "state": unit.state,
+        "uptime_seconds": unit.uptime_seconds,
+        "restarts": unit.restarts,
+        "venv": unit.venv,
+        "release": unit.release,
+        "installed_vllm_version": unit.vllm_version,
+        "main_pid": unit.main_pid,
+        "gpu_memory_used_bytes": unit.gpu_memory_used,
+        "detail": unit.detail,
     }

