@@ -455,7 +455,13 @@ def memory_math(
     return dataclasses.replace(partial, kv_tokens_uncertainty=max(0, kv_tokens - low))
 
 
-def cpu_memory(m: MemoryMath, kv_cache_gib: int) -> MemoryMath:
+#: vLLM's CPU build's KV block size where ``--block-size`` is not given: 128, and 16 for MLA
+#: (``CpuPlatform.check_and_update_config``, ``vllm/platforms/cpu.py``; DeepSeek-V4's 256 aside).
+CPU_BLOCK_SIZE = 128
+CPU_MLA_BLOCK_SIZE = 16
+
+
+def cpu_memory(m: MemoryMath, kv_cache_gib: int, block_size: int = CPU_BLOCK_SIZE) -> MemoryMath:
     """The KV arithmetic of vLLM's CPU build for an instance planned as ``m``.
 
     The CPU worker's KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB, exactly: ``check_and_update_config``
@@ -464,12 +470,14 @@ def cpu_memory(m: MemoryMath, kv_cache_gib: int) -> MemoryMath:
     KV budget; ``--gpu-memory-utilization`` is then unused (unset, it would be the share of the
     host's memory the worker reserves). The weights, activations and compiled graphs live in the
     host's memory beside it, so nothing is subtracted and nothing is estimated. The tokens and
-    blocks are vLLM's from that budget, with the same KV layout as on a GPU.
+    blocks are vLLM's from that budget, with the same KV layout as on a GPU but the CPU build's
+    block size (``block_size`` tokens a page instead of 16).
     """
-    layout = m.kv_layout
-    assert layout is not None
+    assert m.kv_layout is not None
+    scale = block_size / m.kv_layout.block_size
+    layout = dataclasses.replace(m.kv_layout, page_bytes=int(m.kv_layout.page_bytes * scale), block_size=block_size)
     kv_budget = kv_cache_gib * GiB
-    extra = m.draft.kv_bytes_per_block if m.draft is not None else 0
+    extra = int(m.draft.kv_bytes_per_block * scale) if m.draft is not None else 0
     share = kv_budget // (layout.bytes_per_block + extra) * layout.bytes_per_block if extra else kv_budget
     return dataclasses.replace(
         m,
@@ -478,6 +486,7 @@ def cpu_memory(m: MemoryMath, kv_cache_gib: int) -> MemoryMath:
         kv_blocks=layout.num_blocks(share),
         one_request_fits=layout.fits_one_request(share, m.max_model_len, m.in_flight_tokens),
         kv_tokens_uncertainty=0,
+        kv_layout=layout,
         cpu_kv_cache_gib=kv_cache_gib,
     )
 
@@ -750,7 +759,7 @@ def plan_host(
     if extra:
         instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
     if spec.vllm_cpu is not None:
-        instances, cpu_notes = _cpu_build(spec, instances)
+        instances, cpu_notes = _cpu_build(spec, instances, CPU_MLA_BLOCK_SIZE if arch.is_mla else CPU_BLOCK_SIZE)
         notes += cpu_notes
     if cuda.env:
         instances = tuple(dataclasses.replace(i, env=i.env + cuda.env) for i in instances)
@@ -1014,7 +1023,9 @@ def _instance(
     return Instance(index, group, tp, port, spec.model, tuple(flags), env, mem)
 
 
-def _cpu_build(spec: HostSpec, instances: tuple[Instance, ...]) -> tuple[tuple[Instance, ...], list[str]]:
+def _cpu_build(
+    spec: HostSpec, instances: tuple[Instance, ...], block_size: int
+) -> tuple[tuple[Instance, ...], list[str]]:
     """The instances of a host running vLLM's CPU build (``vllm_cpu``), each with its CPU
     environment (``fleet.plan.cpu_engine``) and the CPU build's KV arithmetic (``cpu_memory``),
     and the notes that say why."""
@@ -1033,7 +1044,7 @@ def _cpu_build(spec: HostSpec, instances: tuple[Instance, ...]) -> tuple[tuple[I
             got = cpu_env(cpu, inst.index, len(instances), inst.tensor_parallel_size)
         except CpuPlanError as exc:
             raise PlanError(PlanProblem(spec.name, str(exc))) from None
-        mem = cpu_memory(inst.memory, cpu.kv_cache_gib)
+        mem = cpu_memory(inst.memory, cpu.kv_cache_gib, block_size)
         if not mem.one_request_fits:
             raise PlanError(
                 PlanProblem(
