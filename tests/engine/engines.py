@@ -15,6 +15,7 @@ runs in its own session and is killed with its whole process group at teardown.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -255,6 +257,10 @@ class Engine:
     def env(self) -> dict[str, str]:
         raise NotImplementedError
 
+    def launcher(self) -> list[str]:
+        """What runs ``vllm serve`` (its argv's head), e.g. pinned to a CPU."""
+        return []
+
     def faults(self, server_env: dict[str, str], data: dict[str, Any]) -> None:
         """Write the stand-in's fault file for the next start (the real engine has none)."""
 
@@ -270,7 +276,7 @@ class Engine:
         if faults:
             Path(full["FLEET_LAB_FAULTS"]).write_text(json.dumps(faults))
         full.update(env or {})
-        argv = [str(self.vllm), "serve", str(self.model_dir), "--served-model-name", SERVED,
+        argv = [*self.launcher(), str(self.vllm), "serve", str(self.model_dir), "--served-model-name", SERVED,
                 "--host", "127.0.0.1", "--port", str(port), *args]  # fmt: skip
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full, start_new_session=True)
@@ -363,20 +369,25 @@ class RealEngine(Engine):
     #: CPU CI), but in both its worker dies at the first completion (EngineDeadError), so the
     #: suite cannot take that saving.
 
-    def __init__(self, root: Path, model_dir: Path) -> None:
-        super().__init__(root, model_dir)
-        self.cores = os.cpu_count() or 1
-
     @property
     def vllm(self) -> Path:
         return REAL_VENV / "bin" / "vllm"
 
     def env(self) -> dict[str, str]:
-        # Each live instance on its own core (at most two at once on this machine's 2 cores).
-        live = sum(1 for s in self.servers if s.proc.poll() is None)
         return {
             "VLLM_CPU_KVCACHE_SPACE": REAL_KV_GIB,
-            "VLLM_CPU_OMP_THREADS_BIND": str(live % self.cores),
+            # One OpenMP thread per worker, not bound to a core: at most two real engines run at once
+            # on this machine's 2 cores and the kernel spreads them. Not VLLM_CPU_OMP_THREADS_BIND=<core>
+            # as fleet's units (one instance a core): every vLLM environment variable outside
+            # ``compile_factors``' ignored list (``vllm/envs.py``) is part of the compile cache's key
+            # (``aot_compile_hash_factors``, ``vllm/compilation/caching.py``), so servers bound to core
+            # 0 and to core 1 compiled the model twice per session (measured: two cache directories,
+            # the second compile 126 s under load). With ``nobind`` vLLM leaves OpenMP alone
+            # (``OMPProcessManager``, ``vllm/utils/ompmultiprocessing.py``; its default ``auto`` would
+            # pin every server to the same cores) and OMP_NUM_THREADS sets the one thread the bind
+            # gave; every server shares one compile.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": "1",
             # Loopback only: no usage report to vLLM's stats server (is_usage_stats_enabled in
             # vllm/usage/usage_lib.py is on by default), no hub, and no route lookup for the
             # engine's own address (get_ip in vllm/utils/network_utils.py asks for one to 8.8.8.8).
@@ -421,6 +432,32 @@ def model_dir_for(root: Path) -> Path:
 
         out.mkdir(parents=True)
         (out / "config.json").write_text(json.dumps(CONFIG, indent=1))
+    return out
+
+
+def shared_model_dir() -> Path | None:
+    """The full tiny model (weights too) at a path that stays the same from session to session, or
+    None without the real engine's venv to generate it.
+
+    The model's path is part of vLLM's compile cache key (``ModelConfig.compute_hash`` hashes
+    ``model``, ``vllm/config/model.py``): a model generated under each session's temporary
+    directory made every session compile afresh (``VLLM_CACHE_ROOT`` held one directory per
+    session). Named by the generator's own hash (it is deterministic), made once, atomically.
+    """
+    python = REAL_VENV / "bin" / "python"
+    if not python.is_file():
+        return None
+    generator = Path(__file__).with_name("tiny_model.py")
+    digest = hashlib.sha256(generator.read_bytes()).hexdigest()[:16]
+    root = Path(os.environ.get("FLEET_ENGINE_MODEL_CACHE") or Path.home() / ".cache" / "fleet" / "engine-model")
+    out = root / f"tiny-llama-{digest}"
+    if (out / "config.json").is_file():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".gen-", dir=root) as tmp:
+        made = model_dir_for(Path(tmp))
+        with contextlib.suppress(OSError):  # another session made it first: theirs is the same
+            os.rename(made, out)
     return out
 
 
