@@ -16,8 +16,25 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+def cpu_memory_table(instance: Instance) -> Table:
+    """vLLM's CPU build: the KV cache is ``VLLM_CPU_KVCACHE_SPACE``, in the host's memory (``cpu_memory``)."""
+    m = instance.memory
+    table = Table(show_header=False, box=None, padding=(0, 1))
+    table.add_column(style="dim")
+    table.add_column(justify="right")
+    table.add_row("CPU build: KV cache (VLLM_CPU_KVCACHE_SPACE)", _gib(m.kv_budget))
+    table.add_row("weights in host memory (beside it)", _gib(m.weights))
+    table.add_row("KV bytes / token", f"{m.kv_bytes_per_token:,}")
+    table.add_row("KV tokens", f"{m.kv_tokens:,} (exact: no estimated terms)")
+    table.add_row(f"max concurrency @ {m.max_model_len:,}", f"{m.max_concurrency:.2f}x")
+    table.add_row(f"workload requests ({m.kv_tokens_per_request:,} KV tok)", f"{m.workload_concurrency:,}")
+    return table
+
+
 def memory_table(instance: Instance) -> Table:
     m = instance.memory
+    if m.cpu_kv_cache_gib:
+        return cpu_memory_table(instance)
     table = Table(show_header=False, box=None, padding=(0, 1))
     table.add_column(style="dim")
     table.add_column(justify="right")
@@ -78,10 +95,10 @@ def flags_table(instance: Instance) -> Table:
         option = Text(flag.option, style="magenta" if flag.set_by != SET_BY_FLEET else "cyan")
         table.add_row(option, Group(Text(value, style="bold"), Text(flag.reason, style="dim")))
     env = " ".join(f"{k}={v}" for k, v in instance.env)
-    table.add_row(
-        "environment",
-        Group(Text(env, style="bold"), Text("this instance's GPUs, numbered as NVML numbers them", style="dim")),
-    )
+    why = "this instance's GPUs, numbered as NVML numbers them"
+    if instance.memory.cpu_kv_cache_gib:
+        why += "; vLLM's CPU build: its KV cache and CPUs (the notes say why)"
+    table.add_row("environment", Group(Text(env, style="bold"), Text(why, style="dim")))
     return table
 
 

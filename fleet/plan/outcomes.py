@@ -33,7 +33,7 @@ from fleet.plan.gpu_source import (
 )
 from fleet.plan.lora import field_problem as lora_field_problem
 from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
-from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, plan_host
+from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, MemoryMath, plan_host
 from fleet.plan.speculative import draft_key
 from fleet.plan.speculative import field_problem as speculative_field_problem
 
@@ -465,6 +465,8 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "workload_concurrency": m.workload_concurrency,
         },
     }
+    if m.cpu_kv_cache_gib:  # vLLM's CPU build: its own arithmetic, no GPU terms (``cpu_memory``)
+        data["memory"] = _cpu_memory_data(m)
     if m.lora is not None:  # LoRA adapters (absent otherwise)
         data["memory"]["lora_slots_per_gpu_gib"] = _gib(m.lora.bytes_per_gpu)
     if m.draft is not None:  # speculative decoding (absent otherwise)
@@ -487,6 +489,27 @@ def instance_data(instance: Instance, venv: str = "/opt/fleet/vllm") -> dict[str
             "instance_workload_concurrency": instance.workload_concurrency,
         }
     return data
+
+
+def _cpu_memory_data(m: MemoryMath) -> dict[str, Any]:
+    """An instance of vLLM's CPU build: the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB in the host's memory."""
+    return {
+        "engine": "cpu",
+        "kv_cache_space_gib": m.cpu_kv_cache_gib,
+        "kv_budget_gib": _gib(m.kv_budget),
+        "weights_gib": _gib(m.weights),
+        "kv_bytes_per_token": m.kv_bytes_per_token,
+        "kv_tokens": m.kv_tokens,
+        "kv_tokens_uncertainty": m.kv_tokens_uncertainty,
+        "kv_blocks": m.kv_blocks,
+        "kv_groups": [
+            {"kind": g.kind.value, "layers": g.layers, "slots": g.slots, "window": g.window}
+            for g in (m.kv_layout.groups if m.kv_layout is not None else ())
+        ],
+        "max_model_len": m.max_model_len,
+        "max_concurrency": round(m.max_concurrency, 2),
+        "workload_concurrency": m.workload_concurrency,
+    }
 
 
 def outcome_data(outcome: HostOutcome) -> dict[str, Any]:

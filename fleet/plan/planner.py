@@ -118,6 +118,10 @@ class MemoryMath:
     kv_tokens_uncertainty: int = 0
     draft: DraftCost | None = None  #: the speculative draft's share (``fleet.plan.speculative``); in ``weights``
     lora: LoraCost | None = None  #: the LoRA adapters' GPU slots (``fleet.plan.lora``); in ``weights``
+    #: vLLM's CPU build (``vllm_cpu``): its KV cache is this many GiB (``VLLM_CPU_KVCACHE_SPACE``), not
+    #: what is left of a GPU budget; ``kv_budget`` and the KV fields are then that arithmetic
+    #: (``cpu_memory``) and the GPU fields are not used. 0: the GPU arithmetic.
+    cpu_kv_cache_gib: int = 0
 
     @property
     def max_concurrency(self) -> float:
@@ -451,6 +455,42 @@ def memory_math(
     return dataclasses.replace(partial, kv_tokens_uncertainty=max(0, kv_tokens - low))
 
 
+#: vLLM's CPU build's KV block size where ``--block-size`` is not given: 128, and 16 for MLA
+#: (``CpuPlatform.check_and_update_config``, ``vllm/platforms/cpu.py``; DeepSeek-V4's 256 aside).
+CPU_BLOCK_SIZE = 128
+CPU_MLA_BLOCK_SIZE = 16
+
+
+def cpu_memory(m: MemoryMath, kv_cache_gib: int, block_size: int = CPU_BLOCK_SIZE) -> MemoryMath:
+    """The KV arithmetic of vLLM's CPU build for an instance planned as ``m``.
+
+    The CPU worker's KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB, exactly: ``check_and_update_config``
+    (``vllm/platforms/cpu.py``) sets ``cache_config.kv_cache_memory_bytes`` from it and
+    ``CPUWorker.determine_available_memory`` (``vllm/v1/worker/cpu_worker.py``) returns it as the
+    KV budget; ``--gpu-memory-utilization`` is then unused (unset, it would be the share of the
+    host's memory the worker reserves). The weights, activations and compiled graphs live in the
+    host's memory beside it, so nothing is subtracted and nothing is estimated. The tokens and
+    blocks are vLLM's from that budget, with the same KV layout as on a GPU but the CPU build's
+    block size (``block_size`` tokens a page instead of 16).
+    """
+    assert m.kv_layout is not None
+    scale = block_size / m.kv_layout.block_size
+    layout = dataclasses.replace(m.kv_layout, page_bytes=int(m.kv_layout.page_bytes * scale), block_size=block_size)
+    kv_budget = kv_cache_gib * GiB
+    extra = int(m.draft.kv_bytes_per_block * scale) if m.draft is not None else 0
+    share = kv_budget // (layout.bytes_per_block + extra) * layout.bytes_per_block if extra else kv_budget
+    return dataclasses.replace(
+        m,
+        kv_budget=kv_budget,
+        kv_tokens=layout.tokens(share, m.max_model_len, m.in_flight_tokens),
+        kv_blocks=layout.num_blocks(share),
+        one_request_fits=layout.fits_one_request(share, m.max_model_len, m.in_flight_tokens),
+        kv_tokens_uncertainty=0,
+        kv_layout=layout,
+        cpu_kv_cache_gib=kv_cache_gib,
+    )
+
+
 def max_fitting_len(layout: KvLayout, kv_budget: int, limit: int, in_flight: int) -> int:
     """The longest ``--max-model-len`` (a block multiple) whose one request fits: vLLM's estimate."""
     lo, hi = 0, limit // BLOCK_SIZE
@@ -690,7 +730,7 @@ def plan_host(
                 "others (A100, A10); give gpu.sku, or let fleet probe the host"
             )
     notes += _defaults_notes(spec, arch)
-    notes += _kv_notes(arch, chosen.memory[0])
+    notes += _kv_notes(arch, chosen.memory[0], gpu=spec.vllm_cpu is None)
     notes += cuda.reasons
     speculative_flag: tuple[Flag, ...] = ()
     if spec.speculative is not None:
@@ -719,7 +759,7 @@ def plan_host(
     if extra:
         instances = tuple(dataclasses.replace(i, flags=i.flags + extra) for i in instances)
     if spec.vllm_cpu is not None:
-        instances, cpu_notes = _cpu_build(spec, instances)
+        instances, cpu_notes = _cpu_build(spec, instances, CPU_MLA_BLOCK_SIZE if arch.is_mla else CPU_BLOCK_SIZE)
         notes += cpu_notes
     if cuda.env:
         instances = tuple(dataclasses.replace(i, env=i.env + cuda.env) for i in instances)
@@ -873,8 +913,11 @@ def _fp8_block_ways(arch: ModelArch, gpus: HostGpus) -> list[str]:
     return ways
 
 
-def _kv_notes(arch: ModelArch, m: MemoryMath) -> list[str]:
-    """What the KV numbers are: vLLM's arithmetic, and exactly what is estimated and by how much."""
+def _kv_notes(arch: ModelArch, m: MemoryMath, gpu: bool = True) -> list[str]:
+    """What the KV numbers are: vLLM's arithmetic, and exactly what is estimated and by how much.
+
+    ``gpu`` False (vLLM's CPU build): only the layout; the budget is ``VLLM_CPU_KVCACHE_SPACE``
+    (``cpu_memory``, noted by ``_cpu_build``) and nothing is estimated."""
     notes = []
     if m.kv_layout is not None and (m.kv_layout.hybrid or arch.is_hybrid):
         layout = m.kv_layout
@@ -886,6 +929,8 @@ def _kv_notes(arch: ModelArch, m: MemoryMath) -> list[str]:
             f"{m.kv_bytes_per_token:,} at full attention"
             + ("" if layout.hybrid else "; vLLM turns its hybrid manager off for chunked local attention")
         )
+    if not gpu:
+        return notes
     reserve = {
         "probe": "NVML v2 reserved from the probe",
         "measured": "measured on this GPU model",
@@ -978,23 +1023,49 @@ def _instance(
     return Instance(index, group, tp, port, spec.model, tuple(flags), env, mem)
 
 
-def _cpu_build(spec: HostSpec, instances: tuple[Instance, ...]) -> tuple[tuple[Instance, ...], list[str]]:
+def _cpu_build(
+    spec: HostSpec, instances: tuple[Instance, ...], block_size: int
+) -> tuple[tuple[Instance, ...], list[str]]:
     """The instances of a host running vLLM's CPU build (``vllm_cpu``), each with its CPU
-    environment (``fleet.plan.cpu_engine``), and the notes that say why."""
+    environment (``fleet.plan.cpu_engine``) and the CPU build's KV arithmetic (``cpu_memory``),
+    and the notes that say why."""
     from fleet.plan.cpu_engine import CpuPlanError, cpu_env
 
-    assert spec.vllm_cpu is not None
+    cpu = spec.vllm_cpu
+    assert cpu is not None
     out: list[Instance] = []
     notes = [
-        f"vLLM's CPU build vllm-cpu {spec.vllm_cpu.version} (vllm_cpu, lab hosts only): flags checked against "
-        f"vLLM {spec.vllm_version}'s surface; GPU memory flags are ignored by the CPU build"
+        f"vLLM's CPU build vllm-cpu {cpu.version} (vllm_cpu, lab hosts only): flags checked against "
+        f"vLLM {spec.vllm_version}'s surface; its KV cache is VLLM_CPU_KVCACHE_SPACE={cpu.kv_cache_gib} GiB per "
+        "instance in the host's memory, so --gpu-memory-utilization and the GPU memory arithmetic do not apply"
     ]
     for inst in instances:
         try:
-            got = cpu_env(spec.vllm_cpu, inst.index, len(instances), inst.tensor_parallel_size)
+            got = cpu_env(cpu, inst.index, len(instances), inst.tensor_parallel_size)
         except CpuPlanError as exc:
             raise PlanError(PlanProblem(spec.name, str(exc))) from None
-        out.append(dataclasses.replace(inst, env=inst.env + got.env))
+        mem = cpu_memory(inst.memory, cpu.kv_cache_gib, block_size)
+        if not mem.one_request_fits:
+            raise PlanError(
+                PlanProblem(
+                    spec.name,
+                    f"vllm_cpu.kv_cache_gib {cpu.kv_cache_gib}: a KV cache of {cpu.kv_cache_gib} GiB "
+                    f"({mem.kv_tokens:,} tokens) cannot hold one request of --max-model-len {mem.max_model_len:,}; "
+                    "vLLM's CPU build would refuse to start",
+                    ways_out=[f"raise vllm_cpu.kv_cache_gib to hold {mem.max_model_len:,} tokens"],
+                )
+            )
+        flags = tuple(
+            dataclasses.replace(
+                f,
+                reason=f"planned for vLLM {spec.vllm_version}'s surface; unused by the CPU build while "
+                "VLLM_CPU_KVCACHE_SPACE is set (CPUWorker, vllm/v1/worker/cpu_worker.py)",
+            )
+            if f.option == "--gpu-memory-utilization"
+            else f
+            for f in inst.flags
+        )
+        out.append(dataclasses.replace(inst, flags=flags, env=inst.env + got.env, memory=mem))
         notes.append(got.reason)
     return tuple(out), notes
 

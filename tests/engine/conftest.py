@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.engine.engines import Engine, RealEngine, StandinEngine, model_dir_for, real_engine_missing
+from tests.engine.engines import Engine, RealEngine, StandinEngine, model_dir_for, real_engine_missing, shared_model_dir
 
 #: kind → fact → value, filled by the scenarios; compared at the end (``test_zz_facts``).
 FACTS: dict[str, dict[str, Any]] = {"standin": {}, "real": {}}
@@ -24,7 +24,8 @@ FACTS: dict[str, dict[str, Any]] = {"standin": {}, "real": {}}
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return model_dir_for(tmp_path_factory.mktemp("model"))
+    """One path for every session where the real engine can run (its compile cache is keyed by it)."""
+    return shared_model_dir() or model_dir_for(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="session")

@@ -185,3 +185,26 @@ def test_restart_drains_and_passes_the_gates_against_the_real_engine(
     assert values["MainPID"] != before.strip() and values["NRestarts"] == "0", (before, after)
     status, reply = post(f"{url}/v1/completions", {"model": MODEL, "prompt": "again", "max_tokens": 4})
     assert status == 200 and reply["choices"][0]["finish_reason"] == "length", reply
+
+
+def test_plan_shows_the_cpu_builds_kv_cache_as_the_real_engine_sizes_it(real_lab: tuple[LabFleet, str]) -> None:
+    """``fleet plan`` for the CPU-build host: its KV cache is ``VLLM_CPU_KVCACHE_SPACE`` (1 GiB), in
+    the blocks and tokens the real engine itself reports (``vllm:cache_config_info``), not the GPU
+    arithmetic of the profile's H100."""
+    lab, url = real_lab
+    rc, data, err = fleet_json("plan", str(lab.opts.inventory), "--json", timeout=300)
+    assert rc == 0 and data is not None, err
+    (host,) = data["hosts"]
+    (inst,) = host["instances"]
+    memory = inst["memory"]
+    assert memory["engine"] == "cpu" and memory["kv_cache_space_gib"] == 1 and "gpu_memory_utilization" not in memory
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    (info,) = [f for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info"]
+    (sample,) = info.samples
+    blocks, block_size = int(sample.labels["num_gpu_blocks"]), int(sample.labels["block_size"])
+    # the engine's blocks of its own block size (128 on CPU), counted from the same 1 GiB
+    assert memory["kv_blocks"] == blocks and memory["kv_budget_gib"] == 1.0, (memory, sample.labels)
+    assert block_size == 128 and memory["kv_tokens"] <= blocks * block_size, (memory, sample.labels)

