@@ -11,6 +11,7 @@ one output-hook chain that sends each host's packets to a chain of its own::
     established or related          accept   (answers on connections made to the host: SSH)
     to the host's own address       accept   (its services talking to themselves)
     to the index address:port (TCP) accept   (pip and apt: the lab's index serves both)
+    to another lab host, TCP to one of PEER_PORTS   accept   (an instance spanning hosts)
     anything else                   reject with icmpx admin-prohibited
 
 so a connection anywhere else fails at once (``EHOSTUNREACH``, ``EACCES`` over IPv6, ``EPERM``
@@ -33,6 +34,14 @@ from urllib.parse import urlsplit
 
 from fleetlab import cgroups
 from fleetlab.errors import LabError
+
+#: TCP ports every host of a lab may connect to on the lab's other hosts (and nothing else of
+#: theirs): what an instance spanning hosts needs between its nodes. 29501 is vLLM 0.33's default
+#: ``master_port`` (``ParallelConfig``, ``vllm/config/parallel.py``), the leader's rendezvous, the
+#: one port the lab's stand-in opens between nodes (``vllm/standin/nodes.py``); the real engine also
+#: opens ports of its own choosing between nodes (message queues, NCCL), which the lab does not run.
+#: Other features that need a port between hosts add it here.
+PEER_PORTS: tuple[int, ...] = (29501,)
 
 #: nft names cgroup paths relative to this directory (nftables' SYSFS_CGROUPSV2_PATH).
 NFT_CGROUP_BASE = Path("/sys/fs/cgroup")
@@ -91,8 +100,11 @@ def _family(address: str) -> str:
     return "ip6" if ipaddress.ip_address(address).version == 6 else "ip"
 
 
-def ruleset(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) -> str:
-    """The nft script that replaces the lab's table (one transaction: never half applied)."""
+def ruleset(
+    lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint], peer_ports: Sequence[int] = PEER_PORTS
+) -> str:
+    """The nft script that replaces the lab's table (one transaction: never half applied).
+    ``peer_ports``: TCP ports each host may reach on the other hosts."""
     table = table_name(lab)
     lines = [
         f"table inet {table}",  # so that the delete below always finds it
@@ -111,6 +123,12 @@ def ruleset(lab: str, hosts: Sequence[HostRule], allowed: Sequence[Endpoint]) ->
             f"    {_family(h.address)} daddr {h.address} accept",
         ]
         lines += [f"    {_family(e.address)} daddr {e.address} tcp dport {e.port} accept" for e in allowed]
+        ports = ", ".join(str(p) for p in sorted(set(peer_ports)))
+        lines += [
+            f"    {_family(o.address)} daddr {o.address} tcp dport {{ {ports} }} accept  # {o.name}"
+            for o in hosts
+            if o is not h and o.address != h.address and ports
+        ]
         lines += ["    counter reject with icmpx admin-prohibited", "  }"]
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -30,8 +30,19 @@ def test_ruleset_sends_each_hosts_packets_to_its_own_chain() -> None:
         "ct state established,related accept",
         "ip daddr 127.0.120.11 accept",
         "ip daddr 127.0.0.1 tcp dport 35423 accept",
+        "ip daddr 127.0.120.12 tcp dport { 29501 } accept  # lab-2",
         "counter reject with icmpx admin-prohibited",
     ]
+
+
+def test_hosts_of_a_lab_reach_each_other_only_on_the_peer_ports() -> None:
+    """An instance spanning lab hosts: the rendezvous port (and any other listed), to the other
+    hosts only; nothing of theirs else, and no peer rule without ports."""
+    text = airgap.ruleset("t-1", HOSTS, ALLOWED, peer_ports=(29501, 7001, 29501))
+    second = text[text.index("chain host_1") :]
+    assert "ip daddr 127.0.120.11 tcp dport { 7001, 29501 } accept  # lab-1" in second
+    assert "127.0.120.12 tcp dport" not in second  # its own address is allowed whole already
+    assert "dport {" not in airgap.ruleset("t-1", HOSTS, ALLOWED, peer_ports=())
 
 
 def test_ruleset_of_an_ipv6_index_and_no_hosts() -> None:
