@@ -116,6 +116,25 @@ def test_an_instance_over_two_hosts_deploys_serves_and_dies_as_one(pair: LabFlee
     rc, out, err = fleet(pair, "plan", "--json")
     assert rc == 0, out + err
 
+    # preflight: the rendezvous port taken on the leader refuses it, and its worker node is not started
+    hold = f"import socket, time; s = socket.socket(); s.bind(({leader.address!r}, {MASTER_PORT})); s.listen(1); "
+    squat = "sudo systemd-run --unit=fleet-test-squat python3 -c " + shlex.quote(hold + "time.sleep(600)")
+    assert on(pair, 0, squat)[0] == 0
+    try:
+        # --fail-percent 50: one refused host of two does not stop the deploy; its peer is held back
+        rc, out, err = fleet(pair, "deploy", "--json", "--health-timeout", "180", "--fail-percent", "50")
+        assert rc == 1, out + err
+        refused = {h["host"]: h for h in json.loads(out)["hosts"]}
+        assert refused[leader.name]["status"] == "refused", out
+        taken = f"rendezvous port {leader.address}:{MASTER_PORT} is taken on {leader.name}"
+        assert taken in refused[leader.name]["error"], out
+        assert refused[worker.name]["status"] == "refused", out
+        assert refused[worker.name]["error"].startswith("not started: instance"), out
+        for i in (0, 1):
+            assert show(pair, i, "ActiveState") != "active"
+    finally:
+        on(pair, 0, "sudo systemctl stop fleet-test-squat.service")
+
     rc, out, err = fleet(pair, "deploy", "--json", "--health-timeout", "180")
     assert rc == 0, out + err
     result = json.loads(out)
