@@ -121,6 +121,7 @@ LISTEN = r"""
 import json, socket, sys, time
 a, p, t, n = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 s = socket.socket(socket.AF_INET6 if ":" in a else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does: TIME_WAIT is no holder
 try:
     s.bind((a, p)); s.listen(16)
 except OSError as e:

@@ -209,3 +209,24 @@ def test_an_instance_over_two_hosts_deploys_serves_and_dies_as_one(pair: LabFlee
     print(f"\nserving again {time.monotonic() - killed:.1f} s after the worker node's process was killed")
     assert int(show(pair, 0, "NRestarts")) == lead_restarts + 1 and int(show(pair, 1, "NRestarts")) == work_restarts + 1
     assert show(pair, 1, "MainPID") != work_pid and show(pair, 1, "ActiveState") == "active"
+
+    # a changed setting on the serving instance: staged, not rolled (rolling it as one unit is issue 21
+    # point 3), the host failed saying so, nothing restarted; the way out the message gives works
+    pids = (show(pair, 0, "MainPID"), show(pair, 1, "MainPID"))
+    assert pair.opts.inventory is not None
+    with open(pair.opts.inventory, "a") as inventory:
+        inventory.write("for _name, _data in lab:\n    _data['shutdown_timeout'] = 7\n")
+    rc, out, err = fleet(pair, "deploy", "--json", "--health-timeout", "180")
+    assert rc == 1, out + err
+    for h in json.loads(out)["hosts"]:
+        assert h["status"] == "failed" and "rolling a multi-node instance is not built yet" in h["error"], out
+    assert (show(pair, 0, "MainPID"), show(pair, 1, "MainPID")) == pids
+    assert completion(url)[0] == 200
+    for i in (0, 1):
+        assert on(pair, i, f"sudo systemctl stop {UNIT}")[0] == 0
+    rc, out, err = fleet(pair, "deploy", "--json", "--health-timeout", "180")
+    assert rc == 0, out + err
+    for i in (0, 1):
+        a = argv(pair, i)
+        assert a[a.index("--shutdown-timeout") + 1] == "7", a
+    assert completion(url)[0] == 200

@@ -135,3 +135,19 @@ def test_a_worker_that_cannot_connect_is_named_with_the_error_it_got() -> None:
 
     got = multinode.check_rendezvous([span], run, seconds=2)
     assert list(got) == ["n2"] and "ECONNREFUSED" in got["n2"], got
+
+
+def test_connections_left_in_time_wait_do_not_make_the_port_taken() -> None:
+    """The leader's store closed its connections first (TIME_WAIT on the port): a restarted leader
+    binds it (torch sets SO_REUSEADDR), so the preflight must not call it taken."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _peer = server.accept()
+        conn.close()  # the server's side closes first: its end of the connection waits in TIME_WAIT
+        client.close()
+    span = Span("vllm-0", ("n1", "n2"), "127.0.0.1", port)
+    assert multinode.check_rendezvous([span], _here, seconds=2) == {}

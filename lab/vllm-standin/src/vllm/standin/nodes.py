@@ -77,6 +77,9 @@ class Store:
         self.closed = False
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self.server = socket.socket(family, socket.SOCK_STREAM)
+        # torch's c10d sockets set SO_REUSEADDR (torch/csrc/distributed/c10d/socket.cpp): the
+        # connections a store closed (TIME_WAIT) do not keep a restarted leader from binding
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.server.bind((address, port))
             self.server.listen(nnodes)
