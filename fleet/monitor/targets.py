@@ -76,13 +76,17 @@ def host_address(inventory: LoadedInventory | None, spec: HostSpec) -> str:
 
 
 def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventory | None = None) -> list[Target]:
-    """One target per planned instance; hosts without a plan have nothing to scrape."""
+    """One target per planned instance that serves HTTP (a headless node of an instance spanning
+    hosts has no ``/metrics``: its leader's stands for the instance); hosts without a plan have
+    nothing to scrape."""
     out: list[Target] = []
     for outcome in outcomes:
         if outcome.plan is None:
             continue
         spec = outcome.spec
         for inst in outcome.plan.instances:
+            if not inst.serves:
+                continue
             out.append(
                 Target(
                     host=spec.name,

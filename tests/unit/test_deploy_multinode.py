@@ -151,3 +151,21 @@ def test_connections_left_in_time_wait_do_not_make_the_port_taken() -> None:
         client.close()
     span = Span("vllm-0", ("n1", "n2"), "127.0.0.1", port)
     assert multinode.check_rendezvous([span], _here, seconds=2) == {}
+
+
+def test_balancers_and_scrapes_name_the_leader_only(tmp_path: Path) -> None:
+    """A headless node serves no HTTP: no HAProxy server and no Prometheus target for it."""
+    from fleet.lb.config import fleet_configs
+    from fleet.monitor.targets import targets_from_outcomes
+    from fleet.plan.outcomes import build_fleet_plan
+
+    lb = {"kind": "haproxy", "on": "lb1", "bind": "127.0.0.9:8080"}
+    path = inventory(tmp_path, "balancers = [('lb1', {'role': 'balancer', 'ssh_hostname': '127.0.0.9'})]\n"
+                     + _group("pair", ["n1", "n2"], 3, model=L70, weights="fp8", multi_node=True, gpu=ONE_H100,
+                              pip_index_url="http://127.0.0.1:9/simple/", balancer=lb))  # fmt: skip
+    loaded = load_for_planning(path)
+    fleet = build_fleet_plan(loaded)
+    (config,) = fleet_configs(loaded, {o.spec.name: o.plan for o in fleet.outcomes})
+    servers = [(s.host, s.instance) for b in config.backends for s in b.servers]
+    assert servers == [("n1", "vllm-0")]
+    assert [(t.host, t.port) for t in targets_from_outcomes(fleet.outcomes, loaded)] == [("n1", 8000)]
