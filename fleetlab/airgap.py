@@ -12,7 +12,7 @@ one output-hook chain that sends each host's packets to a chain of its own::
     to the host's own address       accept   (its services talking to themselves)
     to the index address:port (TCP) accept   (pip and apt: the lab's index serves both)
     to another host of the lab,
-      at one of its peer ports (TCP) accept   (``LabState.peer_ports``: e.g. fleet's staging port)
+      at one of its peer ports (TCP) accept   (``PEER_PORTS``: fleet's staging port, vLLM's rendezvous)
     anything else                   reject with icmpx admin-prohibited
 
 so a connection anywhere else fails at once (``EHOSTUNREACH``, ``EACCES`` over IPv6, ``EPERM``
@@ -38,9 +38,13 @@ from fleetlab import cgroups
 from fleetlab.errors import LabError
 
 #: The TCP ports the hosts of one lab may reach on each other (and nothing else of each other):
-#: fleet's staging port (``fleet stage --fanout``: a host sends the model to the next). Each is a
-#: port a host listens on for its peers; add one here for another host-to-host protocol.
-PEER_PORTS: tuple[int, ...] = (DEFAULT_STAGING_PORT,)
+#: fleet's staging port (``fleet stage --fanout``: a host sends the model to the next) and 29501,
+#: vLLM 0.33's default ``master_port`` (``ParallelConfig``, ``vllm/config/parallel.py``), the
+#: leader's rendezvous for an instance spanning hosts, the one port the lab's stand-in opens between
+#: nodes (``vllm/standin/nodes.py``; the real engine also opens ports of its own choosing between
+#: nodes, message queues and NCCL, which the lab does not run). Add one here for another
+#: host-to-host protocol.
+PEER_PORTS: tuple[int, ...] = (DEFAULT_STAGING_PORT, 29501)
 
 #: nft names cgroup paths relative to this directory (nftables' SYSFS_CGROUPSV2_PATH).
 NFT_CGROUP_BASE = Path("/sys/fs/cgroup")

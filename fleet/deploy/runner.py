@@ -63,7 +63,7 @@ from fleet.audit.gate import DEPLOY, GateVerdict, gate
 from fleet.audit.quarantine import rule_quarantine
 from fleet.audit.rules import audit_host
 from fleet.audit.run import expectation
-from fleet.deploy import factcache, prefetch, sshwatch, staging
+from fleet.deploy import factcache, multinode, prefetch, sshwatch, staging
 from fleet.deploy.converge import drift
 from fleet.deploy.health import HEALTH_TIMEOUT_S, Endpoint, wait_healthy
 from fleet.deploy.preflight import run_preflight
@@ -166,8 +166,6 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
     (``_probe_plans``).
     """
     declared = build_fleet_plan(loaded, deploy=True)
-    if (why := declared.multi_node_refusal("fleet deploy")) is not None:
-        raise FleetError(why)
     problems: list[str] = []
     plans: dict[str, HostPlan] = {}
     for spec in loaded.hosts:
@@ -182,14 +180,19 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
                 raise outcome.refusal
         except FleetError as exc:
             problems.append(str(exc))
+    problems += multinode.release_problems(multinode.spans(plans), plans)
     if problems:
         raise FleetError("\n".join(problems))
     return plans
 
 
 def _endpoints(plan: HostPlan, bind: str) -> list[Endpoint]:
+    """The instances this host serves: a headless node of an instance serves no HTTP; its leader's
+    endpoint, on the leader's host, stands for the whole instance (``fleet.deploy.multinode``)."""
     served = plan.model
-    return [Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served) for i in plan.instances]
+    return [
+        Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served) for i in plan.instances if i.serves
+    ]
 
 
 def _config() -> Config:
@@ -269,9 +272,7 @@ def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory, ignor
     out = ProbePlans()
     for h in hosts:
         outcome = fleet_plan.host(h.name)
-        if outcome.multi_node:  # planned across hosts only once probed (no gpu entry): not deployed yet
-            out.refused[h.name] = fleet_plan.multi_node_refusal("fleet deploy") or "multi-node"
-        elif outcome.plan is not None:
+        if outcome.plan is not None:
             out.plans[h.name] = outcome.plan
         elif isinstance(outcome.refusal, GpusNotKnownYet):
             out.waiting[h.name] = str(outcome.refusal)
@@ -552,6 +553,7 @@ def deploy(
             ready.quiet = [n for n in _ready(results) if _quiet(ready.states.get(n), results[n], staged.get(n))]
             ready.busy = [n for n in _ready(results) if n not in ready.quiet]
             _preflight(loaded, plans, results, ready.busy, progress, step, staged, via)
+            _rendezvous(loaded, plans, results, ready.busy, ready.states, progress, step)
 
         def stage_models() -> None:  # model_source: copied and verified before anything restarts
             up = [r.host for r in results.values() if r.status in ("changed", "unchanged")]  # reboot pending too
@@ -584,6 +586,7 @@ def deploy(
                     budget.stop_others(phase.stopped)
                 return finish(budget.message())
         states, quiet = ready.states, ready.quiet
+        _hold_back(plans, results, ready.busy, step)
         busy = [n for n in ready.busy if results[n].status not in FAILED]
         serving = _start(loaded, plans, results, busy, health_timeout, progress, step)
         for name in [*quiet, *serving]:
@@ -591,7 +594,7 @@ def deploy(
                 _check_serving(loaded, plans, results, name, health_timeout, step)
         balancer_results.extend(_balancers(loaded, plans, progress, step))
         _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
-        rolling = [n for n in serving if _to_roll(n, states, staged)]
+        rolling = _not_multi_node([n for n in serving if _to_roll(n, states, staged)], plans, results, step)
         error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
         _converged(
             loaded,
@@ -974,6 +977,83 @@ def _reboot_one(
             return False
         r.operations.append("back into traffic")
     return True
+
+
+def _rendezvous(
+    loaded: LoadedInventory,
+    plans: dict[str, HostPlan],
+    results: dict[str, HostResult],
+    ready: list[str],
+    states: Mapping[str, list[UnitState] | None],
+    progress: Progress,
+    step: Step,
+) -> None:
+    """Each instance spanning hosts that this run starts: its rendezvous port free on the leader and
+    reachable from every other node (``fleet.deploy.multinode.check_rendezvous``); a refused node is
+    neither started nor restarted. An instance whose leader runs already holds the port: not checked."""
+    chosen = set(ready)
+
+    def running(s: multinode.Span) -> bool:
+        return any(u.unit == s.unit and u.active for u in states.get(s.leader) or ())
+
+    found = [
+        s for s in multinode.spans(plans)
+        if all(h in chosen and results[h].status not in FAILED for h in s.hosts) and not running(s)
+    ]  # fmt: skip
+    if not found:
+        return
+    progress(f"checking the rendezvous port of {len(found)} multi-node instance(s)")
+    for s in found:
+        for h in s.hosts:
+            step(h, "preflight: rendezvous port")
+
+    def run(host: str, command: str) -> tuple[int, str, str]:
+        return run_command(_target(loaded, host), command, timeout=multinode.PROBE_SECONDS + 30)
+
+    for host, why in multinode.check_rendezvous(found, run).items():
+        results[host].status, results[host].error = "refused", redact(why)
+        step(host, "refused by preflight: rendezvous port")
+
+
+def _hold_back(plans: dict[str, HostPlan], results: dict[str, HostResult], busy: list[str], step: Step) -> None:
+    """A node whose instance cannot start on every node is not started (it would wait in the
+    rendezvous holding its GPUs): refused, naming the node that cannot."""
+
+    def able(host: str) -> str | None:
+        r = results.get(host)
+        if r is None:
+            return "not selected or not reached"
+        if r.status in (*FAILED, "stopped", "waiting") or r.reboot_required is not None:
+            return r.status if r.reboot_required is None else "waiting for its reboot"
+        return None
+
+    for host, why in multinode.held_back(multinode.spans(plans), able, busy).items():
+        if results[host].status not in FAILED:
+            results[host].status, results[host].error = "refused", why
+            step(host, "not started: another node of its instance cannot start")
+
+
+def _not_multi_node(
+    names: list[str], plans: dict[str, HostPlan], results: dict[str, HostResult], step: Step
+) -> list[str]:
+    """The serving hosts the rolling engine may take: a host with a node of an instance spanning
+    hosts is not one yet (rolling such an instance as one unit is issue 21's part 3): it fails,
+    saying so; its new release or configuration stays staged."""
+    out = []
+    for name in names:
+        plan = plans.get(name)
+        spanning = [i.unit_name for i in plan.instances if i.node is not None] if plan else []
+        if not spanning:
+            out.append(name)
+            continue
+        results[name].status = "failed"
+        results[name].error = (
+            f"{', '.join(spanning)} spans hosts and serves already; its new release or configuration is staged, "
+            "but rolling a multi-node instance is not built yet: stop the instance's unit on every node "
+            "(systemctl stop fleet-<instance>.service), then run the deploy again, which starts it"
+        )
+        step(name, "not rolled: multi-node")
+    return out
 
 
 def _preflight(

@@ -39,8 +39,7 @@ SHARED_SETTINGS: tuple[str, ...] = (
     "weights",
     "kv_cache_dtype",
     "vllm_version",
-    "port",
-    "bind_address",
+    "port",  # not bind_address: each node has its own (the leader's serves the API)
     "tensor_parallel_size",
     "gpu_memory_utilization",
     "prefix_caching",

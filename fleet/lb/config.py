@@ -208,7 +208,10 @@ def fleet_configs(loaded: LoadedInventory, plans: Mapping[str, HostPlan | None])
             continue
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         address = server_address(spec, data)
-        entries += [(spec.balancer, Server(spec.name, i.unit_name, address, i.port)) for i in plan.instances]
+        # a headless node of an instance spanning hosts serves no HTTP: its leader is the server
+        entries += [
+            (spec.balancer, Server(spec.name, i.unit_name, address, i.port)) for i in plan.instances if i.serves
+        ]
     return group_balancers(entries)
 
 

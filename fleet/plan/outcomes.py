@@ -314,16 +314,16 @@ class FleetPlan:
         return [i for o in self.outcomes for i in o.instances]
 
     def multi_node_refusal(self, command: str) -> str | None:
-        """Why ``command`` (a deploy or a rollout) refuses this plan, or None: it has instances spanning
-        hosts, which ``fleet plan`` shows but nothing deploys or rolls yet (issue 21's later part)."""
+        """Why ``command`` (a rollout, restart or rollback) refuses this plan, or None: it has instances
+        spanning hosts, which ``fleet deploy`` starts but nothing rolls yet (issue 21's part 3)."""
         spanning = [i for i in self.instances() if len(i.placements) > 1]
         if not spanning:
             return None
         named = "; ".join(f"{i.host}/{i.name} on {', '.join(p.host for p in i.placements)}" for i in spanning)
         return (
-            f"{command}: multi-node deploy is not built yet: the plan has instances spanning hosts ({named}). "
-            "Nothing was touched. `fleet plan` shows them; to deploy now, serve a model that fits one host "
-            "(weights: fp8, kv_cache_dtype: fp8, a smaller model) or remove multi_node from the group"
+            f"{command}: rolling a multi-node instance is not built yet: the plan has instances spanning hosts "
+            f"({named}). Nothing was touched. `fleet deploy` starts them; to restart one, restart its unit on "
+            "every node (systemd brings a node's peers back: each exits when one dies)"
         )
 
     def refusals(self) -> list[str]:

@@ -1043,3 +1043,106 @@ def test_bad_adapters_end_the_start_up(
 def test_a_bad_speculative_config_ends_the_start_up(run: Callable[..., Server]) -> None:
     log = _refused(run(LLAMA_8B, "--speculative-config", '{"method":"ngram","num_speculative_tokens":0}'))
     assert "num_speculative_tokens to be greater than zero" in log
+
+
+# ---- one instance over two nodes (vllm/standin/nodes.py) -------------------------------------
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports ``pid``'s process tree listens on (``/proc/<pid>/net/tcp`` + the tree's socket inodes)."""
+    pids = [pid, *_tree(pid)]
+    inodes = set()
+    for p in pids:
+        for fd in Path(f"/proc/{p}/fd").glob("*") if Path(f"/proc/{p}/fd").exists() else []:
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _two_nodes(run: Callable[..., Server], master: int, tp: int = 1) -> tuple[Server, Server]:
+    common = [LLAMA_8B, "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", "2",
+              "--distributed-executor-backend", "mp", "--nnodes", "2", "--master-addr", "127.0.0.1",
+              "--master-port", str(master), "--max-model-len", "4096"]  # fmt: skip
+    # the worker first: its store client retries until the leader's store is up (any order works)
+    worker = run(*common, "--node-rank", "1", "--headless", env={"CUDA_VISIBLE_DEVICES": ",".join(
+        str(4 + i) for i in range(tp))})  # fmt: skip
+    leader = run(*common, "--node-rank", "0", env={"CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(tp))})
+    return leader, worker
+
+
+def test_the_leader_listens_only_once_every_node_joined_and_headless_nodes_serve_no_http(
+    run: Callable[..., Server],
+) -> None:
+    """init_distributed_environment (vllm/distributed/parallel_state.py): the leader's engine core
+    waits in rank 0's store for every node; run_headless (vllm/entrypoints/cli/serve.py): a
+    headless node starts no API server."""
+    master = free_port()
+    common = [LLAMA_8B, "--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(master), "--max-model-len", "4096"]  # fmt: skip
+    leader = run(*common, "--node-rank", "0", env={"CUDA_VISIBLE_DEVICES": "0"})
+    time.sleep(3 * LOAD_S + 1.0)  # far longer than a load: it would be up by now if it did not wait
+    assert leader.proc.poll() is None, leader.log()
+    with pytest.raises(OSError):
+        http(leader.url + "/health", timeout=2)
+    assert "torch.distributed store of 2 node(s)" in leader.log()
+    worker = run(*common, "--node-rank", "1", "--headless", env={"CUDA_VISIBLE_DEVICES": "1"})
+    leader.wait_ready()
+    status, body, _h = http(leader.url + "/v1/completions", {"model": LLAMA_8B, "prompt": "hi", "max_tokens": 4})
+    assert status == 200 and json.loads(body)["choices"][0]["text"], body
+    assert worker.proc.poll() is None, worker.log()
+    assert leader.port in listening_ports(leader.proc.pid)  # the reader sees listeners where there are some
+    assert listening_ports(worker.proc.pid) == set(), worker.log()  # no HTTP, no store: nothing listens
+    with pytest.raises(OSError):
+        http(worker.url + "/health", timeout=2)
+    assert "headless multiproc executor, with head node address 127.0.0.1:" in worker.log()
+    assert "joined the torch.distributed world" in worker.log()
+
+
+def test_a_dead_worker_node_ends_the_leader_with_status_0(run: Callable[..., Server]) -> None:
+    """The leader's engine core fails (EngineCoreProc, vllm/v1/engine/core.py) and the API server's
+    watchdog (terminate_if_errored) ends it: exit 0, as for any engine death."""
+    leader, worker = _two_nodes(run, free_port())
+    leader.wait_ready()
+    os.killpg(worker.proc.pid, signal.SIGKILL)
+    assert leader.wait_exit(30) == 0, leader.log()
+    assert "node rank 1 left the torch.distributed world" in leader.log()
+    assert not [p for p in _tree(leader.proc.pid) if alive(p)]
+
+
+def test_a_dead_leader_ends_the_headless_node_with_status_0(run: Callable[..., Server]) -> None:
+    """run_headless (vllm/entrypoints/cli/serve.py) returns once its workers end: exit 0."""
+    leader, worker = _two_nodes(run, free_port(), tp=2)
+    leader.wait_ready()
+    assert len([t for t in worker.tree().values() if "Worker_TP" in t]) == 2, worker.tree()
+    os.killpg(leader.proc.pid, signal.SIGKILL)
+    assert worker.wait_exit(30) == 0, worker.log()
+    assert "the leader node left the torch.distributed world" in worker.log()
+
+
+def test_a_taken_rendezvous_port_fails_the_leader_as_torch_does(run: Callable[..., Server]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        leader = run(LLAMA_8B, "--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes",
+                     "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+                     str(taken.getsockname()[1]), "--max-model-len", "4096")  # fmt: skip
+        assert leader.wait_exit(30) == 1
+    assert "name: EADDRINUSE" in leader.log() and "Engine core initialization failed" in leader.log()

@@ -50,6 +50,17 @@ def test_ruleset_opens_only_the_peer_ports_between_the_labs_hosts() -> None:
     assert 7470 in airgap.PEER_PORTS  # fleet's staging port (DEFAULT_STAGING_PORT)
 
 
+def test_hosts_of_a_lab_reach_each_other_only_on_the_peer_ports() -> None:
+    """An instance spanning lab hosts: the rendezvous port (and any other listed), to the other
+    hosts only; nothing of theirs else, and no peer rule without ports."""
+    text = airgap.ruleset("t-1", HOSTS, ALLOWED, peer_ports=(29501, 7001, 29501))
+    second = text[text.index("chain host_1") :]
+    assert "ip daddr { 127.0.120.11 } tcp dport { 7001, 29501 } accept" in second
+    assert "127.0.120.12 tcp dport" not in second  # its own address is allowed whole already
+    assert "dport {" not in airgap.ruleset("t-1", HOSTS, ALLOWED, peer_ports=())
+    assert 29501 in airgap.PEER_PORTS  # vLLM's default master_port
+
+
 def test_ruleset_of_an_ipv6_index_and_no_hosts() -> None:
     text = airgap.ruleset("lab", [HostRule("h", "::1", "fleet-lab/h", 2)], [Endpoint("fd00::5", 8080)])
     assert "ip6 daddr ::1 accept" in text and "ip6 daddr fd00::5 tcp dport 8080 accept" in text

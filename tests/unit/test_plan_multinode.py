@@ -203,17 +203,19 @@ def test_a_hybrid_model_is_not_planned_across_hosts(tmp_path: Path) -> None:
         assert problem is not None and "mixes attention kinds (full, sliding)" in problem.summary
 
 
-def test_deploy_and_rollouts_refuse_a_multi_node_plan_before_touching_a_host(tmp_path: Path) -> None:
+def test_deploy_takes_a_multi_node_plan_and_rollouts_refuse_it_before_touching_a_host(tmp_path: Path) -> None:
     from fleet.deploy.runner import check_hosts
     from fleet.rollout.fleet_inventory import load_fleet
 
     path = inventory(tmp_path, _group("pair", ["n1", "n2"], 3, model=L70, weights="fp8", multi_node=True,
-                                      gpu=ONE_H100))  # fmt: skip
-    with pytest.raises(FleetError, match="multi-node deploy is not built yet") as exc:
-        check_hosts(load_for_planning(path))
-    assert "n1/vllm-0 on n1, n2" in str(exc.value) and "Nothing was touched" in str(exc.value)
-    with pytest.raises(FleetError, match="multi-node deploy is not built yet"):
+                                      gpu=ONE_H100, pip_index_url="http://127.0.0.1:9/simple/"))  # fmt: skip
+    plans = check_hosts(load_for_planning(path))
+    nodes = {h: [i.node for i in plans[h].instances] for h in ("n1", "n2")}
+    assert [(n.rank, n.hosts) for n in nodes["n1"] if n] == [(0, ("n1", "n2"))]
+    assert [(n.rank, n.headless) for n in nodes["n2"] if n] == [(1, True)]
+    with pytest.raises(FleetError, match="rolling a multi-node instance is not built yet") as exc:
         load_fleet(str(path))
+    assert "n1/vllm-0 on n1, n2" in str(exc.value) and "Nothing was touched" in str(exc.value)
 
 
 def test_resolve_precision_is_the_single_host_one() -> None:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.standin import gpus, log, memory
+from vllm.standin import gpus, log, memory, nodes
 from vllm.standin.log import StartupError, logger, print_startup_error
 from vllm.standin.proctitle import set_process_title
 from vllm.standin.worker import GpuMemory, WorkerHandle
@@ -52,6 +52,9 @@ class Config:
     num_gpu_blocks_override: int | None = None
     model_error: list[str] | None = None  #: ``[kind, message]`` raised while building the model
     load_error: list[str] | None = None  #: ``[kind, message]`` raised while loading weights
+    #: the leader of an instance over several nodes (``nodes.py``): ``nnodes``, ``master_addr``,
+    #: ``master_port``, ``join_timeout``; None: one node
+    nodes: dict[str, Any] | None = None
 
 
 class Executor:
@@ -138,7 +141,9 @@ def _interruptible_sleep(seconds: float, state: State) -> None:
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
-def _start(config: Config, executor: Executor, state: State) -> memory.Plan:
+def start_engine(config: Config, executor: Executor, state: State) -> memory.Plan:
+    """The engine core's start after the world is formed: devices, weights, KV cache (also a
+    headless node's, ``serve.Headless``)."""
     requested = executor.init_device()
     plan = memory.Plan(**config.plan)
     if config.model_error:
@@ -177,13 +182,31 @@ def run(config: Config) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     executor = Executor(config)
+    store: nodes.Store | None = None
     try:
-        plan = _start(config, executor, state)
+        if config.nodes is not None:  # init_device → init_distributed_environment: every node joins first
+            n = config.nodes
+            store = nodes.Store(str(n["master_addr"]), int(n["master_port"]), int(n["nnodes"]))
+            store.wait_all(float(n["join_timeout"]), stopping=state.shutdown.is_set)
+        plan = start_engine(config, executor, state)
     except StartupError as err:
         logger.error("EngineCore failed to start.")
         print_startup_error(err)
         executor.shutdown()
+        if store is not None:
+            store.close()
         return 1
+    if store is not None:
+
+        def lost(rank: int) -> None:
+            with state.lock:
+                state.fatal = [
+                    "RuntimeError",
+                    f"node rank {rank} left the torch.distributed world (lab stand-in: its connection to the "
+                    "store closed); the collectives of this instance cannot go on",
+                ]
+
+        store.watch(lost)
     _send({"ready": {"max_model_len": plan.max_model_len, "num_blocks": plan.num_blocks,
                      "available_kv": plan.available_kv, "requested": plan.requested}})  # fmt: skip
     threading.Thread(target=_read_commands, args=(state,), daemon=True, name="EngineCoreInput").start()
@@ -230,6 +253,8 @@ def run(config: Config) -> int:
                     return 0
     finally:
         executor.shutdown()
+        if store is not None:
+            store.close()
 
 
 def main() -> int:

@@ -106,10 +106,13 @@ def check_max_model_len(arch: ModelArch, user_len: int | None, allow_long: bool)
     return user_len
 
 
-def check_parallel(arch: ModelArch, tp: int, pp: int, num_gpus: int) -> None:
-    """Config-time parallelism checks, in vLLM's order: world size, then attention heads."""
+def check_parallel(arch: ModelArch, tp: int, pp: int, num_gpus: int, nnodes: int = 1) -> None:
+    """Config-time parallelism checks, in vLLM's order: world size (per node, with ``--nnodes``:
+    ``ParallelConfig.local_world_size``, ``vllm/config/parallel.py``), then attention heads."""
     world = tp * pp
-    if world > num_gpus:
+    if world % nnodes != 0:
+        raise StartupError("ValueError", f"world_size ({world}) must be divisible by nnodes ({nnodes}).")
+    if world // nnodes > num_gpus:
         raise StartupError(
             "ValueError",
             f"World size ({world}) is larger than the number of available GPUs ({num_gpus}) in this node. "

@@ -44,9 +44,9 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 
+from vllm.standin import engine_core, lora, memory, model, nodes
 from vllm.standin import faults as faults_mod
 from vllm.standin import gpus as gpus_mod
-from vllm.standin import lora, memory, model
 from vllm.standin.args import model_of
 from vllm.standin.core_client import EngineCoreClient
 from vllm.standin.engine import Engine
@@ -143,13 +143,16 @@ class Serve:
 
     def _run(self) -> int:
         args = self.args
-        for unsupported in ("data_parallel_size", "nnodes"):
-            if int(getattr(args, unsupported) or 1) > 1:
-                raise StartupError(
-                    "NotImplementedError", f"--{unsupported.replace('_', '-')} > 1: not in the lab stand-in"
-                )
+        if int(args.data_parallel_size or 1) > 1:
+            raise StartupError("NotImplementedError", "--data-parallel-size > 1: not in the lab stand-in")
+        nnodes, rank = int(args.nnodes or 1), int(args.node_rank or 0)
+        if args.headless and rank == 0:
+            raise StartupError("NotImplementedError", "--headless with --node-rank 0 (data parallel): not in the lab "
+                                                      "stand-in")  # fmt: skip
+        if rank > 0 and not args.headless:
+            raise StartupError("NotImplementedError", f"--node-rank {rank} without --headless: not in the lab stand-in")
         if args.headless:
-            raise StartupError("NotImplementedError", "--headless is not implemented by the lab stand-in")
+            return self._headless(nnodes, rank)
         if args.model_tag is None and args.model != self.defaults.get("model"):
             logger.warning("The `--model` option will be removed in a future version. Use `vllm serve MODEL`.")
         name = model_of(args)
@@ -165,8 +168,8 @@ class Serve:
         max_len = memory.check_max_model_len(arch, args.max_model_len, allow_long)
         visible = gpus_mod.visible_gpus()
         tp, pp = int(args.tensor_parallel_size), int(args.pipeline_parallel_size)
-        memory.check_parallel(arch, tp, pp, len(visible))
-        used = visible[: tp * pp]
+        memory.check_parallel(arch, tp, pp, len(visible), nnodes)
+        used = visible[: tp * pp // nnodes]
         speculative = lora.check_speculative(args.speculative_config)
         if speculative is not None:
             logger.info("Speculative decoding config (the stand-in proposes nothing): %s", speculative)
@@ -204,6 +207,7 @@ class Serve:
             "num_gpu_blocks_override": args.num_gpu_blocks_override,
             "model_error": model_error,
             "load_error": load_error,
+            "nodes": _nodes(args) if nnodes > 1 else None,
         }
         self.core = EngineCoreClient(config)
         ready = self.core.wait_ready()
@@ -218,6 +222,9 @@ class Serve:
         return self._serve(server, url, plan, served_names, name, faults, adapters)
 
     # -- serving -----------------------------------------------------------------------
+    def _headless(self, nnodes: int, rank: int) -> int:
+        return Headless(self, nnodes, rank).run()
+
     def _serve(
         self,
         server: ThreadingHTTPServer,
@@ -360,6 +367,73 @@ class Serve:
         server.server_close()
         logger.info("[shutdown] API server: shutting down FastAPI HTTP server")
         return 0
+
+
+def _nodes(args: argparse.Namespace) -> dict[str, object]:
+    return {"nnodes": int(args.nnodes), "master_addr": str(args.master_addr), "master_port": int(args.master_port),
+            "join_timeout": nodes.join_timeout()}  # fmt: skip
+
+
+class Headless:
+    """``vllm serve --headless`` on node rank > 0 (``run_headless`` in
+    ``vllm/entrypoints/cli/serve.py``; ``nodes.py``): the config checks, then the join, then this
+    node's workers; no API server, no HTTP. Exit 0 when the world ends (the leader gone) or on
+    SIGTERM/SIGINT (``SystemExit`` from its signal handler); 1 when it cannot start."""
+
+    def __init__(self, serve: Serve, nnodes: int, rank: int) -> None:
+        self.serve, self.nnodes, self.rank = serve, nnodes, rank
+        self.stop = threading.Event()
+
+    def handler(self, signum: int, frame: object) -> None:
+        logger.debug("Received %d signal.", signum)
+        self.stop.set()
+
+    def run(self) -> int:
+        args = self.serve.args
+        signal.signal(signal.SIGTERM, self.handler)
+        signal.signal(signal.SIGINT, self.handler)
+        name = model_of(args)
+        arch = model.read_arch(model.resolve_model_dir(name, args.revision))
+        allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").lower() in ("1", "true")
+        max_len = memory.check_max_model_len(arch, args.max_model_len, allow_long)
+        visible = gpus_mod.visible_gpus()
+        tp, pp = int(args.tensor_parallel_size), int(args.pipeline_parallel_size)
+        memory.check_parallel(arch, tp, pp, len(visible), self.nnodes)
+        used = visible[: tp * pp // self.nnodes]
+        plan = memory.make_plan(args, arch, used, max_len)
+        address = f"{args.master_addr}:{args.master_port}"
+        logger.info("Launching vLLM (v%s) headless multiproc executor, with head node address %s for "
+                    "torch.distributed process group.", __version__, address)  # fmt: skip
+        # the join blocks; SIGTERM meanwhile ends the process (run_headless's handler: SystemExit)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        conn = nodes.join(str(args.master_addr), int(args.master_port), self.rank, self.nnodes, nodes.join_timeout())
+        signal.signal(signal.SIGTERM, self.handler)
+        default_load = LOAD_BASE_SECONDS + LOAD_SECONDS_PER_GIB * plan.weight_bytes / GiB
+        load = faults_mod.read_faults().load_seconds
+        config = engine_core.Config(
+            gpus=[{"cuda_index": g.cuda_index, "nvml_index": g.nvml_index} for g in used],
+            utilization=plan.utilization, plan=dataclasses.asdict(plan), shutdown_timeout=0,
+            load_seconds=load if load is not None else _env_float("FLEET_LAB_LOAD_SECONDS", default_load),
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes, num_gpu_blocks_override=args.num_gpu_blocks_override,
+        )  # fmt: skip
+        executor = engine_core.Executor(config)
+        state = engine_core.State(shutdown=self.stop)
+        try:
+            engine_core.start_engine(config, executor, state)
+            while not self.stop.is_set():
+                if nodes.wait_closed(conn, self.stop):
+                    logger.error("lab stand-in: the leader node left the torch.distributed world (its store "
+                                 "connection closed); this node's workers end")  # fmt: skip
+                    break
+                dead = executor.dead_worker()
+                if dead is not None:
+                    logger.error("Worker proc %s died unexpectedly (exit code: %s), shutting down executor.",
+                                 dead.name, dead.proc.returncode)  # fmt: skip
+                    break
+            return 0
+        finally:
+            executor.shutdown()
+            conn.close()
 
 
 def serve(args: argparse.Namespace, defaults: dict[str, object]) -> int:
