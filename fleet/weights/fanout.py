@@ -100,7 +100,9 @@ def _tree(
                    parallel=concurrency, progress=progress, manifests=known)  # fmt: skip
     holders = [SOURCE] + [h for h, r in probed.items() if r.ok]
     waiting = [h for h, r in probed.items() if r.status == "waiting"]
-    out.results.update({h: r for h, r in probed.items() if r.status != "waiting"})
+    #: this tree's result per host (a retried receiver's last try); merged into ``out`` at the end, so a
+    #: host with two trees (its model and its speculative draft) is told the worse of the two
+    mine: dict[str, StageResult] = {h: r for h, r in probed.items() if r.status != "waiting"}
     out.bounds.append({
         "model": manifest.model, "revision": manifest.revision, "hosts": len(waiting),
         "holders": len(holders), "rounds": bound(len(waiting), len(holders)),
@@ -137,7 +139,7 @@ def _tree(
             outcomes[s.receiver] = (
                 Outcome.OK if r.ok else Outcome.SENDER_FAILED if r.sender_fault else Outcome.RECEIVER_FAILED
             )
-            out.results[s.receiver] = r
+            mine[s.receiver] = r
         out.rounds.append([
             {"from": s.sender, "to": s.receiver, "status": results[s.receiver].status,
              "sent_bytes": results[s.receiver].sent_bytes, "seconds": round(results[s.receiver].seconds, 3),
@@ -145,7 +147,9 @@ def _tree(
             for s in sends
         ])  # fmt: skip
         state = advance(state, sends, outcomes)
-    for h in state.waiting + tuple(h for h in state.failed if h not in out.results):
-        out.results[h] = StageResult(h, manifest.model, "failed", manifest.revision,
-                                     error="no host holding a verified copy was left to send it")  # fmt: skip
+    for h in state.waiting + tuple(h for h in state.failed if h not in mine):
+        mine[h] = StageResult(h, manifest.model, "failed", manifest.revision,
+                              error="no host holding a verified copy was left to send it")  # fmt: skip
+    for h, r in mine.items():
+        out.results[h] = merge([out.results[h], r]) if h in out.results else r
     out.broken += [b for b in state.broken if b != SOURCE]
