@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from fleet.errors import FleetError
+from fleet.facts.output import answer_line
 
 SCHEMA = 1
 STATUSES = (
@@ -298,7 +299,7 @@ class HostFacts:
 
 def parse_probe_output(lines: Sequence[str]) -> HostFacts:
     """Parse the probe's stdout (its JSON is the last non-empty line) into validated ``HostFacts``."""
-    text = next((line for line in reversed(lines) if line.strip()), "")
+    text = answer_line(lines)
     if not text:
         raise ProbeOutputError("the probe printed nothing (is python3 on the host's PATH?)")
     try:

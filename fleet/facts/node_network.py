@@ -30,6 +30,8 @@ from typing import Any
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
+from fleet.facts.output import answer_line
+
 STATUSES = ("ok", "no-python", "probe-crashed", "bad-output")
 #: What a connect may end in (``node_network_probe.connect``); the first two mean the path works.
 OUTCOMES = ("open", "refused", "timeout", "unreachable", "unresolved", "error")
@@ -150,7 +152,7 @@ def _state(text: Any) -> str:
 
 def parse_node_network(lines: Sequence[str]) -> NodeNet:
     """The probe's output (its JSON is the last non-empty line) -> :class:`NodeNet` (pure)."""
-    text = next((line for line in reversed(lines) if line.strip()), "")
+    text = answer_line(lines)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError:

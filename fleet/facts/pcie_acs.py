@@ -36,6 +36,8 @@ from typing import Any
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
+from fleet.facts.output import answer_line
+
 ACS_FLAGS: tuple[tuple[int, str], ...] = (
     (0x01, "SrcValid"),
     (0x02, "TransBlk"),
@@ -124,7 +126,7 @@ def _register(value: Any) -> int | None:
 
 def parse_acs_output(lines: Sequence[str]) -> AcsFacts:
     """The probe's output (its JSON is the last non-empty line) -> :class:`AcsFacts` (pure)."""
-    text = next((line for line in reversed(lines) if line.strip()), "")
+    text = answer_line(lines)
     try:
         raw = json.loads(text)
     except json.JSONDecodeError:

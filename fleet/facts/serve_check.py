@@ -26,6 +26,7 @@ from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.output import answer_line
 
 _END = "FLEET_SERVE_CHECK_EOF"
 
@@ -102,7 +103,7 @@ class ServeCheck(FactBase[ServeCheckResult]):
         return serve_check_command(python, user, hf_home, jobs)
 
     def process(self, output: list[str]) -> ServeCheckResult:
-        text = next((line for line in reversed(output) if line.strip()), "")
+        text = answer_line(output)
         try:
             raw = json.loads(text)
             instances = tuple(

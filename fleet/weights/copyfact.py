@@ -30,6 +30,7 @@ from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.output import answer_line
 from fleet.weights.verify import HostFile
 
 _END = "FLEET_MODEL_COPY_EOF"
@@ -174,4 +175,4 @@ class ModelCopy(FactBase[HostCopy]):
         return model_copy_command(repo, revision, user)
 
     def process(self, output: list[str]) -> HostCopy:
-        return parse_copy(next((line for line in reversed(output) if line.strip()), ""))
+        return parse_copy(answer_line(output))

@@ -34,6 +34,7 @@ from pyinfra.api.facts import FactBase
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.output import answer_line
 from fleet.facts.revisions import ROOT as REVISIONS_ROOT
 from fleet.facts.sshlink import Link, SshError, SshTarget, connect
 from fleet.inventory.spec import HostSpec
@@ -153,7 +154,7 @@ class HubModels(FactBase[HubListing]):
         return listing_command(hub)
 
     def process(self, output: list[str]) -> HubListing:
-        return parse_listing(next((line for line in reversed(output) if line.strip()), ""))
+        return parse_listing(answer_line(output))
 
 
 class Keep(Enum):

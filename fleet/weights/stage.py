@@ -44,6 +44,7 @@ import paramiko
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
 from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
 from fleet.inventory.spec import HostSpec, LoadedInventory
@@ -202,7 +203,7 @@ def _list(link: Link, repo: str, manifest: Manifest, user: str) -> HostCopy:
     rc, out, err = link.run(model_copy_command(repo, manifest.revision, user), timeout, label="listing the model copy")
     if rc != 0:
         raise FleetError(f"listing the model copy exited {rc}: {err.strip()[-300:]}")
-    return parse_copy(next((line for line in reversed(out.splitlines()) if line.strip()), ""))
+    return parse_copy(answer_line(out.splitlines()))
 
 
 def _root(link: Link, mode: str, job: dict[str, Any], timeout: float) -> None:
