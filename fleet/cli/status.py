@@ -52,7 +52,8 @@ def status(
 
     By default one row per instance (host, instance, state, model, requests running/waiting) that
     fits 80 columns, and under it why each instance that needs a look is not fine; --wide shows
-    every column.
+    every column. Under them, what each host's model cache holds (hosts holding the same on one
+    line; --wide: a line per host), read in the same SSH round.
 
     A host drained for maintenance (`fleet drain`) shows its instances as `drained`, with who,
     when and why under the table; --wide's `lb` column is what each instance's load balancer says
@@ -86,28 +87,32 @@ def status(
         fail("--watch is for people; use --json without it (or call it in a loop)", as_json)
     if watch:
         out = console()
-        rows, latest = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
+        rows, latest, held = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
         try:
-            with Live(status_view(rows, interval, wide), console=out, auto_refresh=False) as live:
+            with Live(status_view(rows, interval, wide, held), console=out, auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
-                    rows, latest = observe(
+                    rows, latest, held = observe(
                         targets, hosts, thresholds, interval, timeout, previous=latest, traffic=traffic
                     )
                     stamp = Text(time.strftime("%H:%M:%S") + "  Ctrl-C to stop", style="dim")
-                    live.update(Group(status_view(rows, interval, wide), stamp), refresh=True)
+                    live.update(Group(status_view(rows, interval, wide, held), stamp), refresh=True)
         except KeyboardInterrupt:
             return
     try:
-        rows, _ = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
+        rows, _, held = observe(targets, hosts, thresholds, interval, timeout, traffic=traffic)
     finally:
         if traffic is not None:
             traffic.close()
     if as_json:
-        data = {"instances": [status_data(r) for r in rows], "hosts_without_plan": unplanned}
+        data = {
+            "instances": [status_data(r) for r in rows],
+            "hosts_without_plan": unplanned,
+            "hosts": [m.data() for m in held.values()],  # what each host's cache holds (empty: --no-ssh)
+        }
         click.echo(json.dumps(data, indent=2))
     else:
-        console().print(status_view(rows, interval, wide))
+        console().print(status_view(rows, interval, wide, held))
         if unplanned:
             console().print(f"[yellow]not observed (no valid plan, so no instances):[/] {', '.join(unplanned)}")
     sys.exit(0 if all(r.ok for r in rows) and not unplanned else 1)

@@ -21,6 +21,13 @@ Host, instance and state are never shortened (a host name wider than the termina
 An instance spanning hosts is one row whose host cell lists its nodes' hosts, one a line, the
 leader (which serves the API) first and a node that is down in red.
 
+Under everything, what each host's units' cache holds (``fleet.facts.hub``'s listing, read in the
+same SSH round): by default hosts that hold the same are one line ("lab-h1, lab-h2 hold
+meta-llama/Llama-3.1-8B-Instruct@main (15.0 GiB)", after three host names "and N more"), so a
+fleet of 200 alike hosts costs a line, not 200, and a host that differs (another snapshot, a copy
+being staged, a model missing) stands out on its own line; ``--wide`` gives every host its own
+line. A host whose cache could not be listed has a line saying why (:func:`model_lines`).
+
 The state column is rendered in one place (:func:`state_cell`) from
 :attr:`fleet.monitor.status.InstanceStatus.state`.
 """
@@ -28,7 +35,7 @@ The state column is rendered in one place (:func:`state_cell`) from
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rich import box
@@ -38,13 +45,45 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.monitor.histograms import Quantile
-from fleet.monitor.status import InstanceStatus, State
+from fleet.monitor.status import HeldModel, HostModels, InstanceStatus, State
+from fleet.weights.verify import fmt_bytes
 
 #: States an instance passes through on its way up or down (shown as such, not as a failure).
 TRANSITIONAL = frozenset({State.LOADING, State.STOPPING, State.RESTARTING})
 
 
 # -- pure pieces (table-tested) ---------------------------------------------------------------------
+
+#: Host names a line of the default view names before "and N more".
+HOSTS_PER_LINE = 3
+
+
+def held_text(m: HeldModel) -> str:
+    """``ORG/NAME@SNAPSHOT (SIZE)``; a copy being staged says so."""
+    at = f"@{m.snapshot[:12]}" if m.snapshot else ""
+    return f"{m.model}{at} ({fmt_bytes(m.bytes)}{', being staged' if m.staging else ''})"
+
+
+def model_lines(held: Mapping[str, HostModels], wide: bool = False) -> list[tuple[str, bool]]:
+    """The lines saying what each host's cache holds, each with whether it is an error (pure): hosts
+    that hold the same share a line (``wide``: one line per host); a host whose cache could not be
+    listed has its own line saying why, after the others."""
+    groups: dict[str, list[str]] = {}
+    errors = []
+    for host, hm in held.items():
+        if hm.error:
+            errors.append((f"{host}: model cache not listed: {hm.error}", True))
+            continue
+        what = ", ".join(held_text(m) for m in hm.models) or "no model"
+        groups.setdefault(what if not wide else f"{host}\0{what}", []).append(host)
+    out = []
+    for key, hosts in groups.items():
+        what = key.rpartition("\0")[2]
+        names = ", ".join(hosts[:HOSTS_PER_LINE]) + (
+            f" and {len(hosts) - HOSTS_PER_LINE} more" if len(hosts) > HOSTS_PER_LINE else ""
+        )
+        out.append((f"{names} {'holds' if len(hosts) == 1 else 'hold'} {what}", False))
+    return out + errors
 
 
 def short_model(name: str) -> str:
@@ -276,8 +315,14 @@ class StatusView:
     terminal shows every value instead of cutting columns off.
     """
 
-    def __init__(self, rows: list[InstanceStatus], interval: float, wide: bool = False) -> None:
-        self.rows, self.interval, self.wide = rows, interval, wide
+    def __init__(
+        self,
+        rows: list[InstanceStatus],
+        interval: float,
+        wide: bool = False,
+        models: Mapping[str, HostModels] | None = None,
+    ) -> None:
+        self.rows, self.interval, self.wide, self.models = rows, interval, wide, models or {}
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         rows = self.rows
@@ -307,6 +352,11 @@ class StatusView:
         if below is not None:
             yield Text("")
             yield below
+        lines = model_lines(self.models, self.wide)
+        if lines:
+            yield Text("")
+            for line, error in lines:
+                yield Text(line, style="red" if error else "dim")
 
 
 def notes(rows: list[InstanceStatus]) -> Table | None:
@@ -323,6 +373,8 @@ def notes(rows: list[InstanceStatus]) -> Table | None:
     return grid if grid.row_count else None
 
 
-def status_view(rows: list[InstanceStatus], interval: float, wide: bool = False) -> StatusView:
-    """What ``fleet status`` prints: :class:`StatusView`."""
-    return StatusView(rows, interval, wide)
+def status_view(
+    rows: list[InstanceStatus], interval: float, wide: bool = False, models: Mapping[str, HostModels] | None = None
+) -> StatusView:
+    """What ``fleet status`` prints: :class:`StatusView` (``models``: what each host's cache holds)."""
+    return StatusView(rows, interval, wide, models)

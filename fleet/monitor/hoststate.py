@@ -10,6 +10,10 @@ GPU memory in use by an instance is the sum of NVML's per-process ``usedGpuMemor
 that instance's systemd unit when the probe could read the process's cgroup (so another
 process on the same GPU is not charged to it).
 
+The same command lists the units' Hugging Face cache (``fleet.facts.hub``, the listing ``fleet
+prune`` reads): :func:`host_models` gives each host's models (id, bytes, snapshot, being staged)
+or why the listing could not be read.
+
 Beside them, each host's drain marker (``fleet.facts.drain``) and its GPU watcher record
 (``fleet.gpuwatch.state``: quarantined GPUs), one more round trip per host each, at the same
 time, and each instance's server on its load balancer (``fleet.lb.traffic``: one read per
@@ -26,13 +30,22 @@ from typing import Any
 from fleet.facts.drain import read_markers
 from fleet.facts.hostfacts import HostFacts
 from fleet.facts.hoststatus import HostStatus, HostStatusProbe
+from fleet.facts.hub import hub_dir
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 from fleet.facts.units import UnitsDict
 from fleet.gpuwatch.state import GpuWatchState, WatchState
 from fleet.lb.runtime import ServerView
 from fleet.lb.traffic import BalancerError, Traffic
 from fleet.monitor.scrape import Scrape
-from fleet.monitor.status import InstanceStatus, UnitFacts, attach_host_state, attach_units, collect
+from fleet.monitor.status import (
+    HeldModel,
+    HostModels,
+    InstanceStatus,
+    UnitFacts,
+    attach_host_state,
+    attach_units,
+    collect,
+)
 from fleet.monitor.targets import Target
 from fleet.monitor.thresholds import Thresholds
 
@@ -125,9 +138,26 @@ def ssh_targets(inventory: Any, targets: Iterable[Target]) -> list[SshTarget]:
     return targets_from_inventory(inventory, {h for t in targets for h in t.node_hosts})
 
 
-def read_hosts(hosts: list[SshTarget], timeout: float = 20.0, root: str = "/opt/fleet/vllm") -> dict[str, HostAnswer]:
-    """Run the status probe on every host in parallel: host name -> answer (never raises)."""
-    return run_fact_on_hosts(hosts, HostStatusProbe, timeout=timeout, root=root)
+def read_hosts(
+    hosts: list[SshTarget], timeout: float = 20.0, root: str = "/opt/fleet/vllm", hub: str | None = None
+) -> dict[str, HostAnswer]:
+    """Run the status probe on every host in parallel: host name -> answer (never raises).
+    ``hub``: also list that cache (the units' by default: ``fleet.facts.hub.hub_dir``)."""
+    return run_fact_on_hosts(hosts, HostStatusProbe, timeout=timeout, root=root, hub=hub or hub_dir())
+
+
+def host_models(answers: Mapping[str, HostAnswer]) -> dict[str, HostModels]:
+    """Each host's models from its answer, by host, in the answers' host order (pure)."""
+    out = {}
+    for host, answer in answers.items():
+        if isinstance(answer, HostUnreachable):
+            out[host] = HostModels(host, error=f"host unreachable over SSH: {answer.reason}")
+        elif answer.models is None:
+            out[host] = HostModels(host, error=answer.models_error or "the model cache was not listed")
+        else:
+            held = (HeldModel(r.model, r.bytes, r.snapshot, r.staging) for r in answer.models.repos)
+            out[host] = HostModels(host, tuple(sorted(held, key=lambda m: m.model)))
+    return out
 
 
 def balancer_views(traffic: Traffic, targets: Iterable[Target]) -> dict[str, ServerView | str]:
@@ -154,9 +184,10 @@ def observe(
     previous: Mapping[str, Scrape] | None = None,
     ssh_timeout: float = 20.0,
     traffic: Traffic | None = None,
-) -> tuple[list[InstanceStatus], dict[str, Scrape]]:
+) -> tuple[list[InstanceStatus], dict[str, Scrape], dict[str, HostModels]]:
     """``collect`` over HTTP, :func:`read_hosts` and the hosts' drain markers over SSH and the
-    balancers' views (``traffic``), all at the same time, merged into rows."""
+    balancers' views (``traffic``), all at the same time, merged into rows; with them each
+    latest scrape (by instance) and each host's models (:func:`host_models`; empty without SSH)."""
     with ThreadPoolExecutor(max_workers=4) as pool:
         ssh = pool.submit(read_hosts, hosts, ssh_timeout) if hosts else None
         marks = pool.submit(read_markers, hosts) if hosts else None
@@ -173,4 +204,4 @@ def observe(
         rows = attach_units(rows, unit_facts(targets, answers), thresholds)
     if drained or lb or watch:
         rows = attach_host_state(rows, drained, lb, thresholds, watch)
-    return rows, latest
+    return rows, latest, host_models({h.name: answers[h.name] for h in hosts if h.name in answers})

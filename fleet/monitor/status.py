@@ -159,6 +159,31 @@ class NodeState:
 
 
 @dataclass(frozen=True)
+class HeldModel:
+    """One model repository in a host's Hugging Face cache (``fleet.facts.hub``'s listing)."""
+
+    model: str  #: ``ORG/NAME``, from the cache folder's name
+    bytes: int  #: every file under its folder, each once (a copy being staged included)
+    snapshot: str | None  #: the revision its ``refs/main`` names (None: none)
+    staging: bool  #: a copy is being staged into it (``fleet stage``)
+
+    def data(self) -> dict[str, Any]:
+        return {"model": self.model, "bytes": self.bytes, "snapshot": self.snapshot, "staging": self.staging}
+
+
+@dataclass(frozen=True)
+class HostModels:
+    """What one host's units' cache holds, or why that could not be read (``error``)."""
+
+    host: str
+    models: tuple[HeldModel, ...] = ()
+    error: str = ""  #: why the listing could not be read (unreachable host, no sudo, ...)
+
+    def data(self) -> dict[str, Any]:
+        return {"host": self.host, "models": [m.data() for m in self.models], "models_error": self.error or None}
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     target: Target
     health: Health

@@ -11,7 +11,7 @@ kept when any of these names it, and pruned otherwise:
   back, so a model a rollback would serve again is never removed under it;
 * a copy is being staged into it (its ``.fleet-incoming`` directory exists).
 
-The listing (``HubListing``, one root command, the host's ``python3``, Python 3.6) returns each
+The listing (``fleet.facts.hub``: ``HubListing``, one root command, the host's ``python3``, Python 3.6) returns each
 repository's folder and bytes and every model-id-like word of those files (a word with one ``/``,
 split at blanks, ``=``, ``,`` and quotes: ``serve ORG/NAME``, ``--lora-modules sql=fleet-lora/sql``,
 ``--speculative-config {"model":"ORG/DRAFT"}``). The comparison is on folder names, so a
@@ -30,62 +30,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from pyinfra.api.facts import FactBase
-
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.hub import (  # the listing is a fact (``fleet status`` reads it too); re-exported here
+    LIST_SCRIPT,
+    UNIT_DIR,
+    HubListing,
+    HubModels,
+    HubRepo,
+    folder_of,
+    listing_command,
+    parse_listing,
+)
 from fleet.facts.output import answer_line
-from fleet.facts.revisions import ROOT as REVISIONS_ROOT
 from fleet.facts.sshlink import Link, SshError, SshTarget, connect
 from fleet.inventory.spec import HostSpec
 
-UNIT_DIR = "/etc/systemd/system"
-_END = "FLEET_HUB_LISTING_EOF"
-_FOLDER = re.compile(r"models--[A-Za-z0-9][A-Za-z0-9._-]*")
+__all__ = [
+    "LIST_SCRIPT", "REMOVE_SCRIPT", "UNIT_DIR", "HostPrune", "HubListing", "HubModels", "HubRepo", "Keep",
+    "RepoVerdict", "decide", "folder_of", "freed", "listing_command", "parse_listing", "planned_models",
+    "prune_host", "remove_command", "to_remove",
+]  # fmt: skip
 
-LIST_SCRIPT = r"""
-import json, os, re, sys
-hub, revisions, units = sys.argv[1], sys.argv[2], sys.argv[3]
-out = {"repos": [], "named": []}
-try:
-    names = sorted(os.listdir(hub))
-except OSError:
-    names = []
-for name in names:
-    top = os.path.join(hub, name)
-    if not name.startswith("models--") or os.path.islink(top) or not os.path.isdir(top):
-        continue
-    size, seen = 0, set()
-    for d, dirs, files in os.walk(top):
-        for f in files:
-            try:
-                st = os.lstat(os.path.join(d, f))
-            except OSError:
-                continue
-            if st.st_ino not in seen and not os.path.islink(os.path.join(d, f)):
-                seen.add(st.st_ino)
-                size += st.st_size
-    out["repos"].append([name, size, os.path.isdir(os.path.join(top, ".fleet-incoming"))])
-texts = []
-for d, dirs, files in os.walk(revisions):
-    texts += [os.path.join(d, f) for f in files if f in ("unit", "env")]
-try:
-    texts += [os.path.join(units, f) for f in os.listdir(units) if f.startswith("fleet-") and f.endswith(".service")]
-except OSError:
-    pass
-named = set()
-for path in texts:
-    try:
-        with open(path, errors="replace") as f:
-            text = f.read(1 << 20)
-    except (IOError, OSError):
-        continue
-    for word in re.split(r"[\s=,\"'\\{}:]+", text):
-        if word.count("/") == 1 and not word.startswith("/") and not word.endswith("/"):
-            named.add(word)
-out["named"] = sorted(named)
-print(json.dumps(out))
-"""
+_FOLDER = re.compile(r"models--[A-Za-z0-9][A-Za-z0-9._-]*")
 
 REMOVE_SCRIPT = r"""
 import json, os, re, shutil, sys
@@ -103,58 +70,9 @@ for name in json.load(sys.stdin):
 """
 
 
-def folder_of(model: str) -> str:
-    """The cache folder of a model id: ``huggingface_hub``'s ``repo_folder_name``."""
-    return "--".join(["models", *model.split("/")])
-
-
-@dataclass(frozen=True)
-class HubRepo:
-    folder: str  #: ``models--ORG--NAME``
-    bytes: int
-    staging: bool  #: a copy is being written into it (``.fleet-incoming`` exists)
-
-
-@dataclass(frozen=True)
-class HubListing:
-    """What one host's cache holds and the model ids its kept unit and env files name."""
-
-    repos: tuple[HubRepo, ...]
-    named: frozenset[str]
-
-
-def parse_listing(text: str) -> HubListing:
-    try:
-        raw = json.loads(text)
-        repos = tuple(HubRepo(str(r[0]), int(r[1]), bool(r[2])) for r in raw["repos"])
-        return HubListing(repos, frozenset(str(w) for w in raw["named"]))
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise FleetError(f"hub listing: unreadable answer {text[-200:]!r} ({exc})") from exc
-
-
-def listing_command(hub: str, revisions: str = REVISIONS_ROOT, units: str = UNIT_DIR) -> str:
-    argv = ["sudo", "-n", "--", "python3", "-", hub, revisions, units]
-    return f"cd / && {ssh_command(argv)} <<'{_END}'\n{LIST_SCRIPT}\n{_END}\n"
-
-
 def remove_command(hub: str) -> str:
     """Run as root with the JSON list of folders on stdin (never in argv: the list can be long)."""
     return ssh_command(["sudo", "-n", "--", "python3", "-c", REMOVE_SCRIPT, hub])
-
-
-class HubModels(FactBase[HubListing]):
-    """
-    The model repositories in a host's Hugging Face cache (folder, bytes, being staged) and the
-    model ids its fleet unit files and stored configuration revisions name.
-
-    + hub: ``<HF_HOME>/hub``
-    """
-
-    def command(self, hub: str) -> str:
-        return listing_command(hub)
-
-    def process(self, output: list[str]) -> HubListing:
-        return parse_listing(answer_line(output))
 
 
 class Keep(Enum):
@@ -263,7 +181,7 @@ def prune_host(target: SshTarget, hub: str, planned: Sequence[str], apply: bool)
         rc, out, err = link.run(listing_command(hub), LIST_TIMEOUT_S, label="listing the model cache")
         if rc != 0:
             raise FleetError(f"listing the model cache exited {rc}: {err.strip()[-300:]}")
-        result.verdicts = decide(parse_listing(next((x for x in reversed(out.splitlines()) if x.strip()), "")), planned)
+        result.verdicts = decide(parse_listing(answer_line(out.splitlines())), planned)
         gone = to_remove(result.verdicts)
         if apply and gone:
             rc, out, err = link.run(remove_command(hub), REMOVE_TIMEOUT_S, json.dumps(gone).encode(), label="pruning")

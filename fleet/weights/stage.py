@@ -44,6 +44,7 @@ import paramiko
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
+from fleet.facts.hub import hub_dir as hub_dir  # the one definition, re-exported
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
 from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
@@ -99,11 +100,6 @@ else:
     own(tmp, 0o644)
     os.rename(tmp, os.path.join(refs, "main"))
 """
-
-
-def hub_dir(state_dir: str) -> str:
-    """The units' Hugging Face cache: ``HF_HOME`` is ``<state_dir>/hf`` (``templates/vllm.service.j2``)."""
-    return f"{state_dir}/hf/hub"
 
 
 def repo_dir(state_dir: str, model: str) -> str:
