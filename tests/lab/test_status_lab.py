@@ -116,6 +116,15 @@ def test_every_instance_is_active_with_uptime_release_model_health_and_gpu_memor
     # each instance is charged its own GPU's memory, not the host's total
     a, b = rows_of(data, served.state.hosts[0].name)
     assert a["unit"]["main_pid"] != b["unit"]["main_pid"]
+    # what each host's cache holds: the model placed there, its bytes as the host's find counts them
+    assert [h["host"] for h in data["hosts"]] == [h.name for h in served.state.hosts], data["hosts"]
+    for i, h in enumerate(data["hosts"]):
+        rc_find, out, err = run_on(served, i, f"sudo find {HUB} -type f -printf '%s\\n'")
+        assert rc_find == 0, err
+        assert h["models_error"] is None, h
+        assert h["models"] == [
+            {"model": MODEL, "bytes": sum(int(x) for x in out.split()), "snapshot": "main", "staging": False}
+        ], h
     assert rc == 0, data
 
 
@@ -137,6 +146,9 @@ def test_the_screen_at_80_columns_and_wide_at_200(served: LabFleet, tmp_path: Pa
     ], screen
     assert all(r["run/wait"] == "0/0" for r in rows), screen  # nobody is sending requests
     assert "release" not in screen and "GiB" not in screen, screen  # those are --wide's
+    # under the table: both hosts hold the same, so one line names them both
+    flat = " ".join(screen.split())
+    assert f"{hosts[0]}, {hosts[1]} hold {MODEL}@main (" in flat, screen
     screen = screen_of(served, tmp_path, 200, "--wide")
     rows = table_rows(screen)
     assert [(r["host"], r["inst"], r["state"]) for r in rows] == [(h, str(i), "ready") for h in hosts for i in (0, 1)]
@@ -145,6 +157,8 @@ def test_the_screen_at_80_columns_and_wide_at_200(served: LabFleet, tmp_path: Pa
         assert r["release"].startswith("vllm-0.33.0-") and r["GPU mem"].endswith(" GiB"), screen
         assert r["vLLM"].startswith("0.33.0") and r["KV"].endswith("%"), screen
     assert screen.count("host ") == 1, screen  # one table: every column fits in 200
+    flat = " ".join(screen.split())
+    assert all(f"{h} holds {MODEL}@main (" in flat for h in hosts), screen  # --wide: a line per host
 
 
 def test_watch_refreshes_with_the_ssh_side_until_ctrl_c(served: LabFleet) -> None:
@@ -213,3 +227,7 @@ def test_a_host_without_sshd_is_a_row_that_says_unreachable(served: LabFleet) ->
         assert r["health"] == "ready"  # vLLM still serves; only the SSH side is gone
     host0_rows = rows_of(data, served.state.hosts[0].name)
     assert {r["unit"]["state"] for r in host0_rows} == {"active/running", "inactive/dead"}
+    # its cache could not be listed: said so, and the other host's is still read
+    held = {h["host"]: h for h in data["hosts"]}
+    assert held[host1]["models"] == [] and held[host1]["models_error"].startswith("host unreachable over SSH"), held
+    assert [m["model"] for m in held[served.state.hosts[0].name]["models"]] == [MODEL], held
