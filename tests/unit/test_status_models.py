@@ -1,6 +1,7 @@
 """``fleet status`` shows which models each host holds (issue 22, part 4): the cache listing in the
 status probe's one command (run here through bash on real directories), its answer read back
-(recorded output: a listing, a refused ``sudo``, a cut-off answer), each host's models (pure), the
+(answers in the form hosts print them, written here: a listing, a refused ``sudo``, a cut-off
+answer; tests/lab/test_status_lab.py reads the real ones), each host's models (pure), the
 ``--json`` shape and the lines under the table (table tests, and rich's console at 80 columns)."""
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ LLAMA, QWEN = "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
 SNAP = "0e9e39f249a16976918f6564b8830bc894c89659"
 
 #: The listing part of ``HostStatusProbe().command(hub=...)``'s answer on a lab host whose cache
-#: holds the lab's model (``refs/main`` names ``main``; its config.json and that ref: 860 bytes).
+#: holds the lab's model (``refs/main`` names ``main``; its config.json, 451 bytes, and that ref, 5).
 LAB_LISTING = [
     HUB_SEPARATOR,
-    '{"repos": [["models--meta-llama--Llama-3.1-8B-Instruct", 860, false, "main"]], "named": []}',
+    '{"repos": [["models--meta-llama--Llama-3.1-8B-Instruct", 456, false, "main"]], "named": []}',
     HUB_EXIT + "0",
 ]
 #: The same where the SSH user may not ``sudo`` without a password.
@@ -99,7 +100,7 @@ def test_recorded_answers() -> None:
     assert got.gpus is not None and got.gpu_error is None  # the NVML part is read as before
     assert got.units["units"]["fleet-vllm-0.service"]["active_state"] == "active"
     assert got.models is not None and [(r.model, r.bytes, r.snapshot, r.staging) for r in got.models.repos] == [
-        (LLAMA, 860, "main", False)
+        (LLAMA, 456, "main", False)
     ]
     refused = HostStatusProbe().process([*RECORDED, *REFUSED])
     assert refused.models is None and refused.gpus is not None
@@ -135,13 +136,13 @@ def test_each_hosts_models() -> None:
     }
     got = host_models(answers)
     assert list(got) == ["h1", "h2", "h3", "h4"]
-    assert got["h1"] == HostModels("h1", (HeldModel(LLAMA, 860, "main", False),))
+    assert got["h1"] == HostModels("h1", (HeldModel(LLAMA, 456, "main", False),))
     assert got["h2"].models == () and got["h2"].error.startswith("host unreachable over SSH: unreachable: ")
     assert got["h3"].error == "listing the model cache exited 1: sudo: a password is required"
     assert got["h4"].error == "the model cache was not listed"
     assert got["h1"].data() == {
         "host": "h1",
-        "models": [{"model": LLAMA, "bytes": 860, "snapshot": "main", "staging": False}],
+        "models": [{"model": LLAMA, "bytes": 456, "snapshot": "main", "staging": False}],
         "models_error": None,
     }
     assert got["h3"].data()["models"] == [] and got["h3"].data()["models_error"].startswith("listing")
