@@ -89,16 +89,15 @@ def stage(inventory: str, limit: tuple[str, ...], parallel: int | None, fanout: 
     fan = None
     with bars:
         if fanout:
-            from fleet.weights.fanout import MIB, fan_out
+            from fleet.deploy.staging import fanout_limits
+            from fleet.weights.fanout import fan_out
 
             staging = {s.name: s.staging for s in loaded.hosts}
-            limits = [s.egress_mib_s for s in staging.values() if s.egress_mib_s is not None]
+            source_egress, concurrency = fanout_limits(staging.values(), parallel)
             try:
                 fan = fan_out(
-                    jobs, staging, manifests, progress=progress,
-                    source_egress=min(limits) * MIB if limits else None,
-                    concurrency=min([*([parallel] if parallel else []), *(s.concurrency for s in staging.values())]),
-                )  # fmt: skip
+                    jobs, staging, manifests, progress=progress, source_egress=source_egress, concurrency=concurrency
+                )
             except FleetError as exc:
                 fail(str(exc), as_json)
             results = fan.results

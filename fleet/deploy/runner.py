@@ -139,6 +139,8 @@ class DeployResult:
     hosts: list[HostResult]
     seconds: float = 0.0
     error: str | None = None  #: why the deploy stopped early, with the way to resume
+    #: the staging phase's fan-out (hosts with ``staging.fanout``): rounds, bounds, broken senders
+    staging: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -155,6 +157,7 @@ class DeployResult:
             "seconds": round(self.seconds, 2),
             "error": self.error,
             "hosts": [h.data() for h in self.hosts],
+            **({"staging": self.staging} if self.staging is not None else {}),
         }
 
 
@@ -440,9 +443,11 @@ def deploy(
     balancer_results: list[HostResult] = []
     budget = Budget(results, len(selected), fail_percent)
 
+    fanned: dict[str, Any] = {}  #: the staging fan-out's rounds (staging.fanout), for --json
+
     def finish(error: str | None = None) -> DeployResult:
         hosts = [results[h.name] for h in selected] + balancer_results
-        return DeployResult(dry, hosts, time.monotonic() - t0, error)
+        return DeployResult(dry, hosts, time.monotonic() - t0, error, fanned or None)
 
     early_states: dict[str, list[UnitState]] = {}
     conn = sshwatch.Connected()
@@ -558,7 +563,8 @@ def deploy(
         def stage_models() -> None:  # model_source: copied and verified before anything restarts
             up = [r.host for r in results.values() if r.status in ("changed", "unchanged")]  # reboot pending too
             staged_models = staging.stage_hosts(loaded, up, manifests, progress, step)
-            for name, got in staged_models.items():
+            fanned.update(staged_models.fanout or {})
+            for name, got in staged_models.results.items():
                 if got.ok:
                     results[name].operations.append(describe_staging(got))
                 else:

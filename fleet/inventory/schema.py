@@ -568,13 +568,16 @@ class StagingData(BaseModel):
     ``port``: where a host receiving a copy listens, on its fleet address, for the one host
     planned to send it (never a serving, SSH or rendezvous port of the host); ``egress_mib_s``:
     the most MiB/s one sender sends in all (None: no limit); ``concurrency``: the most copies
-    running at once in one round."""
+    running at once in one round; ``fanout``: ``fleet deploy`` (and ``fleet rollout --model``)
+    stage this host's model in the tree too, as ``fleet stage --fanout`` does (opt-in: it needs
+    ``port`` open between the fleet's hosts)."""
 
     model_config = _STRICT
 
     port: Annotated[int, Field(ge=1024, le=MAX_PORT)] = DEFAULT_STAGING_PORT
     egress_mib_s: Annotated[float, Field(gt=0, le=1_000_000, allow_inf_nan=False)] | None = None
     concurrency: Annotated[int, Field(ge=1, le=1024)] = DEFAULT_STAGING_CONCURRENCY
+    fanout: bool = False
 
 
 class SpeculativeData(BaseModel):

@@ -14,6 +14,7 @@ import ast
 import json
 import os
 import pprint
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -32,6 +33,7 @@ from fleetlab.models import staging_command
 from .conftest import TEST_OCTET, LabFleet, bring_up, free_octet, require_lab, test_lab_options
 from .deploying import REPO_ROOT
 from .test_rollout_lab import FLEET, instance_state, must
+from .test_stage_lab import make_checkpoint
 
 pytestmark = pytest.mark.lab
 
@@ -268,3 +270,58 @@ def test_lora_adapters_and_ngram_speculation_deploy_then_an_adapter_change_rolls
     with Journal(journal) as j:
         undone = j.latest_state(back["id"]).instances[ref]
     assert undone.target.adapters == ("sql",) and undone.phase.value == "done", undone
+
+
+def test_a_rollout_to_a_model_no_host_had_stages_it_in_a_tree_before_any_instance_restarts(
+    llama: tuple[LabFleet, RolloutFleet, Path], tmp_path: Path
+) -> None:
+    """Issue 22 part 5: ``fleet rollout --model M`` where M is in the inventory's ``model_source``
+    only (a generated checkpoint with Mistral 7B's config, which the stand-in serves): M is staged
+    on every host, fanned out host to host (``staging.fanout``), and verified, before the first
+    instance stops; then the fleet rolls to it. Last in this module: the hosts serve M after it."""
+    lab, fleet, journal = llama
+    model = "fleet-test/tiny-mistral"
+    repo = f"/var/lib/vllm/hf/hub/models--{model.replace('/', '--')}"
+    make_checkpoint(tmp_path / "src", model, REPO_ROOT / "fleet" / "data" / "models" / MISTRAL / "config.json")
+    base = lab.opts.inventory
+    assert base is not None
+    hosts = ast.literal_eval(base.read_text().split(f"\n{GROUP} = ", 1)[1])
+    for _name, host_data in hosts:
+        host_data["model_source"] = {"kind": "dir", "path": str(tmp_path / "src")}
+        host_data["staging"] = {"fanout": True, "concurrency": 2}
+    inventory = base.with_name("staged.py")  # beside it: its group_data (the quick rollout policy) applies
+    inventory.write_text(f"{GROUP} = {pprint.pformat(hosts, width=100, sort_dicts=False)}\n")
+    for i in range(HOSTS):
+        assert must(lab, i, f"sudo test -e {repo} && echo had || echo none").strip() == "none"
+    before = instance_state(lab, fleet)
+
+    rc, data, out = fleet_cli(lab, "rollout", str(inventory), "--model", model, *FAST, journal=journal)
+    assert rc == 0, out
+    after = instance_state(lab, fleet)
+    assert set(serves(after).values()) == {(model,)}, after
+    assert all(after[r]["unit"] == "active/running" and after[r]["pid"] != before[r]["pid"] for r in after)
+    staged = [op for h in data["hosts"] for op in h["operations"] if op.startswith(f"{model} @ ")]
+    assert len(staged) == HOSTS, json.dumps(data["hosts"], indent=1)
+    # fanned out: 4 hosts from one source in ⌈log₂5⌉ = 3 rounds, some copies sent host to host
+    fan = data["staging"]
+    assert fan["bounds"] == [{"model": model, "revision": fan["bounds"][0]["revision"], "hosts": HOSTS,
+                              "holders": 1, "rounds": 3}], fan  # fmt: skip
+    copies = [c for r in fan["rounds"] for c in r]
+    assert sorted(c["to"] for c in copies if c["status"] == "staged") == sorted(fleet.hosts), fan
+    assert any(c["from"] != "(control)" for c in copies), fan
+    revision = fan["bounds"][0]["revision"]
+    # every host's copy was complete (refs/main switched) before the first instance restarted
+    refs = {
+        i: float(must(lab, i, f"sudo python3 -c 'import os; print(os.stat(\"{repo}/refs/main\").st_mtime)'"))
+        for i in range(HOSTS)
+    }
+    assert all(must(lab, i, f"sudo cat {repo}/refs/main").strip() == revision for i in range(HOSTS))
+    rollout_id = next(op.rsplit(" ", 1)[1].rstrip(")") for op in data["hosts"][0]["operations"] if "rollout" in op)
+    with sqlite3.connect(journal) as db:
+        (began,) = db.execute("SELECT started_at FROM rollouts WHERE id = ?", (rollout_id,)).fetchone()
+        steps = db.execute("SELECT at, action FROM steps WHERE rollout_id = ? ORDER BY seq", (rollout_id,)).fetchall()
+    assert steps and all(at >= began for at, _action in steps), (began, steps)
+    assert max(refs.values()) < began, (refs, began, steps[:3])
+    # the deploy's progress: the staging phase said it fans out, and each host's copy was told
+    said = " ".join(out.split())  # rich wraps the lines off a terminal
+    assert "4 of them in a tree (staging.fanout)" in said and said.count("weights: round ") >= HOSTS, out

@@ -46,10 +46,12 @@ def safetensors_file(path: Path, tensors: dict[str, tuple[int, int]], seed: int)
     path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(data))
 
 
-def make_checkpoint(root: Path) -> Path:
-    top = root / MODEL
+def make_checkpoint(root: Path, model: str = MODEL, config: Path = CONFIG) -> Path:
+    """A small checkpoint of ``model`` under ``root`` (``root/ORG/NAME``, as a ``dir`` model_source
+    holds it): ``config``'s config.json, two safetensors shards and their index."""
+    top = root / model
     top.mkdir(parents=True)
-    (top / "config.json").write_bytes(CONFIG.read_bytes())
+    (top / "config.json").write_bytes(config.read_bytes())
     shards = {
         "model-00001-of-00002.safetensors": {"model.embed_tokens.weight": (256, 256), "model.norm.weight": (1, 256)},
         "model-00002-of-00002.safetensors": {"lm_head.weight": (256, 512)},
@@ -58,7 +60,9 @@ def make_checkpoint(root: Path) -> Path:
     for n, (name, tensors) in enumerate(shards.items()):
         safetensors_file(top / name, tensors, seed=n)
         weight_map.update(dict.fromkeys(tensors, name))
-    (top / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    total = sum(4 * rows * cols for tensors in shards.values() for rows, cols in tensors.values())  # F32
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}  # as transformers writes it
+    (top / "model.safetensors.index.json").write_text(json.dumps(index))
     (top / "tokenizer_config.json").write_text("{}")
     return top
 

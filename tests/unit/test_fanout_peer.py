@@ -15,9 +15,14 @@ from typing import Any
 
 import pytest
 
+from fleet.deploy.staging import fanout_limits, split_fanout
 from fleet.errors import InventoryError
+from fleet.facts.sshlink import SshTarget
+from fleet.inventory.schema import StagingData
 from fleet.inventory.spec import host_spec
+from fleet.weights.fanout import MIB
 from fleet.weights.peer import RECEIVE, SEND
+from fleet.weights.stage import StageJob
 
 BASE: dict[str, Any] = {
     "model": "acme/tiny-7b",
@@ -35,8 +40,9 @@ def problems(extra: dict[str, Any]) -> list[str]:
 def test_staging_defaults() -> None:
     spec = host_spec("inv.py", "gpu-1", (), BASE)
     assert (spec.staging.port, spec.staging.egress_mib_s, spec.staging.concurrency) == (7470, None, 16)
-    spec = host_spec("inv.py", "gpu-1", (), {**BASE, "staging": {"port": 9000, "egress_mib_s": 12.5}})
-    assert (spec.staging.port, spec.staging.egress_mib_s) == (9000, 12.5)
+    assert spec.staging.fanout is False  # `fleet deploy` sends from this machine unless asked
+    spec = host_spec("inv.py", "gpu-1", (), {**BASE, "staging": {"port": 9000, "egress_mib_s": 12.5, "fanout": True}})
+    assert (spec.staging.port, spec.staging.egress_mib_s, spec.staging.fanout) == (9000, 12.5, True)
 
 
 @pytest.mark.parametrize(
@@ -50,11 +56,37 @@ def test_staging_defaults() -> None:
         ({"staging": {"port": "7470"}}, "staging.port"),
         ({"staging": {"egress_mib_s": 0}}, "staging.egress_mib_s"),
         ({"staging": {"concurrency": 0}}, "staging.concurrency"),
-        ({"staging": {"prot": 7470}}, "staging.prot=7470: unknown key; allowed: port, egress_mib_s, concurrency"),
+        ({"staging": {"fanout": "yes"}}, "staging.fanout"),
+        ({"staging": {"fanout": 1}}, "staging.fanout"),
+        ({"staging": {"prot": 7470}},
+         "staging.prot=7470: unknown key; allowed: port, egress_mib_s, concurrency, fanout"),
     ],
 )  # fmt: skip
 def test_bad_staging_is_named(extra: dict[str, Any], want: str) -> None:
     assert any(want in p for p in problems(extra)), problems(extra)
+
+
+@pytest.mark.parametrize(
+    ("settings", "parallel", "want"),
+    [
+        ([StagingData()], None, (None, 16)),
+        ([StagingData(egress_mib_s=40.0, concurrency=8), StagingData(egress_mib_s=25.0)], None, (25.0 * MIB, 8)),
+        ([StagingData(egress_mib_s=40.0), StagingData()], 3, (40.0 * MIB, 3)),
+        ([StagingData(concurrency=2)], 5, (None, 2)),
+    ],
+)  # fmt: skip
+def test_fanout_limits(settings: list[StagingData], parallel: int | None, want: tuple[float | None, int]) -> None:
+    """This machine sends at the smallest egress limit of the hosts, as many at once as the smallest
+    concurrency (``fleet stage --fanout`` and the deploy's staging phase read the same)."""
+    assert fanout_limits(settings, parallel) == want
+
+
+def test_split_fanout_follows_each_hosts_staging_fanout() -> None:
+    jobs = [StageJob(SshTarget(n, "127.0.0.1", 22), "acme/tiny-7b", "/srv/models") for n in ("a", "b", "c")]
+    staging = {"a": StagingData(fanout=True), "b": StagingData(), "c": StagingData(fanout=True)}
+    tree, direct = split_fanout(jobs, staging)
+    assert ([j.target.name for j in tree], [j.target.name for j in direct]) == (["a", "c"], ["b"])
+    assert split_fanout(jobs, dict.fromkeys("abc", StagingData())) == ([], jobs)
 
 
 def free_port() -> int:
