@@ -43,6 +43,9 @@ def test_prune_removes_only_what_nothing_planned_or_kept_uses(lab_fleet: LabFlee
     inventory = staging_inventory(lab_fleet, tmp_path / "inventory.py", tmp_path / "src")
     host = lab_fleet.state.hosts[0].name
     made = [folder(m) for m in (MODEL, OLD, ROLLBACK, STAGING)]
+    # the first of the cache's directories this test creates (so it leaves none behind: a root-owned
+    # /var/lib/vllm would be the service user's home, unwritable, for a later test that creates it)
+    missing = [d for d in ("/var/lib/vllm", "/var/lib/vllm/hf", HUB) if on(lab_fleet, 0, f"sudo test -e {d}")[0] != 0]
     try:
         fill = [f"sudo mkdir -p {HUB}/{f}/snapshots/r1 && sudo dd if=/dev/zero of={HUB}/{f}/snapshots/r1/w bs=1k "
                 "count=64 status=none" for f in made]  # fmt: skip
@@ -73,5 +76,5 @@ def test_prune_removes_only_what_nothing_planned_or_kept_uses(lab_fleet: LabFlee
         assert folder(OLD) not in present and not any(p.startswith(".fleet-pruning-") for p in present), out
         assert {folder(MODEL), folder(ROLLBACK), folder(STAGING)} <= present, out
     finally:
-        on(lab_fleet, 0, "sudo rm -rf " + " ".join(f"{HUB}/{f}" for f in made) + f" {STORED} "
-           f"$(dirname {STORED})")  # fmt: skip
+        created = missing[0] if missing else " ".join(f"{HUB}/{f}" for f in made)
+        on(lab_fleet, 0, f"sudo rm -rf {created} {STORED} $(dirname {STORED})")

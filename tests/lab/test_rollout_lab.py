@@ -872,11 +872,14 @@ def test_drain_and_undrain_hooks_run_on_the_host_around_each_restart(
 
 def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, RolloutFleet], tmp_path: Path) -> None:
     """The new release serves, then its engine stalls for 2.5 s (no token; ``/health`` stays 200)
-    and recovers: the completion gate goes green, red, green. The soak (3 s) starts again after the
+    and recovers: the completion gate goes green, red, green. The soak (6 s) starts again after the
     stall, so each instance takes at least load + stall + soak, and the journal counts the reset."""
     lab, fleet = serving
     h0 = fleet.hosts[0]
-    stall_after, stall, soak = 1.0, 2.5, 3.0
+    # the stall must come after the completion gate's first green and inside the soak that follows
+    # it: 3 s after ready leaves a loaded machine time to probe green first, and a 6 s soak from a green
+    # at any time up to then is still running when the stall comes
+    stall_after, stall, soak = 3.0, 2.5, 6.0
     make_release(lab, 0, "flappy",
                  faults={"stall_after_seconds": stall_after, "stall_seconds": stall, "load_seconds": 1})  # fmt: skip
     policy = {"batches": [1, -1], "soak_s": soak, "probe_interval_s": 0.5, "probe_timeout_s": 1,
@@ -893,7 +896,7 @@ def test_a_gate_that_flaps_during_the_soak_resets_it(serving: tuple[LabFleet, Ro
     steps = data["steps"]
     started = next(s["at"] for s in steps if s["instance"] == f"{h0}/vllm-0" and s["action"] == "start")
     next_stop = next(s["at"] for s in steps if s["instance"] == f"{h0}/vllm-1" and s["action"] == "stop")
-    # loaded (1 s), soaking when the stall came (1 s after ready), the stall (2.5 s), a full soak after it
+    # loaded (1 s), soaking when the stall came (3 s after ready), the stall (2.5 s), a full soak after it
     assert next_stop - started >= 1 + stall_after + stall + soak - 0.5, (started, next_stop)
     after = instance_state(lab, fleet)
     for name, inst in after.items():
