@@ -30,7 +30,7 @@ from typing import Any
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
-from fleet.facts.output import answer_line
+from fleet.facts.output import answer_object
 
 STATUSES = ("ok", "no-python", "probe-crashed", "bad-output")
 #: What a connect may end in (``node_network_probe.connect``); the first two mean the path works.
@@ -152,13 +152,9 @@ def _state(text: Any) -> str:
 
 def parse_node_network(lines: Sequence[str]) -> NodeNet:
     """The probe's output (its JSON is the last non-empty line) -> :class:`NodeNet` (pure)."""
-    text = answer_line(lines)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        return _bad(f"not JSON: {text[:120]!r}")
-    if not isinstance(raw, dict) or raw.get("status") not in STATUSES:
-        return _bad(f"unexpected answer: {text[:120]!r}")
+    raw = answer_object(lines, STATUSES)
+    if isinstance(raw, str):
+        return _bad(raw)
     address = str(raw.get("address") or "")
     if raw["status"] != "ok":
         return NodeNet(raw["status"], _opt_str(raw.get("error")), address, None, None, None, False, ())

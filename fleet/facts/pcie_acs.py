@@ -36,7 +36,7 @@ from typing import Any
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
-from fleet.facts.output import answer_line
+from fleet.facts.output import answer_object
 
 ACS_FLAGS: tuple[tuple[int, str], ...] = (
     (0x01, "SrcValid"),
@@ -126,13 +126,9 @@ def _register(value: Any) -> int | None:
 
 def parse_acs_output(lines: Sequence[str]) -> AcsFacts:
     """The probe's output (its JSON is the last non-empty line) -> :class:`AcsFacts` (pure)."""
-    text = answer_line(lines)
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError:
-        return _bad(f"not JSON: {text[:120]!r}")
-    if not isinstance(raw, dict) or raw.get("status") not in STATUSES:
-        return _bad(f"unexpected answer: {text[:120]!r}")
+    raw = answer_object(lines, STATUSES)
+    if isinstance(raw, str):
+        return _bad(raw)
     error = raw.get("error")
     if raw["status"] != "ok":
         return AcsFacts(raw["status"], str(error)[:300] if error else None, {}, {})
