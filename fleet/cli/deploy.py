@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from rich.console import Console
 
@@ -55,8 +57,12 @@ def deploy(
     from gevent import monkey
 
     monkey.patch_all()
-    from fleet.cli.rollout import roll
     from fleet.deploy.runner import deploy as run_deploy
+
+    def roll(*args: Any, **kwargs: Any) -> Any:  # the rolling engine's CLI, imported only when a deploy rolls
+        from fleet.cli.rollout import roll as roll_with_view
+
+        return roll_with_view(*args, **kwargs)
 
     opts = {"as_json": as_json, "ignore_finding": ignored}
     err = Console(stderr=True, highlight=False)

@@ -44,7 +44,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 from pyinfra.api.command import StringCommand
@@ -86,17 +86,17 @@ from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.part import HostPart, api_key, host_part
 from fleet.render.units import HostPaths
-from fleet.rollout.advice import next_steps
-from fleet.rollout.engine import Phase, RolloutState, RolloutStatus, Target
-from fleet.rollout.fleet_inventory import RolloutFleet, fleet_of
-from fleet.rollout.session import run_rollout
-from fleet.rollout.ssh_executor import SshExecutor
 from fleet.secrets import redact
 from fleet.weights.stage import describe as describe_staging
 
+if TYPE_CHECKING:  # the rolling engine is imported where a deploy rolls (_roll): a no-change run never does
+    from fleet.rollout.engine import RolloutState, Target
+    from fleet.rollout.fleet_inventory import RolloutFleet
+    from fleet.rollout.ssh_executor import SshExecutor
+
 Progress = Callable[[str], None]
 #: runs the rollout of the serving hosts: the fleet, and its targets (the CLI adds its live view)
-Roll = Callable[[RolloutFleet, Callable[[SshExecutor], list[Target]]], RolloutState]
+Roll = Callable[["RolloutFleet", Callable[["SshExecutor"], "list[Target]"]], "RolloutState"]
 Step = Callable[[str, str], None]  #: (host, the step it is on)
 FAILED = ("failed", "unreachable", "refused")
 
@@ -1250,6 +1250,10 @@ def _roll(
 ) -> str | None:
     """Serving hosts whose release or configuration changed go through the rolling engine: batches,
     drain, stop, GPUs free, switch (release link and configuration revision), start, gates."""
+    from fleet.rollout.advice import next_steps
+    from fleet.rollout.engine import RolloutStatus, Target
+    from fleet.rollout.fleet_inventory import fleet_of
+
     fleet = fleet_of(loaded.reload(hosts))
     stale = {(n, u.unit) for n in hosts for u in states.get(n) or () if u.stale}
     targets = [
@@ -1270,11 +1274,15 @@ def _roll(
 
 
 def _headless(fleet: RolloutFleet, targets_of: Callable[[SshExecutor], list[Target]]) -> RolloutState:
+    from fleet.rollout.session import run_rollout
+
     return run_rollout(fleet, "rollout", targets_of)
 
 
 def results_of_rollout(final: RolloutState, fleet: RolloutFleet, results: dict[str, HostResult]) -> None:
     """Each rolled host's result from the instances' end states."""
+    from fleet.rollout.engine import Phase
+
     for name in {r.host for r in final.instances}:
         r = results[name]
         mine = {ref: i for ref, i in final.instances.items() if ref.host == name}

@@ -179,3 +179,41 @@ def test_a_host_whose_data_cannot_list_its_facts_reads_them_on_their_own(local: 
     caches = factcache.install(state, [host], broken)
     assert host.get_fact(Arch) == subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
     assert (caches[host.name].stats.batched, caches[host.name].stats.misses) == (0, 1)
+
+
+class Meets(FactBase[str]):
+    """Leaves ``mine`` in ``where`` and waits (up to ``patience`` seconds) for ``theirs``: two such facts
+    answer ``met`` only if they run at the same time, ``alone`` if one ran after the other."""
+
+    @override
+    def command(self, where: str, mine: str, theirs: str, patience: int = 20) -> str:
+        import shlex
+
+        w = shlex.quote(where)
+        return (
+            f"touch {w}/{mine}; n=0; while [ ! -e {w}/{theirs} ] && [ $n -lt {patience * 20} ]; do "
+            f"sleep 0.05; n=$((n+1)); done; if [ -e {w}/{theirs} ]; then echo met; else echo alone; fi"
+        )
+
+    @override
+    def process(self, output: list[str]) -> str:
+        return output[0]
+
+
+def test_the_batch_runs_its_facts_side_by_side_and_answers_in_order(local: Any, tmp_path: Path) -> None:
+    state, host = local
+    requests = [
+        FactRequest(Meets, {"where": str(tmp_path), "mine": "a", "theirs": "b", "patience": 5}),
+        FactRequest(Printed, {"text": "x" * 20_000 + "\n"}),  # longer than a pipe writes whole
+        FactRequest(Meets, {"where": str(tmp_path), "mine": "b", "theirs": "a", "patience": 5}),
+    ]
+    command = FactBatch().command([r.shell() for r in requests])
+    assert command.index('"$d/0" "$d/1" "$d/2"') > command.index("wait")  # printed in order, after all finished
+    answers = batch(state, host, requests)
+    assert [answer_of(r, answers[i]) for i, r in enumerate(requests)] == ["met", ["x" * 20_000], "met"]
+
+
+def test_an_empty_batch_runs_nothing(local: Any) -> None:
+    state, host = local
+    assert FactBatch().command([]) == ":"
+    assert batch(state, host, []) == {}
