@@ -217,3 +217,27 @@ def test_an_empty_batch_runs_nothing(local: Any) -> None:
     state, host = local
     assert FactBatch().command([]) == ":"
     assert batch(state, host, []) == {}
+
+
+def test_the_remembered_connector_arguments_follow_the_operation_and_the_call(local: Any) -> None:
+    from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
+
+    state, host = local
+    cache = factcache.install(state, [host], lambda _h: [])[host.name]
+
+    def pyinfras(kwargs: dict[str, Any]) -> str:  # what the cache keyed by before it remembered
+        context = dict(host.current_op_global_arguments or {})
+        context.update(kwargs)
+        found, _ = pop_global_arguments(state, host, context)
+        return repr(sorted({k: found.get(k) for k in CONNECTOR_ARGUMENT_KEYS if k in found}.items()))
+
+    seen = set()
+    for operation in ({}, {"_sudo": True}, {"_sudo": True, "_sudo_user": "vllm"}, {}):
+        host.current_op_global_arguments = operation
+        for call in ({}, {"path": "/x"}, {"_shell_executable": "bash"}, {"path": "/x", "_sudo": False}):
+            own, executor = cache._executor(dict(call))
+            assert executor == pyinfras(dict(call)), (operation, call)
+            assert own == {k: v for k, v in call.items() if not k.startswith("_")}
+            seen.add(executor)
+    host.current_op_global_arguments = None
+    assert len(seen) >= 4  # sudo, sudo as vllm, another shell, none: each its own key
