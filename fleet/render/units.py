@@ -8,6 +8,7 @@ root-only environment file. Rendering is pure: it returns file contents; writing
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -84,8 +85,17 @@ def exec_lines(instance: Instance) -> list[str]:
 
 
 def _environment() -> jinja2.Environment:
+    """The templates' environment: one per templates folder, so each template is parsed and
+    compiled once per process (jinja2 keeps compiled templates in its environment's cache and
+    reloads one whose file changed); a new environment per file rendered compiled each template
+    again for every instance (0.5 s of a no-change deploy's profile of 4 hosts)."""
+    return _environment_for(str(templates_dir()))
+
+
+@functools.cache
+def _environment_for(directory: str) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.FileSystemLoader(directory),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
