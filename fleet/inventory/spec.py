@@ -867,7 +867,8 @@ def _multi_model_spec(h: _Host, groups: tuple[str, ...], data: dict[str, Any]) -
         if key in data and data[key] not in (None, False, {}, ()):
             h.problem(key, data[key], why)
     entries = _entry_problems(h, data["models"])
-    base = {k: v for k, v in data.items() if k not in ("models", "model")}
+    # refused keys are reported above, once: the entries are validated without them
+    base = {k: v for k, v in data.items() if k not in ("models", "model", *MODELS_REFUSED)}
     found: list[ModelEntry] = []
     seen = {(p.field, p.allowed) for p in h.problems}
     where_models = h.sources.get("models", h.inventory)

@@ -1,0 +1,316 @@
+"""Several models on one host (``models``, issue 23 part 5): the inventory's grammar and refusals,
+each entry planned on its GPU range by the one-model planner, instances numbered across the host.
+
+Plans come from the models bundled with fleet (``fleet/data/models``) on catalogue GPUs, or from
+recorded NVML probes (``tests/fixtures/probe``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.errors import InventoryError
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
+from fleet.gpus import HostGpus
+from fleet.inventory.spec import host_spec
+from fleet.model.arch import load_model
+from fleet.plan.models import entry_gpus, plan_models, subset
+from fleet.plan.outcomes import build_fleet_plan, load_for_planning, outcome_data
+from fleet.plan.planner import plan_host
+
+REPO = Path(__file__).resolve().parents[2]
+L70 = "meta-llama/Llama-3.1-70B-Instruct"
+L8 = "meta-llama/Llama-3.1-8B-Instruct"
+M7 = "mistralai/Mistral-7B-Instruct-v0.3"
+CHAT = {"p95_input_tokens": 2048, "p95_output_tokens": 512, "prefix_reuse": 0.5, "target_concurrency": 64}
+
+
+def data(gpu: dict[str, Any] | None, models: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"workload": dict(CHAT), "models": models, **more}
+    if gpu is not None:
+        out["gpu"] = gpu
+    return out
+
+
+def plan_of(raw: dict[str, Any]) -> Any:
+    spec = host_spec("inv.py", "h1", (), raw)
+    assert spec.gpu is not None
+    archs = [(load_model(m.model, m.model_config), None) for m in spec.model_specs]
+    return spec, plan_models(spec, spec.gpu.host_gpus(), archs)
+
+
+@dataclass(frozen=True)
+class Want:
+    """One entry's part of the plan."""
+
+    model: str
+    served: str
+    gpus: tuple[int, ...]
+    instances: tuple[int, ...]  #: instance numbers (unit vllm-N, port 8000 + N)
+    tp: int
+    tp_reason: str  #: in each instance's --tensor-parallel-size flag's reason
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    gpu: dict[str, Any]
+    models: list[dict[str, Any]]
+    want: tuple[Want, ...]
+    warnings: tuple[str, ...] = ()  #: each in one of the host plan's warnings
+    idle: tuple[int, ...] = ()
+
+
+H100x8 = {"sku": "h100-sxm-80gb", "count": 8, "nvlink": "switch"}
+CASES = [
+    Case(
+        "the issue's example: a 70B on four GPUs, two 8B on two each",
+        H100x8,
+        [
+            {"model": L70, "gpus": 4, "tensor_parallel_size": 4},
+            {"model": L8, "gpus": 2, "served_model_name": "chat-small"},
+            {"model": M7, "gpus": 2},
+        ],
+        (
+            Want(L70, L70, (0, 1, 2, 3), (0,), 4, "in one NVLink island"),
+            Want(L8, "chat-small", (4, 5), (1, 2), 1, "in one NVLink island"),
+            Want(M7, M7, (6, 7), (3, 4), 1, "in one NVLink island"),
+        ),
+    ),
+    Case(
+        "a 70B in fp8 and an 8B pinned at TP 2: each entry's own keys",
+        H100x8,
+        [{"model": L70, "gpus": 4, "weights": "fp8"}, {"model": L8, "gpus": 4, "tensor_parallel_size": 2}],
+        (
+            Want(L70, L70, (0, 1, 2, 3), (0, 1), 2, "meets the workload's target concurrency"),
+            Want(L8, L8, (4, 5, 6, 7), (2, 3), 2, "in one NVLink island"),
+        ),
+    ),
+    Case(
+        "PCIe-only L40S: one instance per GPU in each entry",
+        {"sku": "l40s-48gb", "count": 4},
+        [{"model": L8, "gpus": 3}, {"model": M7, "gpus": 1}],
+        (
+            Want(L8, L8, (0, 1, 2), (0, 1, 2), 1, "in one NVLink island"),
+            Want(M7, M7, (3,), (3,), 1, "in one NVLink island"),
+        ),
+    ),
+    Case(
+        "GPUs given to no entry stay idle, and the plan says so",
+        H100x8,
+        [{"model": L8, "gpus": 2}, {"model": M7, "gpus": 2}],
+        (Want(L8, L8, (0, 1), (0, 1), 1, "in one NVLink island"), Want(M7, M7, (2, 3), (2, 3), 1, "in one NVLink island")),
+        warnings=("GPUs 4, 5, 6, 7 are given to no entry of models: they stay idle",),
+        idle=(4, 5, 6, 7),
+    ),
+    Case(
+        "a range across NVLink pairs is said, and TP stays in the pair",
+        {"sku": "h100-pcie-80gb", "count": 4, "nvlink": "pairs"},
+        [{"model": L8, "gpus": 1}, {"model": M7, "gpus": 2, "tensor_parallel_size": 1}, {"model": L8, "gpus": 1,
+         "served_model_name": "8b-b"}],  # fmt: skip
+        (
+            Want(L8, L8, (0,), (0,), 1, "in one NVLink island"),
+            Want(M7, M7, (1, 2), (1, 2), 1, "in one NVLink island"),
+            Want(L8, "8b-b", (3,), (3,), 1, "in one NVLink island"),
+        ),
+        warnings=(f"models[1] {M7}: its GPUs 1-2 span NVLink islands (its part of each: 1; 2)",),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_each_entry_is_planned_on_its_gpus_and_numbered_across_the_host(case: Case) -> None:
+    spec, plan = plan_of(data(case.gpu, case.models))
+    assert [m.entry for m in plan.models] == list(range(len(case.want)))
+    for m, want in zip(plan.models, case.want, strict=True):
+        assert (m.model, m.served_name, m.gpus) == (want.model, want.served, want.gpus)
+        assert tuple(i.index for i in m.plan.instances) == want.instances
+        for inst in m.plan.instances:
+            flags = {f.option: f for f in inst.flags}
+            assert inst.model == want.model and set(inst.gpus) <= set(want.gpus)
+            assert inst.port == 8000 + inst.index and inst.unit_name == f"vllm-{inst.index}"
+            assert flags["--port"].value == str(inst.port)
+            assert flags["--port"].reason == f"base port 8000 + instance {inst.index}"
+            assert flags["--served-model-name"].value == want.served
+            assert flags["--tensor-parallel-size"].value == str(want.tp)
+            assert want.tp_reason in flags["--tensor-parallel-size"].reason
+            assert f"GPU(s) {list(inst.gpus)} in one NVLink island" in flags["--tensor-parallel-size"].reason
+            assert dict(inst.env)["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, inst.gpus))
+    every = [i.index for i in plan.instances]
+    assert every == list(range(len(every))), "instances numbered 0..n-1 across the host, entries in order"
+    assert len({i.port for i in plan.instances}) == len(every)
+    used = [g for i in plan.instances for g in i.gpus]
+    assert len(used) == len(set(used)), "no GPU serves two instances"
+    for text in case.warnings:
+        assert any(text in w for w in plan.warnings), plan.warnings
+    assert plan.idle_gpus == case.idle
+
+
+def test_an_entrys_arithmetic_is_a_one_model_host_of_its_gpus() -> None:
+    """The 70B entry on GPUs 0-3 of an 8-GPU host plans exactly as a 4-GPU host serving it alone."""
+    spec, plan = plan_of(data(H100x8, [{"model": L70, "gpus": 4, "weights": "fp8"}, {"model": L8, "gpus": 4}]))
+    alone = host_spec("inv.py", "h1", (), {"model": L70, "workload": CHAT, "weights": "fp8",
+                                           "gpu": {**H100x8, "count": 4}})  # fmt: skip
+    assert alone.gpu is not None
+    one = plan_host(alone, alone.gpu.host_gpus(), load_model(L70))
+    entry = plan.models[0].plan
+    assert [i.memory for i in entry.instances] == [i.memory for i in one.instances]
+    assert [i.flags for i in entry.instances] == [i.flags for i in one.instances]
+    assert entry.notes == one.notes and entry.weight_bytes == one.weight_bytes
+    # the 8B entry: GPUs 4-7, numbered after the 70B's instances, the same arithmetic as GPUs 0-3 alone
+    small = host_spec("inv.py", "h1", (), {"model": L8, "workload": CHAT, "gpu": {**H100x8, "count": 4}})
+    assert small.gpu is not None
+    four = plan_host(small, small.gpu.host_gpus(), load_model(L8))
+    assert [i.memory for i in plan.models[1].plan.instances] == [i.memory for i in four.instances]
+
+
+def test_ranges_are_contiguous_in_order_and_a_quarantined_gpu_keeps_its_place() -> None:
+    spec = host_spec("inv.py", "h1", (), data(H100x8, [{"model": L8, "gpus": 3}, {"model": M7, "gpus": 5}]))
+    gpus = HostGpus.from_catalogue("h100-sxm-80gb", 8)
+    assert [r for _, r in entry_gpus(spec, gpus)] == [(0, 1, 2), (3, 4, 5, 6, 7)]
+    held = subset(gpus, [0, 1, 2, 4, 5, 6, 7])  # GPU 3 quarantined (``usable_gpus``)
+    assert [r for _, r in entry_gpus(spec, held)] == [(0, 1, 2), (3, 4, 5, 6, 7)]
+    plan = plan_models(spec, held, [(load_model(L8), None), (load_model(M7), None)])
+    assert [list(i.gpus) for i in plan.models[1].plan.instances] == [[4], [5], [6], [7]]
+
+
+# -- the inventory ----------------------------------------------------------------------------------
+
+TWO = [{"model": L70, "gpus": 4}, {"model": L8, "gpus": 4}]
+BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    ("both keys", {**data(H100x8, TWO), "model": L8}, "model", "either model (one model) or models"),
+    (
+        "counts over the host",
+        data(H100x8, [{"model": L70, "gpus": 6}, {"model": L8, "gpus": 4}]),
+        "models",
+        "the entries' gpus add up to 10, more than the host's 8 (gpu.count)",
+    ),
+    ("an entry without model", data(H100x8, [{"gpus": 4}, TWO[1]]), "models[0].model", "required: a Hugging Face"),
+    (
+        "an unknown key in an entry",
+        data(H100x8, [TWO[0], {**TWO[1], "wieghts": "fp8"}]),
+        "models[1].wieghts",
+        "did you mean 'weights'?",
+    ),
+    (
+        "a host-wide key in an entry",
+        data(H100x8, [{**TWO[0], "port": 9000}, TWO[1]]),
+        "models[0].port",
+        "a key of the whole host, not of one model: set it beside models",
+    ),
+    (
+        "a bad value of an entry's own key, named under its entry",
+        data(H100x8, [TWO[0], {**TWO[1], "weights": "fp7"}]),
+        "models[1].weights",
+        "'auto', 'bf16', 'fp16', 'fp8', 'int8' or 'int4'",
+    ),
+    ("gpus as text", data(H100x8, [TWO[0], {**TWO[1], "gpus": "4"}]), "models[1].gpus", "a whole number from 1"),
+    ("gpus missing", data(H100x8, [TWO[0], {"model": L8}]), "models[1].gpus", "required: a whole number"),
+    ("no entries", data(H100x8, []), "models", "1 to 64 entries"),
+    ("an entry that is no dict", data(H100x8, [TWO[0], L8]), "models[1]", "must be a dict"),
+    (
+        "the same served name twice",
+        data(H100x8, [{"model": L8, "gpus": 4}, {"model": L8, "gpus": 4}]),
+        "models[1].served_model_name",
+        "entry models[0] is served under that name too",
+    ),
+    (
+        "with multi_node",
+        data(H100x8, TWO, multi_node=True),
+        "multi_node",
+        "instances spanning hosts serve one model",
+    ),
+    (
+        "with LoRA adapters",
+        data(H100x8, TWO, max_lora_rank=16),
+        "max_lora_rank",
+        "only read with lora_adapters, which a host with models cannot have yet",
+    ),
+    (
+        "no workload anywhere",
+        {"gpu": H100x8, "models": TWO},
+        "models[0].workload",
+        "required: {p95_input_tokens",
+    ),
+    (
+        "one balancer frontend for two backends",
+        data(H100x8, TWO, balancer={"kind": "haproxy", "on": "local", "bind": "127.0.0.1:8080"}),
+        "models[1].balancer.bind",
+        "give each model's balancer its own bind",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "fld", "text"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_models_input_is_refused_naming_host_field_and_value(raw: dict[str, Any], fld: str, text: str) -> None:
+    with pytest.raises(InventoryError) as exc:
+        host_spec("inv.py", "h1", (), raw)
+    found = {p.field: p for p in exc.value.problems}
+    assert fld in found, [str(p) for p in exc.value.problems]
+    assert text in found[fld].allowed and found[fld].host == "h1" and found[fld].inventory == "inv.py"
+    assert len({(p.field, p.allowed) for p in exc.value.problems}) == len(exc.value.problems), "each problem once"
+
+
+def test_an_entrys_own_workload_and_keys_override_the_hosts() -> None:
+    spec = host_spec(
+        "inv.py",
+        "h1",
+        (),
+        data(H100x8, [{"model": L70, "gpus": 4, "workload": {**CHAT, "target_concurrency": 8}}, TWO[1]], port=9000),
+    )
+    a, b = spec.model_specs
+    assert a.workload.target_concurrency == 8 and b.workload.target_concurrency == 64
+    assert a.port == b.port == 9000 and spec.model == L70 and [m.gpus for m in spec.models] == [4, 4]
+
+
+def inventory(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> Path:
+    rows = [(name, {"ssh_hostname": f"127.0.250.{i + 3}", **d}) for i, (name, d) in enumerate(hosts.items())]
+    path = tmp_path / "fleet.py"
+    path.write_text(f"gpus = {rows!r}\n")
+    return path
+
+
+def test_a_missing_model_config_of_any_entry_is_found_when_the_inventory_is_loaded(tmp_path: Path) -> None:
+    path = inventory(tmp_path, {"h1": data(H100x8, [TWO[0], {"model": "no-such-org/no-such-model", "gpus": 2}])})
+    with pytest.raises(InventoryError) as exc:
+        load_for_planning(path)
+    assert [(p.field, p.value) for p in exc.value.problems] == [("model", "no-such-org/no-such-model")]
+
+
+def facts(name: str) -> HostFacts:
+    raw = json.loads((REPO / "tests" / "fixtures" / "probe" / f"{name}.json").read_text())
+    return NvmlProbe().process(raw["output"])
+
+
+def test_a_probed_host_with_fewer_gpus_than_the_entries_want_is_refused_at_plan_time(tmp_path: Path) -> None:
+    path = inventory(tmp_path, {"h1": data(None, [{"model": L8, "gpus": 1}, {"model": M7, "gpus": 2}])})
+    fleet = build_fleet_plan(load_for_planning(path), {"h1": facts("rtx4090-2")}, deploy=True)
+    outcome = fleet.host("h1")
+    assert outcome.plan is None and outcome.problem is not None
+    assert "models: the entries' gpus add up to 3, but the host has 2 GPU(s) (probe)" in outcome.problem.summary
+    assert fleet.instances() == []
+
+
+def test_the_fleet_plan_lists_each_instance_with_its_model_and_served_name(tmp_path: Path) -> None:
+    models = [{"model": L8, "gpus": 1, "served_model_name": "eight"}, {"model": M7, "gpus": 1}]
+    path = inventory(tmp_path, {"h1": data(None, models), "h2": {"model": L8, "workload": CHAT}})
+    fleet = build_fleet_plan(load_for_planning(path), {"h1": facts("rtx4090-2"), "h2": facts("rtx4090-2")})
+    got = [(i.host, i.name, i.port, i.served_name, i.spec.model, i.placements[0].gpus) for i in fleet.instances()]
+    assert got == [
+        ("h1", "vllm-0", 8000, "eight", L8, (0,)),
+        ("h1", "vllm-1", 8001, M7, M7, (1,)),
+        ("h2", "vllm-0", 8000, L8, L8, (0,)),
+        ("h2", "vllm-1", 8001, L8, L8, (1,)),
+    ]
+    shown = outcome_data(fleet.host("h1"))
+    assert [(m["entry"], m["model"], m["served_name"], m["gpus"], m["instances"]) for m in shown["models"]] == [
+        (0, L8, "eight", [0], [0]),
+        (1, M7, M7, [1], [1]),
+    ]
+    assert [(i["model"], i["served_name"]) for i in shown["instances"]] == [(L8, "eight"), (M7, M7)]
+    assert "models" not in outcome_data(fleet.host("h2")), "a one-model host's --json is unchanged"
