@@ -625,12 +625,25 @@ class _Ready:
     busy: list[str] = field(default_factory=list)  #: preflighted: to start or roll
 
 
+def _served(loaded: LoadedInventory, plans: Mapping[str, HostPlan]) -> dict[tuple[str, str], str]:
+    """(host, instance) -> the model name each planned instance serves (its entry's on a host with
+    ``models``): what picks its balancer (``fleet.lb.traffic.traffic_of``)."""
+    from fleet.render.part import instance_served
+
+    return {
+        (name, instance): served
+        for name, plan in plans.items()
+        if plan is not None
+        for instance, served in instance_served(loaded.host(name), plan).items()
+    }
+
+
 def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
     """fleet's HAProxy configuration on every balancer in front of the planned hosts
     (``fleet.deploy.balancers``); one result per balancer, beside the hosts'."""
     from fleet.deploy import balancers
 
-    for spec in {s.balancer.on for s in loaded.hosts if s.balancer is not None}:
+    for spec in {m.balancer.on for s in loaded.hosts for m in s.model_specs if m.balancer is not None}:
         step(spec, "configuring the balancer")
     done = balancers.configure(loaded, plans, lambda *a: _balancer_host(loaded, *a), _drain_timeout(loaded), progress)
     for b in done:
@@ -735,13 +748,13 @@ def _join_balancers(
     members = [
         (name, e.unit.removeprefix("fleet-").removesuffix(".service"))
         for name in names
-        if name in plans and loaded.host(name).balancer is not None
+        if name in plans and any(m.balancer is not None for m in loaded.host(name).model_specs)
         for e in results[name].endpoints
         if e.healthy
     ]
     if not members:
         return
-    traffic = traffic_of(loaded, members)
+    traffic = traffic_of(loaded, members, served=_served(loaded, plans))
     try:
         for host, instance in members:
             try:
@@ -906,7 +919,7 @@ def _reboot(
             continue
         plan = plans.get(r.host)  # none yet: the host waits for its driver to plan from the probe
         members = [(r.host, i.unit_name) for i in plan.instances] if plan else []
-        traffic = traffic_of(loaded, members)
+        traffic = traffic_of(loaded, members, served=_served(loaded, plans))
         try:
             if not _reboot_one(loaded, plans, r, members, traffic, timeout, drain_timeout, progress, step):
                 return  # the others keep their pending reboot (reported), their capacity intact

@@ -21,7 +21,7 @@ from fleet.inventory.spec import host_spec
 from fleet.model.arch import load_model
 from fleet.plan.models import entry_gpus, plan_models, subset
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning, outcome_data
-from fleet.plan.planner import plan_host
+from fleet.plan.planner import HostPlan, plan_host
 
 REPO = Path(__file__).resolve().parents[2]
 L70 = "meta-llama/Llama-3.1-70B-Instruct"
@@ -37,11 +37,11 @@ def data(gpu: dict[str, Any] | None, models: list[dict[str, Any]], **more: Any) 
     return out
 
 
-def plan_of(raw: dict[str, Any]) -> Any:
+def plan_of(raw: dict[str, Any]) -> HostPlan:
     spec = host_spec("inv.py", "h1", (), raw)
     assert spec.gpu is not None
     archs = [(load_model(m.model, m.model_config), None) for m in spec.model_specs]
-    return spec, plan_models(spec, spec.gpu.host_gpus(), archs)
+    return plan_models(spec, spec.gpu.host_gpus(), archs)
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,21 @@ CASES = [
         "GPUs given to no entry stay idle, and the plan says so",
         H100x8,
         [{"model": L8, "gpus": 2}, {"model": M7, "gpus": 2}],
-        (Want(L8, L8, (0, 1), (0, 1), 1, "in one NVLink island"), Want(M7, M7, (2, 3), (2, 3), 1, "in one NVLink island")),
+        (
+            Want(L8, L8, (0, 1), (0, 1), 1, "in one NVLink island"),
+            Want(M7, M7, (2, 3), (2, 3), 1, "in one NVLink island"),
+        ),
         warnings=("GPUs 4, 5, 6, 7 are given to no entry of models: they stay idle",),
         idle=(4, 5, 6, 7),
     ),
     Case(
         "a range across NVLink pairs is said, and TP stays in the pair",
         {"sku": "h100-pcie-80gb", "count": 4, "nvlink": "pairs"},
-        [{"model": L8, "gpus": 1}, {"model": M7, "gpus": 2, "tensor_parallel_size": 1}, {"model": L8, "gpus": 1,
-         "served_model_name": "8b-b"}],  # fmt: skip
+        [
+            {"model": L8, "gpus": 1},
+            {"model": M7, "gpus": 2, "tensor_parallel_size": 1},
+            {"model": L8, "gpus": 1, "served_model_name": "8b-b"},
+        ],
         (
             Want(L8, L8, (0,), (0,), 1, "in one NVLink island"),
             Want(M7, M7, (1, 2), (1, 2), 1, "in one NVLink island"),
@@ -125,7 +131,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_each_entry_is_planned_on_its_gpus_and_numbered_across_the_host(case: Case) -> None:
-    spec, plan = plan_of(data(case.gpu, case.models))
+    plan = plan_of(data(case.gpu, case.models))
     assert [m.entry for m in plan.models] == list(range(len(case.want)))
     for m, want in zip(plan.models, case.want, strict=True):
         assert (m.model, m.served_name, m.gpus) == (want.model, want.served, want.gpus)
@@ -153,7 +159,7 @@ def test_each_entry_is_planned_on_its_gpus_and_numbered_across_the_host(case: Ca
 
 def test_an_entrys_arithmetic_is_a_one_model_host_of_its_gpus() -> None:
     """The 70B entry on GPUs 0-3 of an 8-GPU host plans exactly as a 4-GPU host serving it alone."""
-    spec, plan = plan_of(data(H100x8, [{"model": L70, "gpus": 4, "weights": "fp8"}, {"model": L8, "gpus": 4}]))
+    plan = plan_of(data(H100x8, [{"model": L70, "gpus": 4, "weights": "fp8"}, {"model": L8, "gpus": 4}]))
     alone = host_spec("inv.py", "h1", (), {"model": L70, "workload": CHAT, "weights": "fp8",
                                            "gpu": {**H100x8, "count": 4}})  # fmt: skip
     assert alone.gpu is not None
