@@ -35,7 +35,7 @@ from pyinfra.api.inventory import Inventory
 from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.drivers import DEFAULT_DRIVER
-from fleet.inventory.load import HostEntry, read_inventory
+from fleet.inventory.load import COMMAND_LINE, HostEntry, read_inventory
 from fleet.inventory.multinode import multi_node_problems
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
@@ -860,7 +860,12 @@ def _multi_model_spec(h: _Host, groups: tuple[str, ...], data: dict[str, Any]) -
     of an entry's own keys are named ``models[N].KEY``, the host's own once. The host's spec is its
     first entry's, with every entry in ``models``; the GPU counts must add up to no more than the
     host's (``gpu.count``; a probed host's are checked when it is planned, ``fleet.plan.models``)."""
-    if "model" in data:
+    if "model" in data and h.sources.get("model") == COMMAND_LINE:
+        h.problem("model", data["model"], "fleet rollout --model replaces a host's one model, and this host serves "
+                  "several (models): change the model of the entry you mean in the inventory (models[N].model) and "
+                  "run fleet rollout INVENTORY: only that entry's instances restart; or leave this host out "
+                  "(--limit)")  # fmt: skip
+    elif "model" in data:
         h.problem("model", data["model"], "a host has either model (one model) or models (several on its GPUs), "
                   "not both: move model into an entry of models, or remove models")  # fmt: skip
     for key, why in MODELS_REFUSED.items():

@@ -4,10 +4,14 @@ A host with ``models`` gives its GPUs to the entries in order, as contiguous ind
 (``entry_gpus``: the first entry GPUs ``0..n-1``, the next ``n..``), and plans each entry with the
 one-model planner (``plan_host``) on its range alone, so the memory arithmetic, the flags and their
 reasons are a one-model host's, unchanged. Instances are numbered across the host, so units
-(``fleet-vllm-N.service``) and ports (``port + N``) never collide: the first entry's instances come
-first, then the next entry's. A range that cuts across NVLink islands is said in the plan's
-warnings: tensor parallelism stays inside an island (``gpu_groups``), so such an entry may get
-smaller groups than its GPU count suggests. Pure: no I/O.
+(``fleet-vllm-N.service``) and ports (``port + N``) never collide: an entry's instances are numbered
+from its first GPU's place (the entries before it hold that many GPUs), not after the instances
+the entries before it happen to get. So a change to one entry (its tensor parallel size, its
+model) renders the same units, ports and files for every other entry, and a rollout restarts only
+its instances (configuration revisions are per instance, ``fleet.render.revision``); numbers an
+entry does not use (a 4-GPU entry at TP 4 has one instance) stay free. A range that cuts across
+NVLink islands is said in the plan's warnings: tensor parallelism stays inside an island
+(``gpu_groups``), so such an entry may get smaller groups than its GPU count suggests. Pure: no I/O.
 
 The host's plan is one ``HostPlan`` whose ``instances`` are every entry's, with ``models`` holding
 each entry's own plan (``ModelPlan``): what ``fleet plan`` shows per model, and where every other
@@ -90,12 +94,12 @@ def _shared(parts: Sequence[HostPlan], attr: str) -> list[str]:
 
 def plan_models(spec: HostSpec, gpus: HostGpus, archs: Sequence[tuple[ModelArch, ModelArch | None]]) -> HostPlan:
     """The plan of a host with ``models``: each entry planned by ``plan_host`` on its GPUs
-    (``archs``: each entry's model and draft, in entry order), its instances numbered after the
-    entries before it. ``PlanError`` names the entry, its GPUs and the one-model planner's problem."""
+    (``archs``: each entry's model and draft, in entry order), its instances numbered from its
+    first GPU's place. ``PlanError`` names the entry, its GPUs and the one-model planner's problem."""
     assert spec.models and len(archs) == len(spec.models)
     parts: list[ModelPlan] = []
     warnings: list[str] = []
-    first = 0
+    first = 0  # instances of an entry are numbered from its first GPU's place: stable across the others' changes
     given = entry_gpus(spec, gpus)
     for (entry, indices), (arch, draft) in zip(given, archs, strict=True):
         if (why := island_warning(entry, gpus, indices)) is not None:
@@ -109,7 +113,7 @@ def plan_models(spec: HostSpec, gpus: HostGpus, archs: Sequence[tuple[ModelArch,
                     p, summary=f"models[{entry.index}] {entry.spec.model} on GPU(s) {gpu_span(indices)}: {p.summary}"
                 )
             ) from None
-        first += len(plan.instances)
+        first += entry.gpus
         served = entry.spec.served_model_name or entry.spec.model
         parts.append(ModelPlan(entry.index, entry.spec.model, served, indices, plan))
     plans = [m.plan for m in parts]

@@ -51,7 +51,7 @@ class Want:
     model: str
     served: str
     gpus: tuple[int, ...]
-    instances: tuple[int, ...]  #: instance numbers (unit vllm-N, port 8000 + N)
+    instances: tuple[int, ...]  #: instance numbers (unit vllm-N, port 8000 + N), from the entry's first GPU
     tp: int
     tp_reason: str  #: in each instance's --tensor-parallel-size flag's reason
 
@@ -78,8 +78,8 @@ CASES = [
         ],
         (
             Want(L70, L70, (0, 1, 2, 3), (0,), 4, "in one NVLink island"),
-            Want(L8, "chat-small", (4, 5), (1, 2), 1, "in one NVLink island"),
-            Want(M7, M7, (6, 7), (3, 4), 1, "in one NVLink island"),
+            Want(L8, "chat-small", (4, 5), (4, 5), 1, "in one NVLink island"),
+            Want(M7, M7, (6, 7), (6, 7), 1, "in one NVLink island"),
         ),
     ),
     Case(
@@ -88,7 +88,7 @@ CASES = [
         [{"model": L70, "gpus": 4, "weights": "fp8"}, {"model": L8, "gpus": 4, "tensor_parallel_size": 2}],
         (
             Want(L70, L70, (0, 1, 2, 3), (0, 1), 2, "meets the workload's target concurrency"),
-            Want(L8, L8, (4, 5, 6, 7), (2, 3), 2, "in one NVLink island"),
+            Want(L8, L8, (4, 5, 6, 7), (4, 5), 2, "in one NVLink island"),
         ),
     ),
     Case(
@@ -148,7 +148,9 @@ def test_each_entry_is_planned_on_its_gpus_and_numbered_across_the_host(case: Ca
             assert f"GPU(s) {list(inst.gpus)} in one NVLink island" in flags["--tensor-parallel-size"].reason
             assert dict(inst.env)["CUDA_VISIBLE_DEVICES"] == ",".join(map(str, inst.gpus))
     every = [i.index for i in plan.instances]
-    assert every == list(range(len(every))), "instances numbered 0..n-1 across the host, entries in order"
+    assert every == sorted(set(every)), "instances numbered across the host, entries in order, none twice"
+    for m in plan.models:  # from the entry's first GPU's place: the others' changes do not renumber it
+        assert m.plan.instances[0].index == m.gpus[0]
     assert len({i.port for i in plan.instances}) == len(every)
     used = [g for i in plan.instances for g in i.gpus]
     assert len(used) == len(set(used)), "no GPU serves two instances"
@@ -320,3 +322,115 @@ def test_the_fleet_plan_lists_each_instance_with_its_model_and_served_name(tmp_p
     ]
     assert [(i["model"], i["served_name"]) for i in shown["instances"]] == [(L8, "eight"), (M7, M7)]
     assert "models" not in outcome_data(fleet.host("h2")), "a one-model host's --json is unchanged"
+
+
+# -- render, revisions, balancer ----------------------------------------------------------------------
+
+L40S = {"sku": "l40s-48gb", "count": 4}
+QWEN = str(REPO / "tests" / "fixtures" / "models" / "qwen2.5-7b")
+INDEX = "http://127.0.0.1:3141/simple"
+
+
+def part_of(models: list[dict[str, Any]], weights: tuple[tuple[str, str], ...] = ()) -> Any:
+    from fleet.render.part import host_part
+    from fleet.render.units import HostPaths
+
+    spec = host_spec("inv.py", "h1", (), data(L40S, models, pip_index_url=INDEX))
+    archs = [(load_model(m.model, m.model_config), None) for m in spec.model_specs]
+    assert spec.gpu is not None
+    return host_part(spec, plan_models(spec, spec.gpu.host_gpus(), archs), HostPaths(), weights=weights)
+
+
+BEFORE = [{"model": L8, "gpus": 2, "served_model_name": "eight"}, {"model": M7, "gpus": 2}]
+
+
+def ids(part: Any) -> dict[str, str]:
+    return {r.instance: r.id for r in part.revisions}
+
+
+def test_each_instance_is_rendered_with_its_own_model_and_served_name() -> None:
+    part = part_of(BEFORE, weights=((L8, "aaa111"), (M7, "bbb222")))
+    units = {f.path.rsplit("/", 1)[1]: f.content for f in part.files if f.path.endswith(".service")}
+    envs = {f.path.rsplit("/", 1)[1]: f.content for f in part.files if f.path.endswith(".env")}
+    assert sorted(units) == [f"fleet-vllm-{n}.service" for n in range(4)]
+    for n, (model, served) in enumerate([(L8, "eight"), (L8, "eight"), (M7, M7), (M7, M7)]):
+        unit = units[f"fleet-vllm-{n}.service"]
+        assert f"ExecStart=/opt/fleet/vllm/bin/vllm serve {model}" in unit
+        assert f"--served-model-name {served}" in unit and f"--port {8000 + n}" in unit
+        assert f"Description=vLLM {model} (instance {n}, GPUs {n})" in unit
+        snapshot = "aaa111" if model == L8 else "bbb222"
+        other = "bbb222" if model == L8 else "aaa111"
+        assert snapshot in envs[f"vllm-{n}.env"] and other not in envs[f"vllm-{n}.env"]
+    assert [(r.instance, r.served_model) for r in part.revisions] == [
+        ("vllm-0", "eight"), ("vllm-1", "eight"), ("vllm-2", M7), ("vllm-3", M7),
+    ]  # fmt: skip
+    assert part.served == f"eight, {M7}"
+    again = part_of(BEFORE, weights=((L8, "aaa111"), (M7, "bbb222")))
+    assert [(f.path, f.content) for f in again.files] == [(f.path, f.content) for f in part.files]
+
+
+CHANGES = [
+    (
+        "the first entry's model",
+        [{"model": "Qwen/Qwen2.5-7B-Instruct", "gpus": 2, "model_config": QWEN}, BEFORE[1]],
+        {"vllm-0", "vllm-1"},
+    ),
+    (
+        "the second entry's model",
+        [BEFORE[0], {"model": "Qwen/Qwen2.5-7B-Instruct", "gpus": 2, "model_config": QWEN}],
+        {"vllm-2", "vllm-3"},
+    ),
+    ("the second entry's served name", [BEFORE[0], {**BEFORE[1], "served_model_name": "seven"}], {"vllm-2", "vllm-3"}),
+    ("the first entry's KV cache dtype", [{**BEFORE[0], "kv_cache_dtype": "fp8"}, BEFORE[1]], {"vllm-0", "vllm-1"}),
+    (
+        "the first entry's tensor parallel size (one instance fewer, the other entry not renumbered)",
+        [{**BEFORE[0], "tensor_parallel_size": 2, "allow_pcie_tensor_parallel": True}, BEFORE[1]],
+        {"vllm-0", "vllm-1"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("models", "changed"), [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES])
+def test_a_change_to_one_entry_is_a_new_revision_of_its_instances_only(
+    models: list[dict[str, Any]], changed: set[str]
+) -> None:
+    """Configuration revisions are per instance (``fleet.render.revision``): the rollout restarts
+    the instances whose revision changed, so only the changed entry's."""
+    before, after = ids(part_of(BEFORE)), ids(part_of(models))
+    differ = {i for i in before.keys() | after.keys() if before.get(i) != after.get(i)}
+    assert differ == changed
+
+
+def test_a_new_snapshot_of_one_model_is_a_new_revision_of_its_instances_only() -> None:
+    before = ids(part_of(BEFORE, weights=((L8, "aaa111"), (M7, "bbb222"))))
+    after = ids(part_of(BEFORE, weights=((L8, "aaa111"), (M7, "ccc333"))))
+    assert {i for i in before if before[i] != after[i]} == {"vllm-2", "vllm-3"}
+
+
+def test_lb_export_has_a_backend_per_model_with_its_instances(tmp_path: Path) -> None:
+    from fleet.lb.config import fleet_configs, render_config
+
+    models = [
+        {**BEFORE[0], "balancer": {"kind": "haproxy", "on": "local", "bind": "127.0.0.1:8080"}},
+        {**BEFORE[1], "balancer": {"kind": "haproxy", "on": "local", "bind": "127.0.0.1:8081"}},
+    ]
+    path = inventory(tmp_path, {"h1": data(L40S, models)})
+    loaded = load_for_planning(path)
+    fleet = build_fleet_plan(loaded)
+    (config,) = fleet_configs(loaded, {o.spec.name: o.plan for o in fleet.hosts})
+    got = [(b.name, b.bind, [s.name for s in b.servers]) for b in config.backends]
+    assert got == [
+        ("eight", "127.0.0.1:8080", ["h1:vllm-0", "h1:vllm-1"]),
+        ("mistralai_Mistral-7B-Instruct-v0.3", "127.0.0.1:8081", ["h1:vllm-2", "h1:vllm-3"]),
+    ]
+    text = render_config(config, str(path))
+    assert "backend eight" in text and "backend mistralai_Mistral-7B-Instruct-v0.3" in text
+
+
+def test_rollout_model_on_a_host_with_models_says_what_to_do_instead(tmp_path: Path) -> None:
+    path = inventory(tmp_path, {"h1": data(L40S, BEFORE)})
+    with pytest.raises(InventoryError) as exc:
+        load_for_planning(path, overrides={"model": M7, "model_config": None})
+    (problem,) = exc.value.problems
+    assert problem.field == "model" and problem.value == M7 and problem.inventory == "(command line)"
+    assert "change the model of the entry you mean in the inventory (models[N].model)" in problem.allowed
