@@ -82,6 +82,7 @@ from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.plan.models import served_names
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.part import HostPart, api_key, host_part
@@ -192,9 +193,11 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
 def _endpoints(plan: HostPlan, bind: str) -> list[Endpoint]:
     """The instances this host serves: a headless node of an instance serves no HTTP; its leader's
     endpoint, on the leader's host, stands for the whole instance (``fleet.deploy.multinode``)."""
-    served = plan.model
+    served = served_names(plan, plan.model)  # a host with models: each instance its entry's served name
     return [
-        Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served) for i in plan.instances if i.serves
+        Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served[i.index])
+        for i in plan.instances
+        if i.serves
     ]
 
 

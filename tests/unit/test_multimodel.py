@@ -434,3 +434,30 @@ def test_rollout_model_on_a_host_with_models_says_what_to_do_instead(tmp_path: P
     (problem,) = exc.value.problems
     assert problem.field == "model" and problem.value == M7 and problem.inventory == "(command line)"
     assert "change the model of the entry you mean in the inventory (models[N].model)" in problem.allowed
+
+
+def test_fleet_plan_shows_each_model_with_its_gpus_instances_and_reasons(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    models = [{"model": L70, "gpus": 4, "weights": "fp8"}, {"model": L8, "gpus": 4, "served_model_name": "small"}]
+    path = inventory(tmp_path, {"mixed": data(H100x8, models)})
+    env = {**os.environ, "COLUMNS": "120"}
+    table = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "plan", "--offline", str(path)],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    out = table.stdout
+    assert f"models[0] {L70}" in out and "GPUs 0-3" in out and "weights fp8" in out
+    assert f"models[1] {L8}" in out and "served as small" in out and "GPUs 4-7" in out
+    assert "instance 4: GPUs [4]" in out and "port 8004" in out and "base port 8000 + instance 4" in out
+    assert "online FP8" in out  # the 70B's own weights reason, under its entry
+    bad = inventory(tmp_path, {"mixed": data(H100x8, [{"model": L70, "gpus": 6}, {"model": L8, "gpus": 4}])})
+    refused = subprocess.run(
+        [sys.executable, "-m", "fleet.cli", "plan", "--offline", str(bad)],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "the entries' gpus add up to 10, more than the host's 8" in refused.stdout + refused.stderr
