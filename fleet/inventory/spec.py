@@ -832,8 +832,14 @@ def _entry_problems(h: _Host, raw: object) -> list[tuple[int, dict[str, Any], in
             h.problem(where, entry, "must be a dict: {model: org/name, gpus: N, ...per-model keys}")
             continue
         ok = True
+        inner = _Host(h.inventory, h.name, None)
+        refused = _secrets(inner, {str(k): v for k, v in entry.items()})  # never echoed, under its entry
+        for p in inner.problems:
+            h.problems.append(dataclasses.replace(p, inventory=h.sources.get("models", h.inventory),
+                                                  field=f"{where}.{p.field}"))  # fmt: skip
+        ok = not refused
         for key in entry:
-            if key in allowed:
+            if key in allowed or str(key) in refused:
                 continue
             if isinstance(key, str) and key in KNOWN_KEYS:
                 h.problem(f"{where}.{key}", entry[key], "a key of the whole host, not of one model: set it beside "

@@ -461,3 +461,13 @@ def test_fleet_plan_shows_each_model_with_its_gpus_instances_and_reasons(tmp_pat
     )  # fmt: skip
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "the entries' gpus add up to 10, more than the host's 8" in refused.stdout + refused.stderr
+
+
+def test_a_secret_in_an_entry_is_refused_under_its_entry_and_never_echoed() -> None:
+    token = "sk-proj-" + "A1b2C3d4" * 6
+    entries = [{**TWO[0], "api_key": token}, {**TWO[1], "served_model_name": token}, {**TWO[1], token: 1}]
+    with pytest.raises(InventoryError) as exc:
+        host_spec("inv.py", "h1", (), data(H100x8, entries))
+    fields = [p.field for p in exc.value.problems]
+    assert {"models[0].api_key", "models[1].served_model_name", "models[2].<a field name>"} <= set(fields)
+    assert token not in str(exc.value) and all(p.secret for p in exc.value.problems if p.field.startswith("models["))
