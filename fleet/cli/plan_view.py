@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.gpus import GiB
+from fleet.inventory.spec import HostSpec
 from fleet.plan.outcomes import HostOutcome
 from fleet.plan.planner import SET_BY_FLEET, HostPlan, Instance
 
@@ -136,7 +137,7 @@ def _instance_parts(instances: tuple[Instance, ...]) -> list[Table | Text]:
     return parts
 
 
-def _models_parts(plan: HostPlan) -> list[Table | Text]:
+def _models_parts(plan: HostPlan, spec: HostSpec) -> list[Table | Text]:
     """A host with ``models``: each entry with its GPUs, instances, totals, notes and warnings."""
     parts: list[Table | Text] = []
     for m in plan.models:
@@ -151,10 +152,11 @@ def _models_parts(plan: HostPlan) -> list[Table | Text]:
             )
         )
         parts += _instance_parts(p.instances)
+        target = spec.models[m.entry].spec.workload.target_concurrency
         parts.append(
             Text(
                 f"{len(p.instances)} instance(s), {p.total_kv_tokens:,} KV tokens, {p.workload_concurrency:,} "
-                f"concurrent requests of the workload"
+                f"concurrent requests of the workload (target {target})"
             )
         )
         prefix = f"models[{m.entry}] {m.model}: "
@@ -195,7 +197,7 @@ def plan_panel(outcome: HostOutcome) -> Panel:
         )
     ]
     if plan.models:
-        parts += _models_parts(plan)
+        parts += _models_parts(plan, spec)
         for warning in plan.warnings:
             if not warning.startswith("models["):  # the entries' own are shown with their entry
                 parts.append(Text(f"! {warning}", style="yellow"))
