@@ -368,6 +368,11 @@ class ModelEntry:
     index: int  #: its place in ``models`` (GPUs are given in this order)
     gpus: int
     spec: HostSpec
+    own: tuple[str, ...] = ()  #: the keys the entry sets itself (the rest are the host's)
+
+    def field(self, name: str) -> str:
+        """How a problem names ``name`` of this entry's spec: ``models[N].KEY`` for its own keys."""
+        return f"models[{self.index}].{name}" if name.split(".", 1)[0] in self.own else name
 
 
 @dataclass(frozen=True)
@@ -897,7 +902,7 @@ def _multi_model_spec(h: _Host, groups: tuple[str, ...], data: dict[str, Any]) -
                 inventory = where_models if mine else p.inventory
                 h.problems.append(dataclasses.replace(p, inventory=inventory, field=fld))
             continue
-        found.append(ModelEntry(i, gpus, spec))
+        found.append(ModelEntry(i, gpus, spec, tuple(keys)))
     if found and not h.problems:
         _model_entry_rules(h, found)
     if h.problems or not found:
@@ -1128,9 +1133,9 @@ def load_inventory(
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:
-        problems += [
-            p for s in specs if selected is None or s.name in selected for m in s.model_specs for p in host_check(m)
-        ]
+        for s in specs:
+            if selected is None or s.name in selected:
+                problems += _entry_checks(s, host_check)
     if problems:
         order = {entry.name: n for n, entry in enumerate(files.hosts)}
         raise InventoryError(sorted(problems, key=lambda p: order.get(p.host, -1)))  # host by host
@@ -1140,6 +1145,20 @@ def load_inventory(
     return LoadedInventory(
         str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check
     )
+
+
+def _entry_checks(spec: HostSpec, check: HostCheck) -> list[FieldProblem]:
+    """``check`` of a host, or of each of its ``models`` entries: an entry's own keys named
+    ``models[N].KEY``, a problem of the host's keys once."""
+    if not spec.models:
+        return check(spec)
+    out: list[FieldProblem] = []
+    for entry in spec.models:
+        for p in check(entry.spec):
+            named = dataclasses.replace(p, field=entry.field(p.field))
+            if named not in out:
+                out.append(named)
+    return out
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

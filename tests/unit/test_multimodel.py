@@ -471,3 +471,52 @@ def test_a_secret_in_an_entry_is_refused_under_its_entry_and_never_echoed() -> N
     fields = [p.field for p in exc.value.problems]
     assert {"models[0].api_key", "models[1].served_model_name", "models[2].<a field name>"} <= set(fields)
     assert token not in str(exc.value) and all(p.secret for p in exc.value.problems if p.field.startswith("models["))
+
+
+# -- what the other commands take from a host with models ------------------------------------------
+
+
+def test_an_entrys_extra_flag_is_checked_against_vllm_and_named_under_its_entry(tmp_path: Path) -> None:
+    """An entry's key replaces the host's whole (``vllm_extra_args`` too); the others inherit it."""
+    models = [
+        {**TWO[0], "vllm_extra_args": {"--enforce-eagre": True}},
+        {"model": L8, "gpus": 2},
+        {"model": M7, "gpus": 2},
+    ]
+    path = inventory(tmp_path, {"h1": data(H100x8, models, vllm_extra_args={"--swap-space": 4})})
+    with pytest.raises(InventoryError) as exc:
+        load_for_planning(path)
+    fields = sorted(p.field for p in exc.value.problems)
+    assert fields == ["models[0].vllm_extra_args.--enforce-eagre", "vllm_extra_args.--swap-space"], fields
+    problems = {p.field: p for p in exc.value.problems}
+    assert "did you mean '--enforce-eager'" in problems["models[0].vllm_extra_args.--enforce-eagre"].allowed
+
+
+def test_stage_prune_status_and_balancer_seats_see_every_model(tmp_path: Path) -> None:
+    from fleet.lb.traffic import balancer_of
+    from fleet.monitor.targets import targets_from_outcomes
+    from fleet.weights.prune import planned_models
+    from fleet.weights.stage import jobs_for
+
+    source = tmp_path / "models"
+    for model in (L8, M7):
+        (source / model).mkdir(parents=True)
+        (source / model / "config.json").write_text((REPO / "fleet/data/models" / model / "config.json").read_text())
+    b = {"kind": "haproxy", "on": "local"}
+    models = [
+        {"model": L8, "gpus": 2, "served_model_name": "eight", "balancer": {**b, "bind": "127.0.0.1:8080"}},
+        {"model": M7, "gpus": 2, "balancer": {**b, "bind": "127.0.0.1:8081"}},
+    ]
+    raw = data(L40S, models, model_source={"kind": "dir", "path": str(source)})
+    loaded = load_for_planning(inventory(tmp_path, {"h1": raw}))
+    spec = loaded.host("h1")
+    assert [(j.model, j.source) for j in jobs_for(loaded)] == [(L8, str(source)), (M7, str(source))]
+    assert planned_models(spec) == (L8, M7)
+    fleet = build_fleet_plan(loaded)
+    targets = targets_from_outcomes(fleet.hosts, loaded)
+    assert [(t.index, t.model) for t in targets] == [(0, "eight"), (1, "eight"), (2, M7), (3, M7)]
+    seat = balancer_of(spec, "eight")
+    assert seat is not None and (seat.backend, seat.bind) == ("eight", "127.0.0.1:8080")
+    seat = balancer_of(spec, M7)
+    assert seat is not None and seat.bind == "127.0.0.1:8081"
+    assert balancer_of(spec, "no-such-model") is None
