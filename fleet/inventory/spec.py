@@ -836,7 +836,6 @@ def _entry_problems(h: _Host, raw: object) -> list[tuple[int, dict[str, Any], in
         if not isinstance(entry, dict):
             h.problem(where, entry, "must be a dict: {model: org/name, gpus: N, ...per-model keys}")
             continue
-        ok = True
         inner = _Host(h.inventory, h.name, None)
         refused = _secrets(inner, {str(k): v for k, v in entry.items()})  # never echoed, under its entry
         for p in inner.problems:
@@ -1059,10 +1058,13 @@ def _model_problems(
     found: list[FieldProblem] = []
     why: dict[tuple[str, str | None], str | None] = {}
     for entry, spec in entries:
-        for model_spec in spec.model_specs if spec is not None else (None,):
-            pair = _model_of(entry, model_spec, problems)
-            if pair is None:
-                continue
+        if spec is not None and spec.models:  # each entry's model, named under its entry
+            for m in spec.models:
+                for p in _model_problem(entry, (m.spec.model, m.spec.model_config), why, check, path):
+                    found.append(dataclasses.replace(p, field=m.field(p.field), inventory=spec.source_of("models")))
+            continue
+        pair = _model_of(entry, spec, problems)
+        if pair is not None:
             found += _model_problem(entry, pair, why, check, path)
     return found
 
@@ -1155,7 +1157,10 @@ def _entry_checks(spec: HostSpec, check: HostCheck) -> list[FieldProblem]:
     out: list[FieldProblem] = []
     for entry in spec.models:
         for p in check(entry.spec):
-            named = dataclasses.replace(p, field=entry.field(p.field))
+            fld = entry.field(p.field)
+            named = dataclasses.replace(p, field=fld) if fld == p.field else dataclasses.replace(
+                p, field=fld, inventory=spec.source_of("models")
+            )  # fmt: skip
             if named not in out:
                 out.append(named)
     return out

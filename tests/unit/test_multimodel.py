@@ -287,7 +287,7 @@ def test_a_missing_model_config_of_any_entry_is_found_when_the_inventory_is_load
     path = inventory(tmp_path, {"h1": data(H100x8, [TWO[0], {"model": "no-such-org/no-such-model", "gpus": 2}])})
     with pytest.raises(InventoryError) as exc:
         load_for_planning(path)
-    assert [(p.field, p.value) for p in exc.value.problems] == [("model", "no-such-org/no-such-model")]
+    assert [(p.field, p.value) for p in exc.value.problems] == [("models[1].model", "no-such-org/no-such-model")]
 
 
 def facts(name: str) -> HostFacts:
