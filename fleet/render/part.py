@@ -36,6 +36,7 @@ from fleet.inventory.drivers import KEEP
 from fleet.inventory.spec import HostSpec, host_spec
 from fleet.plan.cuda import CudaPlan
 from fleet.plan.gpu_source import GpusNotKnownYet, gpu_source
+from fleet.plan.models import served_names
 from fleet.plan.planner import HostPlan
 from fleet.render.revision import Revision, revisions_of
 from fleet.render.units import HostPaths, RenderedFile, render_host
@@ -172,8 +173,6 @@ def served_name(spec: HostSpec, plan: HostPlan) -> str:
 
 def instance_served(spec: HostSpec, plan: HostPlan) -> dict[str, str]:
     """Instance (``vllm-N``) -> the model name it answers to."""
-    from fleet.plan.models import served_names
-
     return {f"vllm-{k}": name for k, name in served_names(plan, spec.served_model_name or plan.model).items()}
 
 
