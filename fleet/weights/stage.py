@@ -415,9 +415,12 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         target = SshTarget.from_data(spec.name, data)
         if spec.model_source is not None:
-            out.append(StageJob(target, spec.model, spec.model_source.path))
-            if (draft := draft_in_source(spec)) is not None:
-                out.append(StageJob(target, draft, spec.model_source.path))
+            staged: list[str] = []  # a host with models: each entry's model and draft, each once
+            for m in spec.model_specs:
+                for repo in (m.model, draft_in_source(m)):
+                    if repo is not None and repo not in staged and not repo.startswith("/"):
+                        staged.append(repo)
+                        out.append(StageJob(target, repo, spec.model_source.path))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out
