@@ -955,6 +955,9 @@ FIELD_HELP: dict[str, str] = {
     "or {kind: hub, endpoint: https://hf-mirror.internal, token_ref?: env:HF_TOKEN, revision?: main, cache_dir?}: "
     "a mirror laid out like the Hugging Face Hub",
     "model_source.kind": "dir (a directory on this machine) or hub (a mirror laid out like the Hugging Face Hub)",
+    "model_source.endpoint": "the URL of a mirror laid out like the Hugging Face Hub (what HF_ENDPOINT would name), "
+    "e.g. https://hf-mirror.internal",
+    "model_source.path": "the directory on this machine holding ORG/NAME/ per model, e.g. /srv/models",
     "staging": "{port: 7470, egress_mib_s: 100, concurrency: 16}: how hosts copy the model to each other "
     "(fleet stage --fanout)",
     "staging.port": "a port from 1024 to 65535, not one the host serves on, its ssh_port or master_port",

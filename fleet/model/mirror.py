@@ -157,6 +157,12 @@ _known: dict[tuple[str, str, str, str], RemoteSnapshot] = {}
 _known_lock = threading.Lock()
 
 
+def forget() -> None:
+    """Ask the mirror again next time (what this process resolved is forgotten)."""
+    with _known_lock:
+        _known.clear()
+
+
 def _repo_file(f: RepoFile) -> RemoteFile:
     return RemoteFile(f.path, int(f.size), str(f.blob_id), f.lfs.sha256 if f.lfs is not None else None)
 
