@@ -189,7 +189,7 @@ def test_the_manifest_is_the_mirrors_metadata_and_the_copy_matches_it(
     assert {f.path: f.sha256 for f in manifest.files} == want
     assert {f.path: f.size for f in manifest.files} == {p: (checkpoint / p).stat().st_size for p in want}
     # the LFS files' SHA-256 are the mirror's own metadata, as the tree listing gave them
-    lfs = {e["path"]: e["lfs"]["oid"] for e in hub.repos[MODEL].files.values() if "lfs" in e}  # type: ignore[index]
+    lfs = {str(e["path"]): str(e["lfs"]["oid"]) for e in hub.repos[MODEL].files.values() if "lfs" in e}  # type: ignore[index]
     assert lfs and all(manifest.by_path()[p].sha256 == sha for p, sha in lfs.items())
     top = Path(source.model_dir(MODEL))
     assert sha256s(top) == want and sorted(hashed) == sorted(want)
