@@ -979,8 +979,8 @@ def _source_problems(specs: Sequence[HostSpec], selected: set[str] | None, check
             try:
                 check(spec)
                 why[key] = None
-            except FleetError as exc:
-                why[key] = str(exc)
+            except FleetError as exc:  # the problem names the field and the mirror already
+                why[key] = str(exc).removeprefix(f"model_source {source.endpoint}: ")
         if (reason := why[key]) is not None:
             where = spec.source_of("model_source")
             found.append(FieldProblem(where, spec.name, "model_source", source.endpoint, reason))

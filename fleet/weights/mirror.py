@@ -61,10 +61,18 @@ def _remove_others(top: Path, keep: set[str]) -> None:
 
 
 def mirror_manifest(
-    source: ModelSource, model: str, hashed: list[str] | None = None, note: Note = lambda _t: None
+    source: ModelSource,
+    model: str,
+    hashed: list[str] | None = None,
+    note: Note = lambda _t: None,
+    *,
+    fetch: bool = True,
 ) -> Manifest:
     """The manifest of ``model`` at the source's revision, with every file of it on this machine
     and checked (see the module docstring). ``hashed`` receives the paths downloaded this time.
+    ``fetch=False`` (a dry run): the LFS files this machine lacks are not downloaded, their
+    manifest entries are the mirror's metadata (the same manifest a fetch would give; the small
+    files are still fetched: their SHA-256 is known only from their content).
     ``FleetError`` (``MirrorError``) says why not, naming the mirror, the model and the file."""
     snapshot = remote_snapshot(source, model)
     top = Path(source.model_dir(model))
@@ -73,12 +81,15 @@ def mirror_manifest(
         cached = cached_hashes(top)
         digests: dict[str, str] = {}
         todo: list[RemoteFile] = []
+        later: dict[str, str] = {}  #: LFS files left on the mirror (``fetch=False``)
         for want in snapshot.files:
             sha = _have(want, top / want.path, cached)
-            if sha is None:
-                todo.append(want)
-            else:
+            if sha is not None:
                 digests[want.path] = sha
+            elif not fetch and want.sha256 is not None:
+                later[want.path] = want.sha256
+            else:
+                todo.append(want)
         need = sum(f.size for f in todo)
         if todo:
             why = space_refusal(need, shutil.disk_usage(top).free, f"this machine ({top})")
@@ -90,12 +101,13 @@ def mirror_manifest(
             digests[want.path] = fetch_file(source, snapshot, want, top)
             if hashed is not None:
                 hashed.append(want.path)
-        _remove_others(top, set(digests))
+        _remove_others(top, set(digests) | set(later))
         clear_downloads(top)
         files: dict[str, list[object]] = {}
         for rel, sha in digests.items():
             st = (top / rel).stat()
             files[rel] = [st.st_size, st.st_mtime_ns, sha]
         remember_hashes(top, files)
+    digests.update(later)
     entries = tuple(sorted(FileEntry(f.path, f.size, digests[f.path]) for f in snapshot.files))
     return Manifest(model, entries)

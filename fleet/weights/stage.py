@@ -168,19 +168,19 @@ Progress = Callable[[str, str, int, int], None]
 
 
 def manifests_for(
-    jobs: Sequence[StageJob], hashed: list[str] | None = None, note: Note = lambda _t: None
+    jobs: Sequence[StageJob], hashed: list[str] | None = None, note: Note = lambda _t: None, *, fetch: bool = True
 ) -> dict[tuple[str, str], Manifest]:
     """One manifest per (source, model), computed before any host is touched; ``FleetError``
     (naming the source and the file) when one cannot be read. A ``hub`` source's files are
     fetched here and checked against the mirror's metadata (``fleet.weights.mirror``; ``note``
-    tells what is fetched)."""
+    tells what is fetched; ``fetch=False``, a dry run: its weights are left on the mirror)."""
     out: dict[tuple[str, str], Manifest] = {}
     for job in jobs:
         key = (job.source, job.model)
         if key in out:
             continue
         if job.hub is not None:
-            out[key] = mirror_manifest(job.hub, job.model, hashed, note)
+            out[key] = mirror_manifest(job.hub, job.model, hashed, note, fetch=fetch)
         else:
             out[key] = build_manifest(job.source, job.model, hashed, directory=job.directory, marker=job.marker)
     return out

@@ -332,3 +332,13 @@ def test_fetch_planning_files_keeps_a_matching_copy(hub: HubStandIn, tmp_path: P
     mirror.forget()
     assert fetch_planning_files(source, MODEL) == top
     assert [r for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]] == gets
+
+
+def test_a_dry_run_leaves_the_weights_on_the_mirror_and_gets_the_same_manifest(hub: HubStandIn, tmp_path: Path) -> None:
+    source = source_of(hub, tmp_path / "cache")
+    dry = mirror_manifest(source, MODEL, fetch=False)
+    got = {r[1].rsplit("/", 1)[1] for r in hub.requests if r[0] == "GET" and "/resolve/" in r[1]}
+    assert got == {"config.json", "tokenizer_config.json", "model.safetensors.index.json"}
+    assert not list(Path(source.model_dir(MODEL)).glob("*.safetensors"))
+    mirror.forget()
+    assert mirror_manifest(source, MODEL) == dry  # the same revision the hosts get
