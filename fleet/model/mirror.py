@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import threading
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from fleet.errors import FleetError
 from fleet.inventory.spec import ModelSource
+from fleet.logs import handler
 from fleet.secret_store import read_secret
 
 if TYPE_CHECKING:
@@ -100,6 +102,21 @@ def _token(source: ModelSource) -> str | bool:
 
 def _where(source: ModelSource, model: str) -> str:
     return f"model_source {source.endpoint}: {model} at revision {source.revision}"
+
+
+def _hub_logs_to_file() -> None:
+    """``huggingface_hub`` prints its warnings on stderr itself (a ``StreamHandler`` on its root
+    logger, ``huggingface_hub/utils/logging.py``): into fleet's log file instead, redacted
+    (``fleet.logs``), never in the middle of fleet's output or ``--json`` runs."""
+    import huggingface_hub.utils.logging as hub_logging
+
+    logger = hub_logging.get_logger("huggingface_hub")
+    for h in list(logger.handlers):
+        if type(h) is logging.StreamHandler:
+            logger.removeHandler(h)
+    if handler() not in logger.handlers:
+        logger.addHandler(handler())
+    logger.propagate = False
 
 
 def _transport() -> tuple[type[BaseException], ...]:
@@ -177,6 +194,8 @@ def remote_snapshot(source: ModelSource, model: str, *, fresh: bool = False) -> 
             return _known[key]
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
+
+    _hub_logs_to_file()
 
     api = HfApi(endpoint=source.endpoint, token=_token(source), library_name="fleet")
     try:

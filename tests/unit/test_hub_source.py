@@ -342,3 +342,15 @@ def test_a_dry_run_leaves_the_weights_on_the_mirror_and_gets_the_same_manifest(h
     assert not list(Path(source.model_dir(MODEL)).glob("*.safetensors"))
     mirror.forget()
     assert mirror_manifest(source, MODEL) == dry  # the same revision the hosts get
+
+
+def test_the_librarys_warnings_go_to_fleets_log_redacted(
+    hub: HubStandIn, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    mirror_manifest(source_of(hub, tmp_path / "cache"), MODEL)
+    logging.getLogger("huggingface_hub.file_download").warning("Couldn't access the Hub with %s", TOKEN)
+    assert "Couldn't access" not in capfd.readouterr().err
+    log = Path(os.environ["FLEET_LOG"]).read_text()
+    assert "Couldn't access the Hub with <redacted>" in log and TOKEN not in log
