@@ -354,3 +354,24 @@ def test_the_librarys_warnings_go_to_fleets_log_redacted(
     assert "Couldn't access" not in capfd.readouterr().err
     log = Path(os.environ["FLEET_LOG"]).read_text()
     assert "Couldn't access the Hub with <redacted>" in log and TOKEN not in log
+
+
+def test_one_run_serves_one_commit_and_the_next_follows_the_branch(
+    hub: HubStandIn, checkpoint: Path, tmp_path: Path
+) -> None:
+    source = source_of(hub, tmp_path / "cache")
+    first = mirror_manifest(source, MODEL)
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    for p in checkpoint.iterdir():
+        if p.name != "model-00002-of-00002.safetensors":
+            (newer / p.name).write_bytes(p.read_bytes())
+    (newer / "model-00003.safetensors").write_bytes(b"\x08" + b"\0" * 7 + b"{}      ")
+    commit = hub.add(MODEL, newer)  # main moves on
+    assert mirror_manifest(source, MODEL) == first  # this process planned the first commit: it stages it
+    mirror.forget()
+    second = mirror_manifest(source, MODEL)
+    assert second.revision != first.revision and "model-00003.safetensors" in second.by_path()
+    top = Path(source.model_dir(MODEL))
+    assert not (top / "model-00002-of-00002.safetensors").exists()  # the old commit's file is gone here
+    assert any(f"/resolve/{commit}/model-00003.safetensors" in r[1] for r in hub.requests)
