@@ -8,6 +8,7 @@ session's ``lab_fleet``."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ import pytest
 from tests.hubmirror import HubStandIn
 
 from .conftest import LabFleet
+from .deploying import REPO_ROOT
 from .test_stage_lab import (
+    FLEET,
     MODEL,
     REPO,
     host_sums,
@@ -92,3 +95,26 @@ def test_stage_from_a_hub_mirror_behind_a_token(
                 on(lab_fleet, i, f"sudo rm -rf {REPO}")
             for i in created:
                 on(lab_fleet, i, "sudo userdel -r vllm")
+
+
+def test_a_dry_deploy_plans_from_the_mirror_and_leaves_its_weights_there(
+    lab_fleet: LabFleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fleet deploy --dry` on a hub source: the plan reads config.json from the mirror (this machine
+    has no copy), the manifest is the mirror's metadata, and no weight file is downloaded."""
+    top = make_checkpoint(tmp_path / "repo")
+    host = lab_fleet.state.hosts[0].name
+    with HubStandIn(token=TOKEN) as hub:
+        hub.add(MODEL, top)
+        source = {"kind": "hub", "endpoint": hub.url, "token_ref": "env:MIRROR_TOKEN", "cache_dir": str(tmp_path / "c")}
+        inventory = staging_inventory(lab_fleet, tmp_path / "dry.py", top, model_source=source)
+        monkeypatch.setenv("MIRROR_TOKEN", TOKEN)
+        proc = subprocess.run(
+            [str(FLEET), "deploy", str(inventory), "--dry", "--limit", host, "--json"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert TOKEN not in proc.stdout + proc.stderr
+        got = {p.rsplit("/", 1)[1] for m, p, _a in hub.requests if m == "GET" and "/resolve/" in p}
+        assert got == {"config.json", "tokenizer_config.json", "model.safetensors.index.json"}, got
+        assert not list((tmp_path / "c").rglob("*.safetensors"))
