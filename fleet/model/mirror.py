@@ -152,7 +152,8 @@ def _explain(exc: BaseException, source: ModelSource, model: str, what: str) -> 
             )
         return MirrorError(
             f"{where}: the mirror wants a token (HTTP {status}) while {what}: set model_source.token_ref "
-            "to env:NAME or file:/path holding one"
+            f"to env:NAME or file:/path holding one (the Hub answers so without a token for a model it does "
+            f"not hold, too: check model)"
         )
     if isinstance(exc, RepositoryNotFoundError) or (status == 404 and not isinstance(exc, RemoteEntryNotFoundError)):
         return MirrorError(
@@ -172,6 +173,13 @@ def _explain(exc: BaseException, source: ModelSource, model: str, what: str) -> 
 
 _known: dict[tuple[str, str, str, str], RemoteSnapshot] = {}
 _known_lock = threading.Lock()
+
+
+def _not_a_hub(source: ModelSource, model: str, what: str, exc: BaseException) -> MirrorError:
+    return MirrorError(
+        f"{_where(source, model)}: the answer while {what} is not the Hub's ({type(exc).__name__}: "
+        f"{str(exc)[:200]}): is model_source.endpoint a mirror laid out like the Hugging Face Hub?"
+    )
 
 
 def forget() -> None:
@@ -202,6 +210,8 @@ def remote_snapshot(source: ModelSource, model: str, *, fresh: bool = False) -> 
         info = api.model_info(model, revision=source.revision, timeout=TIMEOUT_S)
     except _transport() as exc:
         raise _explain(exc, source, model, "resolving the revision") from None
+    except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not the Hub's
+        raise _not_a_hub(source, model, "resolving the revision", exc) from None
     commit = info.sha
     if not isinstance(commit, str) or len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
         raise MirrorError(
@@ -212,6 +222,8 @@ def remote_snapshot(source: ModelSource, model: str, *, fresh: bool = False) -> 
         entries = list(api.list_repo_tree(model, recursive=True, revision=commit))
     except _transport() as exc:
         raise _explain(exc, source, model, "listing the files") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _not_a_hub(source, model, "listing the files", exc) from None
     files = []
     for entry in entries:
         if not isinstance(entry, RepoFile) or _hidden(entry.path):

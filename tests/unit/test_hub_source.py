@@ -249,6 +249,7 @@ def test_a_token_the_mirror_refuses_names_the_ref_never_the_token(
     with pytest.raises(MirrorError) as err:
         mirror_manifest(source_of(hub, tmp_path / "cache"), MODEL)
     assert "the mirror wants a token (HTTP 401)" in str(err.value) and "set model_source.token_ref" in str(err.value)
+    assert "check model" in str(err.value)  # the Hub answers 401 for a model it lacks, without a token
     assert all(auth is None for _m, _p, auth in hub.requests)
     monkeypatch.setenv("MIRROR_TOKEN", "hf_" + "WrongWrongWrong1234567890abcdef")
     mirror.forget()
@@ -375,3 +376,32 @@ def test_one_run_serves_one_commit_and_the_next_follows_the_branch(
     top = Path(source.model_dir(MODEL))
     assert not (top / "model-00002-of-00002.safetensors").exists()  # the old commit's file is gone here
     assert any(f"/resolve/{commit}/model-00003.safetensors" in r[1] for r in hub.requests)
+
+
+def test_a_server_that_is_not_a_hub_mirror_is_named(tmp_path: Path) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from threading import Thread
+
+    class Page(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = b"<html>welcome</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        mirror.forget()
+        data = {"kind": "hub", "endpoint": f"http://127.0.0.1:{server.server_address[1]}", "cache_dir": str(tmp_path)}
+        source = host_spec("inv.py", "gpu-1", (), {**BASE, "model_source": data}).model_source
+        assert source is not None
+        with pytest.raises(MirrorError, match=r"is not the Hub.s .*: is model_source\.endpoint a mirror laid out like"):
+            mirror_manifest(source, MODEL)
+    finally:
+        server.shutdown()
+        server.server_close()
