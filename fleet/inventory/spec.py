@@ -203,10 +203,6 @@ class ModelSource:
     def model_dir(self, model: str) -> str:
         return source_model_dir(self.path, model)
 
-    def describe(self) -> str:
-        """For messages: the directory, or the mirror and revision (never a token)."""
-        return self.path if self.endpoint is None else f"{self.endpoint} (revision {self.revision})"
-
 
 def _model_source(raw: DirSourceData | HubSourceData | None) -> ModelSource | None:
     if raw is None:
