@@ -436,7 +436,8 @@ def deploy(
     t0 = time.monotonic()
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
-    manifests = staging.manifests(loaded)  # a source that cannot be read: before any host (dry runs too)
+    # a source that cannot be read: before any host (dry runs too; a dry run leaves a mirror's weights there)
+    manifests = staging.manifests(loaded, fetch=not dry)
     weights = staging.weights_by_host(loaded, manifests)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)

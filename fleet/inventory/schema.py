@@ -81,8 +81,15 @@ Where the model's weights come from (``fleet.weights`` stages them on the hosts)
   ``ORG/NAME/`` (what ``huggingface-cli download ORG/NAME --local-dir /srv/models/ORG/NAME``
   writes); the directory must exist and be readable here, and hold ``ORG/NAME/config.json`` for
   the host's ``model`` (a Hugging Face id: a path ``model`` is served from where it is). Checked
-  when the inventory is loaded, before any host is touched. ``kind`` leaves room for the sources
-  to come (an HTTP mirror laid out like the Hub, a store host): each a model of its own here.
+  when the inventory is loaded, before any host is touched;
+* ``{kind: hub, endpoint: https://hf-mirror.internal, token_ref: env:HF_TOKEN, revision: main,
+  cache_dir: /srv/hf-cache}``: an HTTP(S) mirror laid out like the Hugging Face Hub (the URL
+  ``HF_ENDPOINT`` would name; no user or password in it, no query), its bearer token (if it needs
+  one) a secret reference (``env:NAME`` or ``file:/path``, never the token), the branch, tag or
+  commit to serve (default ``main``), and where this machine keeps the files (default
+  ``$XDG_CACHE_HOME/fleet/hub``). Only this machine talks to the mirror (``fleet.model.mirror``);
+  whether it answers, holds the model and takes the token is asked before any host is touched.
+  A store host is a kind to come, a model of its own here.
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
@@ -106,6 +113,7 @@ else the string), so the same strict grammar applies to them: ``releases_kept=2`
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -113,7 +121,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
@@ -313,6 +321,68 @@ def _source_dir(value: str) -> str:
 def source_model_dir(root: str, model: str) -> str:
     """Where a ``dir`` model source holds ``model`` (``org/name``): ``ROOT/org/name``."""
     return os.path.join(root, *model.split("/"))
+
+
+def _hub_endpoint(value: str) -> str:
+    rule = (
+        "an http:// or https:// URL of a mirror laid out like the Hugging Face Hub (what HF_ENDPOINT names), "
+        "with a host, no user or password (a token goes in token_ref), no query or fragment, "
+        "e.g. https://hf-mirror.internal"
+    )
+    try:
+        _url(value)
+    except ValueError:
+        raise ValueError(rule) from None
+    parts = urlsplit(value)
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        raise ValueError(rule)
+    return value.rstrip("/")
+
+
+#: A git revision as the Hub takes it: a branch or tag name (``main``, ``v1.0``, ``refs/pr/1``) or
+#: a commit id (40 hex digits); quoted into the mirror's URLs by ``huggingface_hub``.
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}")
+
+
+def _revision(value: str) -> str:
+    if not _REVISION.fullmatch(value) or ".." in value or "//" in value or value.endswith(("/", ".lock", ".")):
+        raise ValueError(
+            "a branch or tag name (letters, digits, '.', '_', '-', '/'; no '..', not ending in '/' or '.lock'), "
+            "or a 40-hex-digit commit id, e.g. main"
+        )
+    return value
+
+
+def _token_ref(value: str) -> str:
+    if parse_secret_ref(value) is None:
+        raise ValueError(SECRET_REF_HELP.replace("the key", "the mirror's token"))
+    return value
+
+
+def _cache_dir(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(
+            "an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/hf-cache "
+            "(created if missing)"
+        )
+    return value
+
+
+def default_hub_cache() -> str:
+    """Where a ``hub`` source's files land on this machine without ``cache_dir``:
+    ``$XDG_CACHE_HOME/fleet/hub`` (``~/.cache/fleet/hub``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fleet", "hub")
+
+
+def hub_source_root(endpoint: str, revision: str, cache_dir: str | None = None) -> str:
+    """The directory on this machine that holds a ``hub`` source's models as ``ORG/NAME/``, like a
+    ``dir`` source: one per (mirror, revision as written), so ``fleet.weights`` stages it like a
+    directory: ``CACHE/<host>-<sha256(endpoint)[:12]>/<revision, %-quoted>``."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", urlsplit(endpoint).hostname or "mirror")
+    key = f"{host}-{hashlib.sha256(endpoint.encode()).hexdigest()[:12]}"
+    return os.path.join(cache_dir or default_hub_cache(), key, quote(revision, safe=""))
 
 
 def _driver_version(value: str) -> str:
@@ -562,6 +632,30 @@ class DirSourceData(BaseModel):
     path: SourceDir
 
 
+HubEndpoint = Annotated[str, AfterValidator(_hub_endpoint)]
+Revision = Annotated[str, AfterValidator(_revision)]
+TokenRef = Annotated[str, AfterValidator(_token_ref)]
+CacheDir = Annotated[str, AfterValidator(_cache_dir)]
+
+
+class HubSourceData(BaseModel):
+    """``model_source: {kind: hub, endpoint, token_ref?, revision?, cache_dir?}``: an HTTP(S) mirror
+    laid out like the Hugging Face Hub (``HF_ENDPOINT``), read by this machine only
+    (``fleet.model.mirror``): the revision resolved to a commit, every file checked against the
+    mirror's own metadata, kept under ``cache_dir`` and staged from there like a ``dir`` source."""
+
+    model_config = _STRICT
+
+    kind: Literal["hub"]
+    endpoint: HubEndpoint
+    token_ref: TokenRef | None = None  #: ``env:NAME`` or ``file:/path``: the mirror's bearer token
+    revision: Revision = "main"
+    cache_dir: CacheDir | None = None  #: where this machine keeps the files (default: ``default_hub_cache``)
+
+
+ModelSourceData = Annotated[DirSourceData | HubSourceData, Field(discriminator="kind")]
+
+
 class StagingData(BaseModel):
     """``staging``: how hosts copy a model to each other (``fleet stage --fanout``).
 
@@ -735,7 +829,7 @@ class HostData(BaseModel):
     model: ModelId
     workload: WorkloadData
     model_config_: PathText | None = Field(default=None, alias="model_config")
-    model_source: DirSourceData | None = None
+    model_source: ModelSourceData | None = None
     staging: StagingData = Field(default_factory=StagingData)
     served_model_name: ServedName | None = None
     weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
@@ -810,7 +904,11 @@ KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
-SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
+#: ``model_source``'s keys per ``kind``, and all of them.
+SOURCE_KEYS_BY_KIND: dict[str, tuple[str, ...]] = {
+    "dir": tuple(DirSourceData.model_fields), "hub": tuple(HubSourceData.model_fields),
+}  # fmt: skip
+SOURCE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in SOURCE_KEYS_BY_KIND.values() for k in keys))
 STAGING_KEYS: tuple[str, ...] = tuple(StagingData.model_fields)
 VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
@@ -892,8 +990,13 @@ FIELD_HELP: dict[str, str] = {
     "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
-    "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model",
-    "model_source.kind": "dir (a directory on this machine)",
+    "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model, "
+    "or {kind: hub, endpoint: https://hf-mirror.internal, token_ref?: env:HF_TOKEN, revision?: main, cache_dir?}: "
+    "a mirror laid out like the Hugging Face Hub",
+    "model_source.kind": "dir (a directory on this machine) or hub (a mirror laid out like the Hugging Face Hub)",
+    "model_source.endpoint": "the URL of a mirror laid out like the Hugging Face Hub (what HF_ENDPOINT would name), "
+    "e.g. https://hf-mirror.internal",
+    "model_source.path": "the directory on this machine holding ORG/NAME/ per model, e.g. /srv/models",
     "staging": "{port: 7470, egress_mib_s: 100, concurrency: 16}: how hosts copy the model to each other "
     "(fleet stage --fanout)",
     "staging.port": "a port from 1024 to 65535, not one the host serves on, its ssh_port or master_port",
@@ -939,10 +1042,12 @@ def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
         return None
     if data.model.startswith("/"):
         return (
-            "model_source", source.path,
+            "model_source", source.path if isinstance(source, DirSourceData) else source.endpoint,
             f"stages models named by Hugging Face id; model is a path ({data.model}), served from where it "
             "is: name the model by id (org/name) to stage it, or remove model_source",
         )  # fmt: skip
+    if isinstance(source, HubSourceData):
+        return None  # whether the mirror holds the model is asked before any host is touched (fleet.model.mirror)
     config = os.path.join(source_model_dir(source.path, data.model), "config.json")
     if not os.path.isfile(config):
         return (

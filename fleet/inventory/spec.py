@@ -53,6 +53,7 @@ from fleet.inventory.schema import (
     MODELS_REFUSED,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
+    SOURCE_KEYS_BY_KIND,
     SPECULATIVE_KEYS,
     STAGING_KEYS,
     USER_PREFIX,
@@ -60,13 +61,16 @@ from fleet.inventory.schema import (
     WORKLOAD_KEYS,
     BalancerData,
     BalancerHostData,
+    DirSourceData,
     GpuData,
     HostData,
+    HubSourceData,
     LabData,
     StagingData,
     cuda_problem,
     driver_problem,
     haproxy_name,
+    hub_source_root,
     lora_problems,
     lora_rank_for,
     model_source_problem,
@@ -97,6 +101,10 @@ __all__ = [
 
 #: Reads a model's config on this machine (``fleet.model.arch.load_model``); a ``FleetError`` says why not.
 ModelCheck = Callable[[str, str | None], object]
+#: Fetches what a host's ``model_source`` must give this machine to plan (a hub mirror's
+#: ``config.json``: ``fleet.model.mirror.fetch_planning_files``) into ``spec.model_config``; a
+#: ``FleetError`` says why not (reported on ``model_source``, before any host is touched).
+SourceCheck = Callable[["HostSpec"], object]
 #: A valid host's problems a later stage can tell at load time (``fleet.plan.extra_args``: the
 #: extra flags against the pinned vLLM's surface), reported with the inventory's other problems.
 HostCheck = Callable[["HostSpec"], list[FieldProblem]]
@@ -187,14 +195,29 @@ class BalancerHost:
 @dataclass(frozen=True)
 class ModelSource:
     """``model_source``: where the weights come from. ``dir``: a directory on this machine holding
-    ``ORG/NAME/`` per model. (An HTTP mirror laid out like the Hub and a store host are kinds to
-    come, each with its own fields beside ``kind``.)"""
+    ``ORG/NAME/`` per model. ``hub``: a mirror laid out like the Hugging Face Hub (``endpoint``,
+    ``revision``, ``token_ref``), whose files this machine fetches and checks into ``path`` (laid
+    out as ``ORG/NAME/`` too: ``fleet.model.mirror``), so staging reads both kinds the same way.
+    (A store host is a kind to come.)"""
 
-    kind: Literal["dir"]
-    path: str
+    kind: Literal["dir", "hub"]
+    path: str  #: ``dir``: the directory; ``hub``: where this machine keeps the mirror's files
+    endpoint: str | None = None  #: ``hub``: the mirror's URL (what ``HF_ENDPOINT`` would name)
+    revision: str = "main"  #: ``hub``: the branch, tag or commit to serve
+    token_ref: SecretRef | None = None  #: ``hub``: the mirror's bearer token, read on this machine only
 
     def model_dir(self, model: str) -> str:
         return source_model_dir(self.path, model)
+
+
+def _model_source(raw: DirSourceData | HubSourceData | None) -> ModelSource | None:
+    if raw is None:
+        return None
+    if isinstance(raw, DirSourceData):
+        return ModelSource("dir", raw.path)
+    root = hub_source_root(raw.endpoint, raw.revision, raw.cache_dir)
+    ref = parse_secret_ref(raw.token_ref) if raw.token_ref is not None else None
+    return ModelSource("hub", root, raw.endpoint, raw.revision, ref)
 
 
 @dataclass(frozen=True)
@@ -387,10 +410,11 @@ class LoadedInventory:
     balancer_hosts: tuple[BalancerHost, ...] = ()
     model_check: ModelCheck | None = field(default=None, compare=False, repr=False)
     host_check: HostCheck | None = field(default=None, compare=False, repr=False)
+    source_check: SourceCheck | None = field(default=None, compare=False, repr=False)
 
     def reload(self, limit: list[str] | None = None) -> LoadedInventory:
         """The same inventory read again (pyinfra's ``Inventory`` and ``State`` are single-use)."""
-        return load_inventory(self.path, limit, self.overrides, self.model_check, self.host_check)
+        return load_inventory(self.path, limit, self.overrides, self.model_check, self.host_check, self.source_check)
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -544,9 +568,14 @@ def _allowed(err: Any, fld: str) -> str:
             "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
             "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS, "staging": STAGING_KEYS,
         }.get(parent, ())  # fmt: skip
+        loc = tuple(err["loc"])
+        if parent == "model_source" and len(loc) > 2 and loc[1] in SOURCE_KEYS_BY_KIND:  # the keys of its kind
+            keys = SOURCE_KEYS_BY_KIND[loc[1]]
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return "must be one of: " + FIELD_HELP.get(fld, "")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return "must be a dict: " + FIELD_HELP.get(fld, "")
     if msg.startswith("Value error, "):
@@ -612,11 +641,17 @@ def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | N
             fld = _field_name(loc)
             if err["type"] == "extra_forbidden":
                 fld = f"{_field_name(loc[:-1])}.{loc[-1]}"
+            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # model_source's kind
+                fld, loc = f"{fld}.kind", (*loc, "kind")
             if fld in seen or fld.split(".", 1)[0] in refused:
                 continue  # a union reports each of its members; one line per field is enough
             seen.add(fld)
+            if loc[:1] == ("model_source",) and len(loc) > 2 and loc[1] in SOURCE_KEYS_BY_KIND:
+                loc = (loc[0], *loc[2:])  # pydantic names the union member (the kind) it tried
             value = _at(fields, loc) if err["type"] == "extra_forbidden" else _at(fields, _value_loc(loc, fld))
-            h.problem(fld, value, _allowed(err, fld))
+            # a token reference, or a key named like a secret, is never shown (it may be the token itself)
+            secret = fld.endswith("token_ref") or (err["type"] == "extra_forbidden" and secret_field(str(loc[-1])))
+            h.problem(fld, value, _allowed(err, fld), secret=secret)
         return None
 
 
@@ -771,6 +806,7 @@ def host_spec(
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
+    source = _model_source(valid.model_source)
     return HostSpec(
         name=name,
         inventory=inventory,
@@ -779,9 +815,8 @@ def host_spec(
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
         # no model_config: the planner reads the model's config.json from the source (never a
         # different copy than the one the hosts get)
-        model_config=valid.model_config_
-        or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
-        model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
+        model_config=valid.model_config_ or (source.model_dir(valid.model) if source is not None else None),
+        model_source=source,
         staging=valid.staging,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
@@ -881,6 +916,11 @@ def _multi_model_spec(h: _Host, groups: tuple[str, ...], data: dict[str, Any]) -
     for key, why in MODELS_REFUSED.items():
         if key in data and data[key] not in (None, False, {}, ()):
             h.problem(key, data[key], why)
+    source = data.get("model_source")
+    if isinstance(source, dict) and source.get("kind") == "hub":
+        h.problem("model_source.kind", "hub", "a Hub mirror is read for one model per host yet: with models, "
+                  "put the entries' models in a directory (model_source: {kind: dir, path}), or serve one model "
+                  "with model")  # fmt: skip
     entries = _entry_problems(h, data["models"])
     # refused keys are reported above, once: the entries are validated without them
     base = {k: v for k, v in data.items() if k not in ("models", "model", *MODELS_REFUSED)}
@@ -954,8 +994,9 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
     if sp is None:
         return None
     config = sp.model_config_
-    if config is None and sp.model is not None and valid.model_source is not None and not sp.model.startswith("/"):
-        config = source_model_dir(valid.model_source.path, sp.model)
+    source = valid.model_source  # a draft from a hub source: not fetched yet (its model_config, or the HF cache)
+    if config is None and sp.model is not None and isinstance(source, DirSourceData) and not sp.model.startswith("/"):
+        config = source_model_dir(source.path, sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
     )
@@ -1064,8 +1105,9 @@ def _model_problems(
                     found.append(dataclasses.replace(p, field=m.field(p.field), inventory=spec.source_of("models")))
             continue
         pair = _model_of(entry, spec, problems)
-        if pair is not None:
-            found += _model_problem(entry, pair, why, check, path)
+        if pair is None or any(p.host == entry.name and p.field == "model_source" for p in problems):
+            continue  # a hub source that did not answer: said once, on model_source
+        found += _model_problem(entry, pair, why, check, path)
     return found
 
 
@@ -1090,18 +1132,43 @@ def _model_problem(
     return [FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason)]
 
 
+def _source_problems(specs: Sequence[HostSpec], selected: set[str] | None, check: SourceCheck) -> list[FieldProblem]:
+    """A problem on ``model_source`` for every selected host whose ``hub`` source cannot give this
+    machine the model's planning files (a hub host's ``model`` problem is then not reported again)."""
+    found: list[FieldProblem] = []
+    why: dict[tuple[ModelSource, str], str | None] = {}
+    for spec in specs:
+        source = spec.model_source
+        if source is None or source.kind != "hub" or (selected is not None and spec.name not in selected):
+            continue
+        key = (source, spec.model)
+        if key not in why:
+            try:
+                check(spec)
+                why[key] = None
+            except FleetError as exc:  # the problem names the field and the mirror already
+                why[key] = str(exc).removeprefix(f"model_source {source.endpoint}: ")
+        if (reason := why[key]) is not None:
+            where = spec.source_of("model_source")
+            found.append(FieldProblem(where, spec.name, "model_source", source.endpoint, reason))
+    return found
+
+
 def load_inventory(
     path: str | Path,
     limit: list[str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     model_check: ModelCheck | None = None,
     host_check: HostCheck | None = None,
+    source_check: SourceCheck | None = None,
 ) -> LoadedInventory:
     """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's;
     ``overrides``: host data given on the command line (``fleet rollout --model``), over every host's;
     ``model_check``: read each selected serving host's model config on this machine (the commands
     that plan pass ``fleet.model.arch.load_model``), so a missing model is reported with the rest;
-    ``host_check``: a later stage's checks of each selected valid host (``fleet.plan.extra_args``).
+    ``host_check``: a later stage's checks of each selected valid host (``fleet.plan.extra_args``);
+    ``source_check``: before the model check, fetch what each selected host's ``hub`` source must
+    give this machine to plan (each (mirror, revision, model) once), see ``SourceCheck``.
 
     Every host is validated, problems are reported for the selected ones; the cross-host rules
     (``ports.py``) see every valid host, since a host left out by ``--limit`` still holds its ports.
@@ -1132,6 +1199,8 @@ def load_inventory(
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
     problems += [p for p in multi_node_problems(specs) if selected is None or p.host in selected]
+    if source_check is not None:
+        problems += _source_problems(specs, selected, source_check)
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:
@@ -1145,8 +1214,9 @@ def load_inventory(
     if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
     return LoadedInventory(
-        str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check
-    )
+        str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check,
+        source_check,
+    )  # fmt: skip
 
 
 def _entry_checks(spec: HostSpec, check: HostCheck) -> list[FieldProblem]:

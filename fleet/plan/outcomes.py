@@ -22,6 +22,7 @@ from fleet.gpus import GiB, HostGpus
 from fleet.inventory.multinode import pools
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
+from fleet.model.mirror import fetch_planning_files
 from fleet.plan.extra_args import extra_args_problems
 from fleet.plan.gpu_source import (
     AllGpusQuarantined,
@@ -314,8 +315,13 @@ def load_for_planning(
 ) -> LoadedInventory:
     """Load an inventory to plan it: every host's model config is read here with the rest of the
     checks, so a missing model on one host is reported together with a bad value on another; and
-    each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``)."""
-    return load_inventory(path, limit, overrides, model_check=load_model, host_check=extra_args_problems)
+    each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``).
+    A ``hub`` source's planning files (``config.json``...) are read from the mirror when this
+    machine has no copy that matches it (``fleet.model.mirror.fetch_planning_files``)."""
+    return load_inventory(
+        path, limit, overrides, model_check=load_model, host_check=extra_args_problems,
+        source_check=lambda spec: fetch_planning_files(spec.model_source, spec.model) if spec.model_source else None,
+    )  # fmt: skip
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:

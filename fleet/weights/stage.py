@@ -48,9 +48,10 @@ from fleet.facts.hub import hub_dir as hub_dir  # the one definition, re-exporte
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
 from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
-from fleet.inventory.spec import HostSpec, LoadedInventory
+from fleet.inventory.spec import HostSpec, LoadedInventory, ModelSource
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
+from fleet.weights.mirror import Note, mirror_manifest
 from fleet.weights.peer import Seed, SenderFailed, send_from_peer
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
 
@@ -123,6 +124,8 @@ class StageJob:
     seed: Seed | None = None
     rate: float | None = None  #: this machine's egress limit when it sends, bytes per second
     probe: bool = False  #: list and check only: a copy that needs files ends ``waiting``, nothing sent
+    #: a ``hub`` source: its files are fetched and checked into ``source`` first (``fleet.weights.mirror``)
+    hub: ModelSource | None = None
 
     @property
     def files(self) -> str:
@@ -164,13 +167,21 @@ class StageResult:
 Progress = Callable[[str, str, int, int], None]
 
 
-def manifests_for(jobs: Sequence[StageJob], hashed: list[str] | None = None) -> dict[tuple[str, str], Manifest]:
+def manifests_for(
+    jobs: Sequence[StageJob], hashed: list[str] | None = None, note: Note = lambda _t: None, *, fetch: bool = True
+) -> dict[tuple[str, str], Manifest]:
     """One manifest per (source, model), computed before any host is touched; ``FleetError``
-    (naming the source and the file) when one cannot be read."""
+    (naming the source and the file) when one cannot be read. A ``hub`` source's files are
+    fetched here and checked against the mirror's metadata (``fleet.weights.mirror``; ``note``
+    tells what is fetched; ``fetch=False``, a dry run: its weights are left on the mirror)."""
     out: dict[tuple[str, str], Manifest] = {}
     for job in jobs:
         key = (job.source, job.model)
-        if key not in out:
+        if key in out:
+            continue
+        if job.hub is not None:
+            out[key] = mirror_manifest(job.hub, job.model, hashed, note, fetch=fetch)
+        else:
             out[key] = build_manifest(job.source, job.model, hashed, directory=job.directory, marker=job.marker)
     return out
 
@@ -399,7 +410,7 @@ def draft_in_source(spec: HostSpec) -> str | None:
     the source does not hold (its ``model_config`` given elsewhere), is left to the operator as
     before; the preflight still checks the host's cache."""
     sp, source = spec.speculative, spec.model_source
-    if sp is None or sp.model is None or source is None or sp.model.startswith("/"):
+    if sp is None or sp.model is None or source is None or source.kind != "dir" or sp.model.startswith("/"):
         return None
     return sp.model if os.path.isdir(source_model_dir(source.path, sp.model)) else None
 
@@ -415,12 +426,13 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         target = SshTarget.from_data(spec.name, data)
         if spec.model_source is not None:
+            hub = spec.model_source if spec.model_source.kind == "hub" else None
             staged: list[str] = []  # a host with models: each entry's model and draft, each once
             for m in spec.model_specs:
                 for repo in (m.model, draft_in_source(m)):
                     if repo is not None and repo not in staged and not repo.startswith("/"):
-                        staged.append(repo)
-                        out.append(StageJob(target, repo, spec.model_source.path))
+                        staged.append(repo)  # a hub source gives the models; drafts come from dir sources
+                        out.append(StageJob(target, repo, spec.model_source.path, hub=hub if repo == m.model else None))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out

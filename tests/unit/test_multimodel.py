@@ -240,6 +240,12 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
         "only read with lora_adapters, which a host with models cannot have yet",
     ),
     (
+        "with a Hub mirror as the model source",
+        data(H100x8, TWO, model_source={"kind": "hub", "endpoint": "http://127.0.0.1:9/"}),
+        "model_source.kind",
+        "a Hub mirror is read for one model per host yet",
+    ),
+    (
         "no workload anywhere",
         {"gpu": H100x8, "models": TWO},
         "models[0].workload",
