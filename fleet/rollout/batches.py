@@ -179,11 +179,11 @@ def plan_batches(
     host_size = _host_sizes(instances)
     too_big = [u for u in units if count_instances(u, groups) > budget]
     if too_big:
-        host = too_big[0][0].host
+        hosts = list(dict.fromkeys(r.host for r in too_big[0]))
+        where = f"host {hosts[0]}" if len(hosts) == 1 else f"hosts {', '.join(hosts)} (an instance spans them)"
         raise FleetError(
-            f"rollout: host {host} runs {count_instances(too_big[0], groups)} instances but max_unavailable allows "
-            f"{budget}; "
-            'roll per instance (unit: "instance") or raise max_unavailable'
+            f"rollout: {where} run{'s' if len(hosts) == 1 else ''} {count_instances(too_big[0], groups)} instances "
+            f'but max_unavailable allows {budget}; roll per instance (unit: "instance") or raise max_unavailable'
         )
     spec = list(sizes) or [-1]
     queue = list(units)

@@ -102,7 +102,7 @@ def run_rollout(
                     warn(f"host {name} skipped: {marker.describe()}; `fleet undrain {fleet.inventory} {name}` puts "
                          "it back")  # fmt: skip
                 on_skipped(drained)
-                targets = [t for t in targets_of(executor) if t.ref.host not in drained]
+                targets = fleet.with_nodes([t for t in targets_of(executor) if t.ref.host not in drained])
                 state = new_rollout(rollout_id, fleet.name, kind, targets, policy, now)
                 with claimed(executor, state):
                     opened = open_rollout(journal, state)
