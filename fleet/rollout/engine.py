@@ -385,7 +385,10 @@ def decide(state: RolloutState, obs: Observations, now: float) -> Decision:
     ]
     if failed and not state.failing:
         first = failed[0]
-        state = _fail_batch(state, f"{node_words(first)}: {first.failure}", now)
+        # every node of its instance that failed with it is named (a node's death ends the others)
+        more = [f for f in failed[1:] if f.target.nodes and f.target.nodes == first.target.nodes]
+        why = f"{node_words(first)}: {first.failure}" + "".join(f"; node {f.ref.host}: {f.failure}" for f in more)
+        state = _fail_batch(state, why, now)
         return decide(state, obs, now)  # start the rollback (or the halt) at once
     if sum(1 for r in state.current if instances[r].phase is Phase.DONE) > done_before:
         state = replace(state, last_progress_at=now)  # Nomad: each healthy instance moves the deadline out

@@ -304,5 +304,6 @@ def test_admit_keeps_a_serving_instance_on_a_host_the_spanning_instance_shares()
 
 def test_a_host_unit_spanning_instance_larger_than_the_budget_is_refused_counting_instances() -> None:
     refs = [A0, InstanceRef("h0", "i1"), B0, InstanceRef("h1", "i1")]
-    with pytest.raises(FleetError, match=r"hosts h0, h1 \(an instance spans them\) run 3 instances but max_unavailable allows 2"):
+    why = r"hosts h0, h1 \(an instance spans them\) run 3 instances but max_unavailable allows 2"
+    with pytest.raises(FleetError, match=why):
         plan_batches(refs, [1], 2, unit=BatchUnit.HOST, groups=SPAN)
