@@ -89,9 +89,11 @@ def run_rollout(
         executor = fleet.executor(gates_over_ssh, lb=lb)
         try:
             executor.traffic.preflight()
-            unsteered = [r for r in fleet.instances if executor.traffic.seat(r.host, r.instance) is None]
+            # a headless node of an instance spanning hosts has no seat of its own: its leader's counts
+            served = [r for r, s in fleet.instances.items() if not s.headless]
+            unsteered = [r for r in served if executor.traffic.seat(r.host, r.instance) is None]
             if unsteered and policy.hooks.drain is None:
-                warn(no_balancer_warning(len(unsteered), len(fleet.instances), lb))
+                warn(no_balancer_warning(len(unsteered), len(served), lb))
             now = time.time()
             rollout_id = new_rollout_id(now)
             journal.acquire(fleet.name, rollout_id, takeover=take_over)
