@@ -25,6 +25,7 @@ from fleet.rollout.engine import (
     Target,
     decide,
     new_rollout,
+    resume,
     state_from_dict,
     state_to_dict,
 )
@@ -198,6 +199,47 @@ def test_a_node_whose_host_goes_down_mid_rollout_halts_naming_the_instance(tmp_p
     assert "node h1" in state.inst(LEAD).rollback_failure
     assert sim.instances[LEAD].release == "v1" and sim.instances[LEAD].active != "active"
     assert sim.releases()["h2/i0"] == "v1"
+
+
+@pytest.mark.parametrize("ticks", [2, 4, 6, 9, 14])
+def test_a_rollout_stopped_mid_way_resumes_from_the_journal_and_moves_both_nodes(tmp_path: Path, ticks: int) -> None:
+    """Ctrl-C after ``ticks`` steps (the nodes anywhere between drained and gated), then --resume:
+    the journaled state (with each node's nodes) finishes the instance as one unit."""
+    sim = SpanSim(Clock())
+    journal = Journal(tmp_path / "j.sqlite")
+    state = new_rollout("r1", "lab", "rollout", span_targets(sim), POLICY_1, sim.clock.now)
+    journal.begin(state)
+    asked = {"n": 0}
+
+    def ctrl_c() -> bool:
+        asked["n"] += 1
+        return asked["n"] > ticks
+
+    stopped = Runner(sim, journal, clock=sim.clock, sleep=sim.clock.sleep, should_stop=ctrl_c).run(state)
+    assert stopped.status is RolloutStatus.RUNNING
+    again = resume(journal.latest_state("r1"), sim.clock.now)
+    assert again.inst(WORK).target.nodes == NODES
+    final = Runner(sim, journal, clock=sim.clock, sleep=sim.clock.sleep).run(again)
+    assert final.status is RolloutStatus.DONE, final.reason
+    assert set(sim.releases().values()) == {"v2"}
+    assert [line for line in sim.log if line.startswith("stop")].count("stop h1/i0") == 1
+    starts = [t for t, r in sim.starts if r in NODES]
+    assert len(starts) == 2 and starts[0] == starts[1]  # started together, after the resume too
+
+
+def test_an_on_call_restart_restarts_every_node_together_on_its_release(tmp_path: Path) -> None:
+    sim = SpanSim(Clock())
+    journal = Journal(tmp_path / "journal.sqlite")
+    targets = [replace(t, release="v1", model=MODELS["v1"], restart=True) for t in span_targets(sim)]
+    policy = replace(POLICY_1, on_failure=OnFailure.HALT)
+    state = new_rollout("r1", "lab", "restart", targets, policy, sim.clock.now)
+    journal.begin(state)
+    final = Runner(sim, journal, clock=sim.clock, sleep=sim.clock.sleep).run(state)
+    assert final.status is RolloutStatus.DONE, final.reason
+    assert {"stop h0/i0", "stop h1/i0", "start h0/i0", "start h1/i0"} <= set(sim.log)
+    assert not any(line.startswith("flip") for line in sim.log)  # on the release each ran
+    starts = [t for t, r in sim.starts if r in NODES]
+    assert len(starts) == 2 and starts[0] == starts[1]
 
 
 def test_an_instance_already_on_its_target_with_every_node_up_is_left_alone(tmp_path: Path) -> None:
