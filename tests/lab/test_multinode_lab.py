@@ -307,6 +307,7 @@ def test_the_instance_rolls_to_another_model_as_one_unit_and_a_node_failure_send
         on(pair, 0, "sudo rm -f /etc/fleet-lab/vllm-faults.json")
     assert proc.returncode == 1, out + err
     data = json.loads(out)
+    print(f"the rollout whose worker node was killed: {data['error'].splitlines()[0]}")
     assert "halted" in data["error"], data["error"]
     named = f"instance vllm-0 spanning {leader.name} (leader), {worker.name}: node "
     assert named in data["error"], data["error"]
