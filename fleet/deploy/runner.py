@@ -604,7 +604,7 @@ def deploy(
                 _check_serving(loaded, plans, results, name, health_timeout, step)
         balancer_results.extend(_balancers(loaded, plans, progress, step))
         _join_balancers(loaded, plans, results, [n for n in results if not _to_roll(n, states, staged)], progress)
-        rolling = _not_multi_node([n for n in serving if _to_roll(n, states, staged)], plans, results, step)
+        rolling = _whole_instances([n for n in serving if _to_roll(n, states, staged)], serving, plans, results, step)
         error = _roll(loaded, results, rolling, states, staged, roll, progress, step) if rolling else None
         _converged(
             loaded,
@@ -1056,27 +1056,35 @@ def _hold_back(plans: dict[str, HostPlan], results: dict[str, HostResult], busy:
             step(host, "not started: another node of its instance cannot start")
 
 
-def _not_multi_node(
-    names: list[str], plans: dict[str, HostPlan], results: dict[str, HostResult], step: Step
+def _whole_instances(
+    names: list[str], serving: list[str], plans: dict[str, HostPlan], results: dict[str, HostResult], step: Step
 ) -> list[str]:
-    """The serving hosts the rolling engine may take: a host with a node of an instance spanning
-    hosts is not one yet (rolling such an instance as one unit is issue 21's part 3): it fails,
-    saying so; its new release or configuration stays staged."""
-    out = []
-    for name in names:
-        plan = plans.get(name)
-        spanning = [i.unit_name for i in plan.instances if i.node is not None] if plan else []
-        if not spanning:
-            out.append(name)
-            continue
-        results[name].status = "failed"
-        results[name].error = (
-            f"{', '.join(spanning)} spans hosts and serves already; its new release or configuration is staged, "
-            "but rolling a multi-node instance is not built yet: stop the instance's unit on every node "
-            "(systemctl stop fleet-<instance>.service), then run the deploy again, which starts it"
-        )
-        step(name, "not rolled: multi-node")
-    return out
+    """The serving hosts the rolling engine takes: ``names`` (a release or configuration waits) and,
+    for an instance spanning hosts among them, every other node's host too: the instance is rolled
+    as one unit (``fleet.rollout.engine``), a node whose own files did not change restarts with it.
+    A node whose host is not serving in this run (it failed or was refused) holds its instance
+    back: the instance's hosts fail, naming it, their new release or configuration stays staged."""
+    chosen = set(names)
+    spans = [i.node for n in names if (plan := plans.get(n)) for i in plan.instances if i.node is not None]
+    held: dict[str, str] = {}
+    for node in spans:
+        missing = [h for h in node.hosts if h not in serving]
+        if missing:
+            why = (
+                f"instance spanning {', '.join(node.hosts)} (leader {node.leader}) is rolled as one unit, but "
+                f"node host(s) {', '.join(missing)} did not get through this deploy "
+                f"({'; '.join(f'{h}: {results[h].status}' for h in missing if h in results)}); its new release or "
+                "configuration is staged: run the deploy again once every node is back"
+            )
+            held.update(dict.fromkeys((h for h in node.hosts if h not in missing), why))
+        else:
+            chosen.update(node.hosts)
+    for name, why in held.items():
+        chosen.discard(name)
+        if results[name].status not in FAILED:
+            results[name].status, results[name].error = "failed", why
+            step(name, "not rolled: a node of its instance is missing")
+    return [n for n in serving if n in chosen]
 
 
 def _preflight(
@@ -1307,6 +1315,7 @@ def results_of_rollout(final: RolloutState, fleet: RolloutFleet, results: dict[s
             Endpoint(fleet.instances[ref].unit, fleet.instances[ref].url, i.model, i.phase is Phase.DONE,
                      i.rollback_failure or i.failure or (f"serving {i.model}" if i.phase is Phase.DONE else i.note))
             for ref, i in mine.items()
+            if not i.headless  # a headless node serves no HTTP: its leader's endpoint stands for the instance
         ]  # fmt: skip
         moved = [ref.instance for ref, i in mine.items() if i.touched and i.phase is Phase.DONE]
         if moved:

@@ -348,19 +348,6 @@ class FleetPlan:
         """Every instance of the fleet, inventory order (hosts, then their instances)."""
         return [i for o in self.outcomes for i in o.instances]
 
-    def multi_node_refusal(self, command: str) -> str | None:
-        """Why ``command`` (a rollout, restart or rollback) refuses this plan, or None: it has instances
-        spanning hosts, which ``fleet deploy`` starts but nothing rolls yet (issue 21's part 3)."""
-        spanning = [i for i in self.instances() if len(i.placements) > 1]
-        if not spanning:
-            return None
-        named = "; ".join(f"{i.host}/{i.name} on {', '.join(p.host for p in i.placements)}" for i in spanning)
-        return (
-            f"{command}: rolling a multi-node instance is not built yet: the plan has instances spanning hosts "
-            f"({named}). Nothing was touched. `fleet deploy` starts them; to restart one, restart its unit on "
-            "every node (systemd brings a node's peers back: each exits when one dies)"
-        )
-
     def refusals(self) -> list[str]:
         """Why a deploy or rollout cannot plan some hosts, one text per host (empty: all planned)."""
         return [str(o.refusal) for o in self.outcomes if o.plan is None and o.refusal is not None]

@@ -22,6 +22,18 @@ one when its batch is rolled back)::
       → UNDRAIN (undrain hook) → LB_IN (the server set ``ready``) → DONE | ROLLED_BACK
 
 A ``stop_only`` target (``fleet drain``) ends after GPUS: LB_IN sets its server ``maint``.
+
+An instance spanning hosts (``Target.nodes``: one ``InstanceState`` per node, ``host/vllm-N`` on
+each, leader first) goes through the protocol as one unit, in one batch. Only its leader has a
+balancer seat, hooks and HTTP, so the leader is taken out of traffic and drained; each headless
+node waits in DRAINING until the leader is stopping, then every node is stopped and switched on
+its own host; no node is started before every node is ready to start (START is a barrier: vLLM
+0.33 needs no start order, but a node started alone holds its GPUs waiting for its peers); the
+leader is gated as any instance (it answers only once every node joined) while each headless
+node's unit must stay up (``gates.check_unit``) until the leader passes. A node that fails (or
+whose host stops answering) fails its batch, so every node is rolled back; a node waiting for a
+peer that failed or was skipped fails with it, naming it. The instance is named in every failure
+(``node_words``).
 The balancer's view of each instance comes with the facts (``InstanceFacts.lb``); an instance
 already on its target and serving but out of its balancer's traffic (a halted rollout left it
 there) is gated again and put back, never skipped.
@@ -35,13 +47,22 @@ rollout halted with what to do next. Instances of later batches are never touche
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from fleet.rollout.batches import Batch, InstanceRef, admit, budget_of, plan_batches
-from fleet.rollout.gates import Check, Expect, GateTrack, Probe, Status, evaluate, start_track
+from fleet.errors import FleetError
+from fleet.rollout.batches import (
+    Batch,
+    Groups,
+    InstanceRef,
+    admit,
+    budget_of,
+    count_instances,
+    plan_batches,
+)
+from fleet.rollout.gates import Check, Expect, GateTrack, Probe, Status, check_unit, evaluate, start_track
 from fleet.rollout.gates import step as gate_step
 from fleet.rollout.observe import InstanceFacts, Observations
 from fleet.rollout.policy import HookPlace, OnFailure, OrphanPolicy, RolloutPolicy, parse_policy, policy_to_raw
@@ -100,6 +121,8 @@ class Target:
     stop_only: bool = False  #: ``fleet drain``: out of traffic and stopped, then done (no start)
     #: the LoRA adapters its new configuration serves, checked by the models gate (None: not checked)
     adapters: tuple[str, ...] | None = None
+    #: an instance spanning hosts: every node's ref, leader (node rank 0) first; () for one host
+    nodes: tuple[InstanceRef, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +181,11 @@ class InstanceState:
     def touched(self) -> bool:
         return self.first_step_at is not None
 
+    @property
+    def headless(self) -> bool:
+        """A node of an instance spanning hosts other than its leader: no HTTP, no balancer seat."""
+        return bool(self.target.nodes) and self.ref != self.target.nodes[0]
+
 
 @dataclass(frozen=True)
 class Action:
@@ -210,6 +238,44 @@ class RolloutState:
             sizes[ref.host] = sizes.get(ref.host, 0) + 1
         return sizes
 
+    def groups(self) -> Groups:
+        """The instances spanning hosts: each node's ref → every node's ref, leader first."""
+        return groups_of(i.target for i in self.instances.values())
+
+
+def groups_of(targets: Iterable[Target]) -> Groups:
+    """Each node's ref → its instance's nodes, for the targets of instances spanning hosts."""
+    return {t.ref: t.nodes for t in targets if t.nodes}
+
+
+def node_words(inst: InstanceState) -> str:
+    """``vllm-0 spanning a (leader), b: node b`` for a node of an instance spanning hosts (the
+    instance, its nodes, which node); ``host/instance`` for any other instance."""
+    nodes = inst.target.nodes
+    if not nodes:
+        return str(inst.ref)
+    hosts = ", ".join(n.host + (" (leader)" if i == 0 else "") for i, n in enumerate(nodes))
+    return f"instance {inst.ref.instance} spanning {hosts}: node {inst.ref.host}"
+
+
+def check_nodes(targets: Sequence[Target]) -> None:
+    """Every node of an instance spanning hosts is a target, naming the same nodes: a rollout
+    moves such an instance whole or not at all (``FleetError`` naming it, before anything)."""
+    refs = {t.ref for t in targets}
+    for t in targets:
+        if not t.nodes:
+            continue
+        if t.ref not in t.nodes:
+            raise FleetError(f"rollout: {t.ref} is not one of the nodes it names ({', '.join(map(str, t.nodes))})")
+        missing = [n for n in t.nodes if n not in refs]
+        if missing:
+            hosts = ", ".join(n.host for n in t.nodes)
+            raise FleetError(
+                f"rollout: instance {t.ref.instance} spans hosts {hosts} (leader {t.nodes[0].host}) and is rolled "
+                f"as one unit, but node(s) {', '.join(str(m) for m in missing)} are not in this rollout (left out by "
+                "--limit, drained, or not changed by the rollout being undone): include every node's host"
+            )
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -222,8 +288,11 @@ def new_rollout(
     rollout_id: str, fleet: str, kind: str, targets: Sequence[Target], policy: RolloutPolicy, now: float
 ) -> RolloutState:
     """A rollout over ``targets`` in their order, batched by the policy (batch 0 is the canary)."""
+    check_nodes(targets)
     refs = [t.ref for t in targets]
-    batches = plan_batches(refs, policy.batches, policy.max_unavailable, policy.unit, policy.whole_host)
+    batches = plan_batches(
+        refs, policy.batches, policy.max_unavailable, policy.unit, policy.whole_host, groups=groups_of(targets)
+    )
     instances = {t.ref: InstanceState(t.ref, t) for t in targets}
     return RolloutState(
         rollout_id, fleet, kind, policy, tuple(batches), instances, started_at=now, last_progress_at=now
@@ -292,22 +361,34 @@ def decide(state: RolloutState, obs: Observations, now: float) -> Decision:
         )
     instances = dict(state.instances)
     done_before = sum(1 for r in state.current if instances[r].phase is Phase.DONE)
-    actions: list[Action] = []
-    waits: list[str] = []
-    for ref in state.current:
-        inst, action = _instance_step(instances[ref], obs.of(ref), p, now, state.failing != "")
-        instances[ref] = inst
-        if action is not None:
-            actions.append(action)
-        elif inst.phase not in TERMINAL and inst.note:
-            waits.append(f"{ref}: {inst.note}")
+    acted: dict[InstanceRef, Action] = {}
+    # The nodes of an instance spanning hosts wait for each other (``_peer_step``): a node stepped
+    # before its peer moved on is stepped once more, so the instance moves in one tick.
+    for pass_ in range(2):
+        for ref in state.current:
+            if ref in acted or (pass_ and not instances[ref].target.nodes):
+                continue
+            peers = Peers(instances, obs) if instances[ref].target.nodes else None
+            inst, action = _instance_step(instances[ref], obs.of(ref), p, now, state.failing != "", peers)
+            instances[ref] = inst
+            if action is not None:
+                acted[ref] = action
+    actions = [acted[r] for r in state.current if r in acted]
+    waits = [
+        f"{r}: {instances[r].note}"
+        for r in state.current
+        if r not in acted and instances[r].phase not in TERMINAL and instances[r].note
+    ]
     state = replace(state, instances=instances)
     failed = [
         instances[r] for r in state.current if instances[r].phase is Phase.FAILED and not instances[r].rolling_back
     ]
     if failed and not state.failing:
         first = failed[0]
-        state = _fail_batch(state, f"{first.ref}: {first.failure}", now)
+        # every node of its instance that failed with it is named (a node's death ends the others)
+        more = [f for f in failed[1:] if f.target.nodes and f.target.nodes == first.target.nodes]
+        why = f"{node_words(first)}: {first.failure}" + "".join(f"; node {f.ref.host}: {f.failure}" for f in more)
+        state = _fail_batch(state, why, now)
         return decide(state, obs, now)  # start the rollback (or the halt) at once
     if sum(1 for r in state.current if instances[r].phase is Phase.DONE) > done_before:
         state = replace(state, last_progress_at=now)  # Nomad: each healthy instance moves the deadline out
@@ -333,7 +414,8 @@ def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
         line = f"batch {state.batch_index + 1}: {_unreachable_note(ref, f, p, now)}"
         return Decision(replace(state, waiting=line), waits=(line,))
     if silent:
-        state = _skip(state, silent, now)
+        # a unit with one silent member is skipped whole (every node of an instance spanning hosts)
+        state = _skip(state, {ref: obs.of(ref) for u in batch if any(r in silent for r in u) for ref in u}, now)
         kept = tuple(u for u in batch if not any(ref in silent for ref in u))
         batches = list(state.batches)
         if kept:
@@ -343,9 +425,10 @@ def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
             del batches[state.batch_index]
             return _next_batch(replace(state, batches=tuple(batches)), obs, now)
         batch = kept
-    unavailable = [ref for ref in state.instances if not obs.of(ref).available]
-    budget = budget_of(p.max_unavailable, len(state.instances))
-    a = admit(batch, unavailable, budget, state.host_sizes(), p.whole_host)
+    groups = state.groups()
+    unavailable = unavailable_of(state.instances, obs, groups)
+    budget = budget_of(p.max_unavailable, count_instances(state.instances, groups))
+    a = admit(batch, unavailable, budget, state.host_sizes(), p.whole_host, groups)
     if a.blocked:
         gone = _silent_hosts(state, obs, now)
         if gone:
@@ -365,6 +448,25 @@ def _next_batch(state: RolloutState, obs: Observations, now: float) -> Decision:
     current = tuple(ref for u in a.admitted for ref in u)
     state = replace(state, batches=tuple(batches), current=current, waiting="", last_progress_at=now)
     return decide(state, obs, now)
+
+
+def unavailable_of(refs: Iterable[InstanceRef], obs: Observations, groups: Groups) -> list[InstanceRef]:
+    """The refs not serving clients now (for the budget). Every node of an instance spanning hosts
+    is unavailable when the instance is: its leader is not available or a node's unit is not up."""
+    out = []
+    for ref in refs:
+        nodes = groups.get(ref)
+        if nodes is None:
+            ok = obs.of(ref).available
+        else:
+            ok = obs.of(nodes[0]).available and all(_unit_up(obs.of(n)) for n in nodes[1:])
+        if not ok:
+            out.append(ref)
+    return out
+
+
+def _unit_up(f: InstanceFacts) -> bool:
+    return not f.unreachable and f.unit is not None and f.unit.active_state == "active"
 
 
 def unreachable_for(f: InstanceFacts, now: float) -> float:
@@ -407,8 +509,12 @@ def _skip(state: RolloutState, silent: Mapping[InstanceRef, InstanceFacts], now:
     """Instances whose host stayed unreachable when their batch came: skipped, never touched."""
     instances = dict(state.instances)
     for ref, f in silent.items():
-        gone = unreachable_for(f, now)
-        why = f"skipped: host {ref.host} unreachable{for_how_long(gone)} when its batch came ({f.unreachable})"
+        if not f.unreachable:  # a node of an instance spanning hosts whose other node is silent
+            down = [n for n in instances[ref].target.nodes if n in silent and silent[n].unreachable]
+            why = f"skipped: {node_words(instances[down[0]])} unreachable when its batch came" if down else "skipped"
+        else:
+            gone = unreachable_for(f, now)
+            why = f"skipped: host {ref.host} unreachable{for_how_long(gone)} when its batch came ({f.unreachable})"
         instances[ref] = replace(instances[ref], phase=Phase.SKIPPED, phase_since=now, failure=why, note=why)
     return replace(state, instances=instances)
 
@@ -431,10 +537,14 @@ def _fail_batch(state: RolloutState, why: str, now: float) -> RolloutState:
     if state.policy.on_failure is OnFailure.HALT:
         return replace(state, failing=why)
     instances = dict(state.instances)
+    #: a node of an instance spanning hosts restarts on the way back when any node was stopped
+    stopped = {ref for ref in state.current if any(instances[n].changed for n in instances[ref].target.nodes)}
     for ref in state.current:
         inst = instances[ref]
         if not inst.touched or inst.rolling_back:
             continue  # never touched: stays as it is
+        if ref in stopped:
+            inst = replace(inst, changed=True)
         failure = inst.failure or (
             "rolled back with its batch" if inst.phase is Phase.DONE else "stopped: batch failed"
         )
@@ -486,13 +596,20 @@ def _bake(state: RolloutState, obs: Observations, now: float) -> Decision:
         f = obs.of(ref)
         if f.unreachable and unreachable_for(f, now) < p.unreachable_timeout_s:
             continue  # not observed yet; decided once unreachable_timeout_s has passed
+        if inst.headless and not f.unreachable:
+            check, detail = check_unit(f.unit, inst.baseline_restarts)  # no HTTP: its unit must stay up
+            if check is Check.FATAL:
+                failed = replace(state, baking_since=None, last_progress_at=now)
+                why = f"{node_words(inst)}: canary bake: its unit: {detail}"
+                return decide(_fail_batch(failed, why, now), obs, now)
+            continue
         probe = f.probe if not f.unreachable else Probe(now, unreachable=f.unreachable)
         if probe is None:
             continue
         checks = evaluate(probe, Expect(inst.model, inst.baseline_restarts, p.metrics, inst.adapters))
         gate, check, detail = checks[-1]
         if check is not Check.PASS:
-            why = f"{ref}: canary bake: {gate.value} gate: {detail}"
+            why = f"{node_words(inst)}: canary bake: {gate.value} gate: {detail}"
             failed = replace(state, baking_since=None, last_progress_at=now)
             failed = _fail_batch(failed, why, now)
             return decide(failed, obs, now)
@@ -519,10 +636,59 @@ def _unit_running(f: InstanceFacts) -> bool:
     return f.unit is not None and f.unit.active_state in ("active", "activating", "reloading", "deactivating")
 
 
+@dataclass(frozen=True)
+class Peers:
+    """For a node of an instance spanning hosts: every node's state as this tick has it so far,
+    and what was observed of each."""
+
+    states: Mapping[InstanceRef, InstanceState]
+    obs: Observations
+
+    def others(self, inst: InstanceState) -> list[InstanceState]:
+        return [self.states[n] for n in inst.target.nodes if n != inst.ref and n in self.states]
+
+    def leader(self, inst: InstanceState) -> InstanceState:
+        return self.states[inst.target.nodes[0]]
+
+    def lost(self, inst: InstanceState) -> InstanceState | None:
+        """A node of the instance that will not get where this one waits for it: failed (in a
+        halted batch), whose rollback failed, or skipped."""
+        return next((o for o in self.others(inst) if o.phase in _LOST), None)
+
+    def current(self, inst: InstanceState) -> bool:
+        """Every node on its target; the leader serving, every other node's unit up."""
+        nodes = [self.states[n] for n in inst.target.nodes]
+        return (
+            all(_on_target(n, self.obs.of(n.ref)) for n in nodes)
+            and self.obs.of(nodes[0].ref).serving
+            and all(_unit_up(self.obs.of(n.ref)) for n in nodes[1:])
+        )
+
+
+#: the phases of a node that its peers waiting for it give up on
+_LOST = (Phase.FAILED, Phase.ROLLBACK_FAILED, Phase.SKIPPED)
+#: the protocol's order, for "has that node got at least this far" (both ends count as the end)
+_ORDER = {
+    ph: i
+    for i, ph in enumerate((Phase.PENDING, Phase.LB_OUT, Phase.DRAIN, Phase.DRAINING, Phase.STOP, Phase.GPUS,
+                            Phase.SWITCH, Phase.START, Phase.GATES, Phase.UNDRAIN, Phase.LB_IN, Phase.DONE))
+} | {Phase.ROLLED_BACK: 11}  # fmt: skip
+
+
+def _reached(inst: InstanceState, phase: Phase) -> bool:
+    return _ORDER.get(inst.phase, -1) >= _ORDER[phase]
+
+
 def _instance_step(
-    inst: InstanceState, f: InstanceFacts, p: RolloutPolicy, now: float, batch_failing: bool
+    inst: InstanceState,
+    f: InstanceFacts,
+    p: RolloutPolicy,
+    now: float,
+    batch_failing: bool,
+    peers: Peers | None = None,
 ) -> tuple[InstanceState, Action | None]:
-    """Advance one instance as far as the facts allow; return the action it needs, if any."""
+    """Advance one instance as far as the facts allow; return the action it needs, if any.
+    ``peers``: for a node of an instance spanning hosts, its instance's other nodes."""
     for _ in range(len(Phase)):  # phases that need no action fall through to the next at once
         if inst.phase in TERMINAL:
             return inst, None
@@ -550,11 +716,82 @@ def _instance_step(
                 return _to(inst, Phase.SKIPPED, now, failure=why, note=why), None
             changed = "before any change" if not inst.changed else f"during {inst.phase.value}"
             return _fail(inst, f"host unreachable{for_how_long(gone)} {changed}: {f.unreachable}", now), None
-        new, action = _phase_step(inst, f, p, now)
+        waiting = _peer_step(inst, f, p, now, peers) if peers is not None else None
+        new, action = waiting if waiting is not None else _phase_step(inst, f, p, now)
         if action is not None or new.phase is inst.phase:
             return new, action
         inst = new
     return inst, None
+
+
+def _peer_step(
+    inst: InstanceState, f: InstanceFacts, p: RolloutPolicy, now: float, peers: Peers
+) -> tuple[InstanceState, Action | None] | None:
+    """Where a node of an instance spanning hosts differs from a single-host instance (see the
+    module's docstring); None where it steps as one."""
+    lost = peers.lost(inst)
+    mine = node_words(inst)
+    if inst.phase is Phase.PENDING:
+        if lost is not None and lost.phase is Phase.SKIPPED:
+            why = f"skipped with its instance: {node_words(lost)} was skipped ({lost.failure})"
+            return _to(inst, Phase.SKIPPED, now, failure=why, note=why), None
+        silent = [o for o in peers.others(inst) if peers.obs.of(o.ref).unreachable]
+        if silent and not inst.rolling_back:
+            # no node is touched while another's host does not answer (it may yet be skipped)
+            return replace(inst, note=f"waiting for {node_words(silent[0])}: its host does not answer"), None
+        if not inst.target.restart and not inst.target.stop_only and peers.current(inst):
+            if inst.headless or f.lb is None or f.lb.in_traffic:
+                unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
+                return _to(inst, Phase.DONE, now, previous_release=f.release, previous_model=f.model,
+                           previous_revision=f.revision, previous_unit=unit, previous_adapters=f.adapters,
+                           note=f"already serving release {f.release} (every node)"), None  # fmt: skip
+            return None  # the leader, out of its balancer's traffic: gated and put back (``_phase_step``)
+        if inst.headless:
+            unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
+            return _to(inst, Phase.LB_OUT, now, first_step_at=now, previous_release=f.release,
+                       previous_model=f.model, previous_revision=f.revision, previous_adapters=f.adapters,
+                       previous_unit=unit), None  # fmt: skip
+        if f.serving and _on_target(inst, f):
+            # the leader is on its target but a node is not: the whole instance restarts
+            unit = f"{f.unit.active_state}/{f.unit.sub_state}" if f.unit else None
+            return _to(inst, Phase.LB_OUT, now, first_step_at=now, previous_release=f.release,
+                       previous_model=f.model, previous_revision=f.revision, previous_adapters=f.adapters,
+                       previous_unit=unit), None  # fmt: skip
+        return None
+    if inst.headless and inst.phase in (Phase.LB_OUT, Phase.DRAIN, Phase.UNDRAIN, Phase.LB_IN):
+        # no balancer seat, no hooks: its leader stands for the instance
+        nxt = {Phase.LB_OUT: Phase.DRAIN, Phase.DRAIN: Phase.DRAINING, Phase.UNDRAIN: Phase.LB_IN}
+        if inst.phase in nxt:
+            return _to(inst, nxt[inst.phase], now), None
+        return _to(inst, Phase.ROLLED_BACK if inst.rolling_back else Phase.DONE, now), None
+    if inst.headless and inst.phase is Phase.DRAINING:
+        leader = peers.leader(inst)
+        if lost is not None:
+            return _fail(inst, f"{node_words(lost)} failed while this node waited for the leader to drain", now), None
+        if _reached(leader, Phase.STOP) or leader.phase in TERMINAL or f.process_gone or not _unit_running(f):
+            return _to(inst, Phase.STOP, now), None
+        return replace(inst, note=f"waiting for the leader ({leader.ref.host}) to drain ({leader.phase.value})"), None
+    if inst.phase is Phase.START and not inst.started and not _unit_running(f):
+        # no node starts before every node can (each would hold its GPUs waiting for the rest)
+        if lost is not None:
+            return _fail(inst, f"not started: {node_words(lost)} failed ({lost.rollback_failure or lost.failure})",
+                         now), None  # fmt: skip
+        behind = [o for o in peers.others(inst) if not _reached(o, Phase.START)]
+        if behind:
+            shown = ", ".join(f"{o.ref.host} ({o.phase.value})" for o in behind)
+            return replace(inst, note=f"{mine}: waiting for node(s) {shown}: every node starts together"), None
+        return None
+    if inst.headless and inst.phase is Phase.GATES:
+        check, detail = check_unit(f.unit, inst.baseline_restarts)
+        if check is Check.FATAL:
+            return _fail(inst, f"its unit: {detail}", now), None
+        if lost is not None:
+            return _fail(inst, f"{node_words(lost)} failed", now), None
+        leader = peers.leader(inst)
+        if _reached(leader, Phase.UNDRAIN):
+            return _to(inst, Phase.UNDRAIN, now), None
+        return replace(inst, note=f"unit {detail}; waiting for the leader's gates ({leader.ref.host})"), None
+    return None
 
 
 def _fail(inst: InstanceState, why: str, now: float) -> InstanceState:
@@ -807,6 +1044,7 @@ def _inst_to_dict(i: InstanceState) -> dict[str, Any]:
             "revision": i.target.revision,
             "stop_only": i.target.stop_only,
             "adapters": list(i.target.adapters) if i.target.adapters is not None else None,
+            "nodes": [str(n) for n in i.target.nodes],
         },
         "phase": i.phase.value,
         "rolling_back": i.rolling_back,
@@ -845,6 +1083,7 @@ def _inst_from_dict(d: Mapping[str, Any]) -> InstanceState:
             t.get("revision"),
             t.get("stop_only", False),
             tuple(t["adapters"]) if t.get("adapters") is not None else None,
+            tuple(InstanceRef.parse(n) for n in t.get("nodes") or ()),
         ),
         phase=Phase(d["phase"]),
         rolling_back=d["rolling_back"],

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,8 @@ class RolloutFleet:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
         if self.loaded is None:
             return Traffic({})
-        served = {(r.host, r.instance): s.model for r, s in self.instances.items()}
+        # a headless node of an instance spanning hosts has no seat: its leader is the server
+        served = {(r.host, r.instance): s.model for r, s in self.instances.items() if not s.headless}
         return traffic_of(self.loaded, list(served), served=served)
 
     def policy(self, overrides: Mapping[str, Any] | None = None) -> RolloutPolicy:
@@ -108,7 +109,7 @@ class RolloutFleet:
                 "link): run `fleet deploy` on it first"
             )
         return [
-            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart)
+            Target(ref, str(releases[ref.host]), s.model, s.port, restart=restart, nodes=s.nodes)
             for ref, s in self.instances.items()
             if ref.host not in skip
         ]
@@ -125,9 +126,17 @@ class RolloutFleet:
                 "link): run `fleet deploy` on its host first"
             )
         return [
-            Target(ref, str(releases[ref]), s.model, s.port, restart=restart)
+            Target(ref, str(releases[ref]), s.model, s.port, restart=restart, nodes=s.nodes)
             for ref, s in self.instances.items()
             if ref.host not in skip
+        ]
+
+    def with_nodes(self, targets: Sequence[Target]) -> list[Target]:
+        """``targets`` with the nodes of each instance spanning hosts as the plan has them now
+        (``Target.nodes``, whoever built them: a deploy, a rollback from the journal)."""
+        return [
+            replace(t, nodes=s.nodes) if (s := self.instances.get(t.ref)) is not None and s.nodes else t
+            for t in targets
         ]
 
 
@@ -259,15 +268,31 @@ def _fleet_of(
     }
     fleet_plan = build_fleet_plan(loaded, probes, deploy=True, quarantine=held)  # planned as `fleet deploy` plans
     problems += fleet_plan.refusals()
-    if (why := fleet_plan.multi_node_refusal("fleet rollout/restart/rollback")) is not None:
-        raise FleetError(why)
     lora = {s.name: tuple(a.name for a in s.lora.adapters) if s.lora else () for s in loaded.hosts}
+    selected = {s.name for s in loaded.hosts}
     for planned in fleet_plan.instances():
         ref = InstanceRef(planned.host, planned.name)
-        gpus = planned.placements[0].gpus  # one node per instance today
-        instances[ref] = InstanceSpec(
-            ref, planned.unit, planned.url, planned.port, gpus, planned.served_name, adapters=lora.get(planned.host, ())
-        )
+        if len(planned.placements) == 1:
+            instances[ref] = InstanceSpec(ref, planned.unit, planned.url, planned.port, planned.placements[0].gpus,
+                                          planned.served_name, adapters=lora.get(planned.host, ()))  # fmt: skip
+            continue
+        # an instance spanning hosts: one spec per node (its unit on each host), rolled as one unit
+        nodes = tuple(InstanceRef(p.host, planned.name) for p in planned.placements)
+        outside = [p.host for p in planned.placements if p.host not in selected]
+        if outside:
+            problems.append(
+                f"{inventory}: instance {planned.name} spans hosts {', '.join(n.host for n in nodes)} (leader "
+                f"{planned.host}) and is rolled as one unit: select every one of them (--limit left out "
+                f"{', '.join(outside)})"
+            )
+            continue
+        for p, node in zip(planned.placements, nodes, strict=True):
+            instances[node] = InstanceSpec(node, planned.unit, planned.url if node == nodes[0] else "", planned.port,
+                                           p.gpus, planned.served_name, adapters=lora.get(planned.host, ()),
+                                           nodes=nodes)  # fmt: skip
+    # inventory order: hosts, then their instances (a node sits with its own host's instances)
+    order = {h.name: i for i, h in enumerate(loaded.hosts)}
+    instances = dict(sorted(instances.items(), key=lambda kv: order.get(kv[0].host, len(order))))
     if problems:
         raise FleetError("\n".join(problems))
     return RolloutFleet(

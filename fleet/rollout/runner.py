@@ -104,6 +104,7 @@ class Runner:
         def one(ref: Any) -> InstanceFacts:
             f = self.executor.facts(ref)
             gating = state.inst(ref).phase is Phase.GATES or (state.baking and state.inst(ref).phase is Phase.DONE)
+            gating = gating and not state.inst(ref).headless  # a headless node serves no HTTP: its unit is its gate
             if state.current and gating and not f.unreachable:
                 f = _with_probe(f, self.executor.probe(ref, state.policy, state.inst(ref).model))
             return f

@@ -89,9 +89,11 @@ def run_rollout(
         executor = fleet.executor(gates_over_ssh, lb=lb)
         try:
             executor.traffic.preflight()
-            unsteered = [r for r in fleet.instances if executor.traffic.seat(r.host, r.instance) is None]
+            # a headless node of an instance spanning hosts has no seat of its own: its leader's counts
+            served = [r for r, s in fleet.instances.items() if not s.headless]
+            unsteered = [r for r in served if executor.traffic.seat(r.host, r.instance) is None]
             if unsteered and policy.hooks.drain is None:
-                warn(no_balancer_warning(len(unsteered), len(fleet.instances), lb))
+                warn(no_balancer_warning(len(unsteered), len(served), lb))
             now = time.time()
             rollout_id = new_rollout_id(now)
             journal.acquire(fleet.name, rollout_id, takeover=take_over)
@@ -102,7 +104,7 @@ def run_rollout(
                     warn(f"host {name} skipped: {marker.describe()}; `fleet undrain {fleet.inventory} {name}` puts "
                          "it back")  # fmt: skip
                 on_skipped(drained)
-                targets = [t for t in targets_of(executor) if t.ref.host not in drained]
+                targets = fleet.with_nodes([t for t in targets_of(executor) if t.ref.host not in drained])
                 state = new_rollout(rollout_id, fleet.name, kind, targets, policy, now)
                 with claimed(executor, state):
                     opened = open_rollout(journal, state)

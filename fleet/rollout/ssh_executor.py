@@ -105,6 +105,15 @@ class InstanceSpec:
     unit_path: str = ""  #: the live unit file (default: ``/etc/systemd/system/<unit>``)
     env_path: str = ""  #: the live env file (default: ``/etc/fleet/<instance>.env``)
     adapters: tuple[str, ...] = ()  #: the LoRA adapters the inventory gives it now (``lora_adapters``)
+    #: a node of an instance spanning hosts: every node's ref, leader first (its unit on each
+    #: host has the instance's name); () for an instance on one host
+    nodes: tuple[InstanceRef, ...] = ()
+
+    @property
+    def headless(self) -> bool:
+        """A node other than its instance's leader: it serves no HTTP (``--headless``), so fleet
+        asks it nothing over HTTP and it has no balancer seat."""
+        return bool(self.nodes) and self.ref != self.nodes[0]
 
     @property
     def files(self) -> tuple[str, str]:
@@ -552,7 +561,7 @@ class SshExecutor:
         serving = False
         if unit is not None and not unit.main_pid:
             in_flight = 0.0  # no process: nothing can be in flight (e.g. a unit waiting to auto-restart)
-        if unit is not None and unit.active_state == "active":
+        if unit is not None and unit.active_state == "active" and not s.headless:
             prober = self.prober(ref)
             serving = prober.health().status == 200
             in_flight = prober.in_flight() if serving else None

@@ -3,7 +3,10 @@
 GPU leaves no KV cache), deployed by ``fleet deploy``; a completion through the leader; the
 headless node serves no HTTP; the lab's air gap lets the nodes reach each other on the rendezvous
 port only; the worker node's death ends the leader too (exit 0, as vLLM's API server does) and
-systemd's ``Restart=always`` brings both back, joined again."""
+systemd's ``Restart=always`` brings both back, joined again. Then the instance is rolled as one
+unit (issue 21 point 3): a changed setting by ``fleet deploy``, another model that also needs both
+hosts (Qwen2.5-72B in fp8) by ``fleet rollout --model``, a rollout whose worker node is killed
+during the gates (halted, both nodes back where they were and serving), and ``fleet rollback``."""
 
 from __future__ import annotations
 
@@ -32,6 +35,9 @@ pytestmark = pytest.mark.lab
 
 FLEET = Path(sys.executable).parent / "fleet"
 L70 = "meta-llama/Llama-3.1-70B-Instruct"
+QWEN = "Qwen/Qwen2.5-72B-Instruct"  # 72.7 B parameters: fp8 weights fill one 80 GB H100 too
+#: a quick rollout policy for the lab (every gate still runs)
+FAST = ["--soak", "2", "--probe-interval", "0.5", "--health-timeout", "180", "--json"]
 UNIT = "fleet-vllm-0.service"
 MASTER_PORT = 29501
 
@@ -71,14 +77,21 @@ def on(lab: LabFleet, i: int, command: str, timeout: float = 120) -> tuple[int, 
         client.close()
 
 
-def fleet(lab: LabFleet, *args: str) -> tuple[int, str, str]:
-    proc = subprocess.run([str(FLEET), *args, str(lab.opts.inventory)], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=900, check=False)  # fmt: skip
+def journal_env(lab: LabFleet) -> dict[str, str]:
+    """This lab's own rollout journal (beside its inventory), not the machine's default one."""
+    assert lab.opts.inventory is not None
+    return {**os.environ, "FLEET_JOURNAL": str(lab.opts.inventory.with_name("journal.sqlite"))}
+
+
+def fleet(lab: LabFleet, *args: str, inventory: bool = True) -> tuple[int, str, str]:
+    tail = [str(lab.opts.inventory)] if inventory else []
+    proc = subprocess.run([str(FLEET), *args, *tail], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          check=False, env=journal_env(lab))  # fmt: skip
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def completion(url: str, timeout: float = 30) -> tuple[int, dict[str, object]]:
-    body = json.dumps({"model": L70, "prompt": "Say hi", "max_tokens": 8}).encode()
+def completion(url: str, timeout: float = 30, model: str = L70) -> tuple[int, dict[str, object]]:
+    body = json.dumps({"model": model, "prompt": "Say hi", "max_tokens": 8}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -213,23 +226,112 @@ def test_an_instance_over_two_hosts_deploys_serves_and_dies_as_one(pair: LabFlee
     assert int(show(pair, 0, "NRestarts")) == lead_restarts + 1 and int(show(pair, 1, "NRestarts")) == work_restarts + 1
     assert show(pair, 1, "MainPID") != work_pid and show(pair, 1, "ActiveState") == "active"
 
-    # a changed setting on the serving instance: staged, not rolled (rolling it as one unit is issue 21
-    # point 3), the host failed saying so, nothing restarted; the way out the message gives works
+    # a changed setting on the serving instance: `fleet deploy` rolls it as one unit (both nodes
+    # stopped, switched to the new configuration revision, started together, gated on the leader)
     pids = (show(pair, 0, "MainPID"), show(pair, 1, "MainPID"))
     assert pair.opts.inventory is not None
     with open(pair.opts.inventory, "a") as inventory:
         inventory.write("for _name, _data in lab:\n    _data['shutdown_timeout'] = 7\n")
     rc, out, err = fleet(pair, "deploy", "--json", "--health-timeout", "180")
-    assert rc == 1, out + err
-    for h in json.loads(out)["hosts"]:
-        assert h["status"] == "failed" and "rolling a multi-node instance is not built yet" in h["error"], out
-    assert (show(pair, 0, "MainPID"), show(pair, 1, "MainPID")) == pids
-    assert completion(url)[0] == 200
-    for i in (0, 1):
-        assert on(pair, i, f"sudo systemctl stop {UNIT}")[0] == 0
-    rc, out, err = fleet(pair, "deploy", "--json", "--health-timeout", "180")
     assert rc == 0, out + err
+    hosts = {h["host"]: h for h in json.loads(out)["hosts"]}
+    for name in (leader.name, worker.name):
+        assert hosts[name]["status"] == "changed" and hosts[name]["restarted"], out
+        assert any(op.startswith("rolled out vllm-0 (rollout ") for op in hosts[name]["operations"]), out
+    assert [e["unit"] for e in hosts[leader.name]["endpoints"]] == [UNIT] and hosts[worker.name]["endpoints"] == []
     for i in (0, 1):
         a = argv(pair, i)
         assert a[a.index("--shutdown-timeout") + 1] == "7", a
+        assert show(pair, i, "MainPID") != pids[i] and show(pair, i, "ActiveState") == "active"
+    assert completion(url)[0] == 200
+
+
+def node_state(lab: LabFleet) -> list[tuple[str, str, str]]:
+    """Each node's unit state, the model its process serves and its live configuration revision."""
+    out = []
+    for i in (0, 1):
+        a = argv(lab, i)
+        rc, rev, err = on(lab, i, "sudo cat /etc/systemd/system/fleet-vllm-0.service /etc/fleet/vllm-0.env | sha256sum")
+        assert rc == 0, err
+        out.append((show(lab, i, "ActiveState"), a[a.index("serve") + 1], rev.split()[0]))
+    return out
+
+
+def test_the_instance_rolls_to_another_model_as_one_unit_and_a_node_failure_sends_both_back(pair: LabFleet) -> None:
+    """After the deploy test: both nodes serve Llama-3.1-70B."""
+    leader, worker = pair.state.hosts
+    url = f"http://{leader.address}:8000"
+    assert [m for _s, m, _r in node_state(pair)] == [L70, L70], "the deploy test did not leave the instance serving"
+    for h in pair.state.hosts:
+        client = ssh.connect(h.address, pair.state.ssh_port, pair.dir.control_key, pair.dir.known_hosts)
+        try:
+            stage_model(client, h.name, QWEN)
+        finally:
+            client.close()
+
+    # another model that also needs both hosts: one canary, the whole instance
+    started = time.monotonic()
+    rc, out, err = fleet(pair, "rollout", "--model", QWEN, *FAST)
+    assert rc == 0, out + err
+    print(f"\nrolled the two-node instance to {QWEN} in {time.monotonic() - started:.1f} s")
+    data = json.loads(out)
+    qwen_rollout = next(op.rsplit(" ", 1)[1].rstrip(")") for op in data["hosts"][0]["operations"] if "rollout" in op)
+    on_qwen = node_state(pair)
+    assert [(s, m) for s, m, _r in on_qwen] == [("active", QWEN), ("active", QWEN)], on_qwen
+    work_argv = argv(pair, 1)
+    assert "--headless" in work_argv and work_argv[work_argv.index("--nnodes") + 1] == "2", work_argv
+    status, body = completion(url, model=QWEN)
+    assert status == 200 and body["choices"], body  # type: ignore[index]
+
+    # a node fails mid-rollout: back to Llama (what the inventory says), the worker's new process
+    # killed while the leader loads (its load slowed to 30 s), after fleet saw it start
+    assert on(pair, 0, "echo '{\"load_seconds\": 30}' | sudo tee /etc/fleet-lab/vllm-faults.json >/dev/null")[0] == 0
+    work_pid = show(pair, 1, "MainPID")
+    proc = subprocess.Popen([str(FLEET), "rollout", *FAST, str(pair.opts.inventory)], cwd=REPO_ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=journal_env(pair))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            pid = show(pair, 1, "MainPID")
+            if pid not in ("", "0", work_pid) and L70 in argv(pair, 1):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the worker node was never started on the new model: " + proc.communicate()[0])
+        time.sleep(5)  # fleet sees the worker's new unit up (its gate's baseline) while the leader loads
+        assert on(pair, 1, f"sudo kill -KILL {pid}")[0] == 0
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        on(pair, 0, "sudo rm -f /etc/fleet-lab/vllm-faults.json")
+    assert proc.returncode == 1, out + err
+    data = json.loads(out)
+    print(f"the rollout whose worker node was killed: {data['error'].splitlines()[0]}")
+    assert "halted" in data["error"], data["error"]
+    named = f"instance vllm-0 spanning {leader.name} (leader), {worker.name}: node "
+    assert named in data["error"], data["error"]
+    # every node back on what it ran (the Qwen configuration revision) and serving
+    back = node_state(pair)
+    assert back == on_qwen, (back, on_qwen)
+    assert completion(url, model=QWEN)[0] == 200
+    # the journal says what happened, per node
+    found = re.search(r"rollout (\S+) halted", data["error"])
+    assert found is not None, data["error"]
+    failed_id = found.group(1)
+    rc, shown, err = fleet(pair, "history", failed_id, "--json", inventory=False)
+    assert rc == 0, shown + err
+    journal = json.loads(shown)
+    assert journal["status"] == "halted" and named in journal["reason"], journal["reason"]
+    phases = {i["instance"]: i["phase"] for i in journal["instances"]}
+    assert phases == {f"{leader.name}/vllm-0": "rolled_back", f"{worker.name}/vllm-0": "rolled_back"}, phases
+    stepped = {(s["instance"], s["action"]) for s in journal["steps"]}
+    for node in (f"{leader.name}/vllm-0", f"{worker.name}/vllm-0"):
+        assert {(node, "stop"), (node, "flip"), (node, "start")} <= stepped, stepped
+
+    # `fleet rollback` of the Qwen rollout: both nodes back on Llama's configuration, serving
+    rc, out, err = fleet(pair, "rollback", qwen_rollout, *FAST, inventory=False)
+    assert rc == 0, out + err
+    assert json.loads(out)["status"] == "done", out
+    assert [(s, m) for s, m, _r in node_state(pair)] == [("active", L70), ("active", L70)]
     assert completion(url)[0] == 200

@@ -169,3 +169,30 @@ def test_balancers_and_scrapes_name_the_leader_only(tmp_path: Path) -> None:
     servers = [(s.host, s.instance) for b in config.backends for s in b.servers]
     assert servers == [("n1", "vllm-0")]
     assert [(t.host, t.port) for t in targets_from_outcomes(fleet.outcomes, loaded)] == [("n1", 8000)]
+
+
+@pytest.mark.parametrize(
+    ("changed", "serving", "rolled", "failed"),
+    [
+        (["n1", "n2"], ["n1", "n2", "n3"], ["n1", "n2"], {}),
+        # only the leader's files changed: the worker's host is rolled with it (one unit)
+        (["n1"], ["n1", "n2", "n3"], ["n1", "n2"], {}),
+        (["n2"], ["n1", "n2"], ["n1", "n2"], {}),
+        (["n3"], ["n1", "n2", "n3"], ["n3"], {}),  # n3 serves nothing of the pair: alone
+        # the worker's host did not get through the deploy: the leader's host is held back, named
+        (["n1"], ["n1", "n3"], [], {"n1": "node host(s) n2 did not get through this deploy (n2: failed)"}),
+    ],
+)
+def test_a_deploy_rolls_every_node_host_of_a_changed_instance_or_none(
+    plans: dict[str, HostPlan], changed: list[str], serving: list[str], rolled: list[str], failed: dict[str, str]
+) -> None:
+    from fleet.deploy.runner import HostResult, _whole_instances
+
+    results = {h: HostResult(h, "failed" if h not in serving else "changed") for h in ("n1", "n2", "n3")}
+    steps: list[tuple[str, str]] = []
+    got = _whole_instances(changed, serving, plans, results, lambda host, what: steps.append((host, what)))
+    assert got == rolled
+    for host, why in failed.items():
+        assert results[host].status == "failed" and why in (results[host].error or ""), results[host]
+        assert "instance spanning n1, n2 (leader n1) is rolled as one unit" in (results[host].error or "")
+    assert {h for h, _ in steps} == set(failed)

@@ -203,9 +203,11 @@ def test_a_hybrid_model_is_not_planned_across_hosts(tmp_path: Path) -> None:
         assert problem is not None and "mixes attention kinds (full, sliding)" in problem.summary
 
 
-def test_deploy_takes_a_multi_node_plan_and_rollouts_refuse_it_before_touching_a_host(tmp_path: Path) -> None:
+def test_deploy_takes_a_multi_node_plan_and_rollouts_take_it_as_one_instance_of_two_nodes(tmp_path: Path) -> None:
     from fleet.deploy.runner import check_hosts
-    from fleet.rollout.fleet_inventory import load_fleet
+    from fleet.facts.runner import HostUnreachable
+    from fleet.rollout.batches import InstanceRef
+    from fleet.rollout.fleet_inventory import fleet_of
 
     path = inventory(tmp_path, _group("pair", ["n1", "n2"], 3, model=L70, weights="fp8", multi_node=True,
                                       gpu=ONE_H100, pip_index_url="http://127.0.0.1:9/simple/"))  # fmt: skip
@@ -213,9 +215,24 @@ def test_deploy_takes_a_multi_node_plan_and_rollouts_refuse_it_before_touching_a
     nodes = {h: [i.node for i in plans[h].instances] for h in ("n1", "n2")}
     assert [(n.rank, n.hosts) for n in nodes["n1"] if n] == [(0, ("n1", "n2"))]
     assert [(n.rank, n.headless) for n in nodes["n2"] if n] == [(1, True)]
-    with pytest.raises(FleetError, match="rolling a multi-node instance is not built yet") as exc:
-        load_fleet(str(path))
-    assert "n1/vllm-0 on n1, n2" in str(exc.value) and "Nothing was touched" in str(exc.value)
+
+    def read(specs: object, ssh: object) -> tuple[dict[str, object], dict[str, object]]:
+        hosts = ("n1", "n2", "n3")
+        return {h: HostUnreachable(h, "not asked") for h in hosts}, {h: HostUnreachable(h, "not asked") for h in hosts}
+
+    fleet = fleet_of(load_for_planning(path), read=read)  # type: ignore[arg-type]
+    pair = (InstanceRef("n1", "vllm-0"), InstanceRef("n2", "vllm-0"))
+    lead, work = (fleet.instances[r] for r in pair)
+    assert (lead.nodes, work.nodes) == (pair, pair)
+    assert (lead.headless, work.headless) == (False, True)
+    assert lead.url.endswith(":8000") and work.url == ""  # the headless node is asked nothing over HTTP
+    assert lead.unit == work.unit == "fleet-vllm-0.service"
+    targets = fleet.targets(dict.fromkeys(fleet.hosts, "r2"), restart=False)
+    assert {t.ref: t.nodes for t in targets if t.nodes} == dict.fromkeys(pair, pair)
+    # a limit that leaves out one node of the instance is refused before anything (the plan of the
+    # hosts left cannot hold the model)
+    with pytest.raises(FleetError, match=r"host n1: .* does not fit even across the multi-node group"):
+        fleet_of(load_for_planning(path, ["n1"]), read=read)  # type: ignore[arg-type]
 
 
 def test_resolve_precision_is_the_single_host_one() -> None:

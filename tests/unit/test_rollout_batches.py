@@ -11,6 +11,7 @@ from fleet.rollout.batches import (
     InstanceRef,
     admit,
     budget_of,
+    count_instances,
     plan_batches,
     resolve_size,
     serialized_sizes,
@@ -224,3 +225,85 @@ def test_rollout_loop_never_exceeds_budget(
         if a.deferred:
             queue.insert(0, a.deferred)
     assert sorted(visited) == sorted(refs)
+
+
+# ---- instances spanning hosts: one unit, counted once -----------------------------------------------
+
+A0, B0, C0, D0 = (InstanceRef(h, "i0") for h in ("h0", "h1", "h2", "h3"))
+#: one instance over h0 (leader) and h1; h2 and h3 each serve one on their own
+SPAN = {A0: (A0, B0), B0: (A0, B0)}
+
+
+@pytest.mark.parametrize(
+    ("refs", "expected"),
+    [
+        ([A0, B0], 1),  # both nodes of one instance
+        ([A0], 1),
+        ([B0, C0], 2),
+        ([A0, B0, C0, D0], 3),
+        ([], 0),
+    ],
+)
+def test_count_instances_counts_the_nodes_of_an_instance_once(refs: list[InstanceRef], expected: int) -> None:
+    assert count_instances(refs, SPAN) == expected
+
+
+def test_units_hold_every_node_of_an_instance_spanning_hosts_leader_first() -> None:
+    order = [B0, A0, C0, D0]  # the worker's host comes first in the inventory: the unit still leads with A0
+    assert [[str(r) for r in u] for u in units_of(order, BatchUnit.INSTANCE, SPAN)] == [
+        ["h0/i0", "h1/i0"],
+        ["h2/i0"],
+        ["h3/i0"],
+    ]
+    # host mode: the hosts the instance spans are one unit (at the first of them)
+    hosts = units_of([A0, C0, B0, D0], BatchUnit.HOST, SPAN)
+    assert [[str(r) for r in u] for u in hosts] == [["h0/i0", "h1/i0"], ["h2/i0"], ["h3/i0"]]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "max_unavailable", "expected"),
+    [
+        # the canary is the whole instance (two nodes), counted as one against a budget of 1
+        ([1, 1], 1, [["h0/i0", "h1/i0"], ["h2/i0"], ["h3/i0"]]),
+        ([1, 2], 2, [["h0/i0", "h1/i0"], ["h2/i0", "h3/i0"]]),
+        ([2], 2, [["h0/i0", "h1/i0", "h2/i0"], ["h3/i0"]]),  # 2 instances: 3 nodes
+        (["50%"], 3, [["h0/i0", "h1/i0"], ["h2/i0"], ["h3/i0"]]),  # 50% of 3 instances: 1
+        ([-1], 1, [["h0/i0", "h1/i0"], ["h2/i0"], ["h3/i0"]]),  # the budget caps "all", never half an instance
+    ],
+)
+def test_plan_counts_an_instance_spanning_hosts_once_and_never_splits_it(
+    sizes: list[int | str], max_unavailable: int, expected: list[list[str]]
+) -> None:
+    assert names(plan_batches([A0, B0, C0, D0], sizes, max_unavailable, groups=SPAN)) == expected
+
+
+@pytest.mark.parametrize(
+    ("unavailable", "budget", "admitted", "reason"),
+    [
+        ([], 1, ["h0/i0", "h1/i0"], ""),  # both nodes, one instance: fits a budget of 1
+        ([C0], 1, [], "max_unavailable is 1 and 1 instance(s) are already not serving (h2/i0)"),
+        ([A0, B0], 1, ["h0/i0", "h1/i0"], ""),  # the instance is down already: restarting it costs nothing
+        ([C0], 2, ["h0/i0", "h1/i0"], ""),
+    ],
+)
+def test_admit_counts_an_instance_spanning_hosts_once(
+    unavailable: list[InstanceRef], budget: int, admitted: list[str], reason: str
+) -> None:
+    a = admit(((A0, B0),), unavailable, budget, {"h0": 1, "h1": 1, "h2": 1}, groups=SPAN)
+    assert [str(r) for u in a.admitted for r in u] == admitted
+    assert a.reason == reason
+
+
+def test_admit_keeps_a_serving_instance_on_a_host_the_spanning_instance_shares() -> None:
+    # h0 also runs i1 on its own; the spanning instance (h0/i0 + h1/i0) may go while i1 serves,
+    # but not in the same batch as i1
+    a = admit(((A0, B0), (InstanceRef("h0", "i1"),)), [], 3, {"h0": 2, "h1": 1}, groups=SPAN)
+    assert [[str(r) for r in u] for u in a.admitted] == [["h0/i0", "h1/i0"]]
+    assert a.reason == "h0/i1 would leave host h0 with no serving instance"
+
+
+def test_a_host_unit_spanning_instance_larger_than_the_budget_is_refused_counting_instances() -> None:
+    refs = [A0, InstanceRef("h0", "i1"), B0, InstanceRef("h1", "i1")]
+    why = r"hosts h0, h1 \(an instance spans them\) run 3 instances but max_unavailable allows 2"
+    with pytest.raises(FleetError, match=why):
+        plan_batches(refs, [1], 2, unit=BatchUnit.HOST, groups=SPAN)
