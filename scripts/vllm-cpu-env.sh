@@ -37,8 +37,11 @@ from fleetlab.real_engine import ensure_wheels
 py, version = sys.argv[1], sys.argv[2]
 here = subprocess.run([py, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True, check=True)
 if tuple(int(n) for n in here.stdout.split()) != HOST_PYTHON:
-    sys.exit(1)
-print(ensure_wheels(DEFAULT_CACHE_DIR, version, HOST_PYTHON, progress=lambda m: print(m, file=sys.stderr)).root)
+    sys.exit(f"the lab's wheel cache is for Python {HOST_PYTHON}, not {py}'s: resolving from pip's configuration")
+try:
+    print(ensure_wheels(DEFAULT_CACHE_DIR, version, HOST_PYTHON, progress=lambda m: print(m, file=sys.stderr)).root)
+except Exception as exc:  # the cache cannot be filled here (not root, no index): the old path below
+    sys.exit(f"the lab's wheel cache {DEFAULT_CACHE_DIR} not used ({type(exc).__name__}: {exc}): resolving from pip's configuration")
 PYEOF
 ) && "$PY" -m pip install -q --no-index --no-deps --find-links "$LOCK_ROOT/wheels" -r "$LOCK_ROOT/requirements.txt"; then
     echo "real engine environment: installed from the lab's wheel cache $LOCK_ROOT (its lock, --no-deps)"
