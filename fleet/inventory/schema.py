@@ -81,8 +81,13 @@ Where the model's weights come from (``fleet.weights`` stages them on the hosts)
   ``ORG/NAME/`` (what ``huggingface-cli download ORG/NAME --local-dir /srv/models/ORG/NAME``
   writes); the directory must exist and be readable here, and hold ``ORG/NAME/config.json`` for
   the host's ``model`` (a Hugging Face id: a path ``model`` is served from where it is). Checked
-  when the inventory is loaded, before any host is touched. ``kind`` leaves room for the sources
-  to come (an HTTP mirror laid out like the Hub, a store host): each a model of its own here.
+  when the inventory is loaded, before any host is touched.
+* ``{kind: store, host: NAME, path: /srv/models}``: a directory on a store host, another host of
+  the same inventory (reached with its own SSH settings and known_hosts, the ones fleet already
+  trusts), holding each model as ``ORG/NAME/``. Only the shape is checked here (``host`` a host
+  name, ``path`` absolute without ``.``/``..``); ``spec.py`` checks that ``host`` is in the
+  inventory, and the store's manifest (``fleet.weights.store``, computed on the store over SSH)
+  that the model is there, before any host is changed.
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
@@ -562,6 +567,38 @@ class DirSourceData(BaseModel):
     path: SourceDir
 
 
+def _store_path(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError("an absolute path without '.' or '..' parts, on the store host, e.g. /srv/models")
+    return value
+
+
+def _store_host(value: str) -> str:
+    if not _HOST.fullmatch(value):
+        raise ValueError(f"the name of a host of this inventory ({HOST_NAME_RULE})")
+    return value
+
+
+StorePath = Annotated[str, AfterValidator(_store_path)]
+StoreHost = Annotated[str, AfterValidator(_store_host)]
+
+
+class StoreSourceData(BaseModel):
+    """``model_source: {kind: store, host, path}``: models in a directory on a store host (a host
+    of the same inventory); the files go from there to the hosts (``fleet.weights.store``)."""
+
+    model_config = _STRICT
+
+    kind: Literal["store"]
+    host: StoreHost
+    path: StorePath
+
+
+#: ``model_source``: one model per kind, told apart by ``kind``.
+SourceData = Annotated[DirSourceData | StoreSourceData, Field(discriminator="kind")]
+
+
 class StagingData(BaseModel):
     """``staging``: how hosts copy a model to each other (``fleet stage --fanout``).
 
@@ -735,7 +772,7 @@ class HostData(BaseModel):
     model: ModelId
     workload: WorkloadData
     model_config_: PathText | None = Field(default=None, alias="model_config")
-    model_source: DirSourceData | None = None
+    model_source: SourceData | None = None
     staging: StagingData = Field(default_factory=StagingData)
     served_model_name: ServedName | None = None
     weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
@@ -809,7 +846,7 @@ KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
-SOURCE_KEYS: tuple[str, ...] = tuple(DirSourceData.model_fields)
+SOURCE_KEYS: tuple[str, ...] = tuple(dict.fromkeys([*DirSourceData.model_fields, *StoreSourceData.model_fields]))
 STAGING_KEYS: tuple[str, ...] = tuple(StagingData.model_fields)
 VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
@@ -853,8 +890,10 @@ FIELD_HELP: dict[str, str] = {
     "balancer.on": "'local' (this machine) or the name of an inventory host with role: balancer",
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
-    "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model",
-    "model_source.kind": "dir (a directory on this machine)",
+    "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model, "
+    "or {kind: store, host: NAME, path: /srv/models}: one on a host of this inventory",
+    "model_source.kind": "dir (a directory on this machine) or store (a directory on a host of this inventory)",
+    "model_source.host": "the name of a host of this inventory (the store: it holds the models as ORG/NAME/)",
     "staging": "{port: 7470, egress_mib_s: 100, concurrency: 16}: how hosts copy the model to each other "
     "(fleet stage --fanout)",
     "staging.port": "a port from 1024 to 65535, not one the host serves on, its ssh_port or master_port",
@@ -904,6 +943,8 @@ def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
             f"stages models named by Hugging Face id; model is a path ({data.model}), served from where it "
             "is: name the model by id (org/name) to stage it, or remove model_source",
         )  # fmt: skip
+    if source.kind == "store":
+        return None  # read on the store host (fleet.weights.store), before any host is changed
     config = os.path.join(source_model_dir(source.path, data.model), "config.json")
     if not os.path.isfile(config):
         return (

@@ -58,7 +58,9 @@ from fleet.inventory.schema import (
     GpuData,
     HostData,
     LabData,
+    SourceData,
     StagingData,
+    StoreSourceData,
     cuda_problem,
     driver_problem,
     haproxy_name,
@@ -181,11 +183,12 @@ class BalancerHost:
 @dataclass(frozen=True)
 class ModelSource:
     """``model_source``: where the weights come from. ``dir``: a directory on this machine holding
-    ``ORG/NAME/`` per model. (An HTTP mirror laid out like the Hub and a store host are kinds to
-    come, each with its own fields beside ``kind``.)"""
+    ``ORG/NAME/`` per model; ``store``: such a directory on ``host``, another host of the inventory
+    (``fleet.weights.store``)."""
 
-    kind: Literal["dir"]
+    kind: Literal["dir", "store"]
     path: str
+    host: str | None = None  #: the store host (``store`` only)
 
     def model_dir(self, model: str) -> str:
         return source_model_dir(self.path, model)
@@ -749,8 +752,8 @@ def host_spec(
         # no model_config: the planner reads the model's config.json from the source (never a
         # different copy than the one the hosts get)
         model_config=valid.model_config_
-        or (source_model_dir(valid.model_source.path, valid.model) if valid.model_source else None),
-        model_source=ModelSource(valid.model_source.kind, valid.model_source.path) if valid.model_source else None,
+        or (_local_source_dir(valid.model_source, valid.model) if valid.model_source else None),
+        model_source=_model_source(valid.model_source) if valid.model_source else None,
         staging=valid.staging,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
@@ -799,6 +802,42 @@ def _vllm_cpu_spec(valid: HostData) -> VllmCpuSpec | None:
     return VllmCpuSpec(cpu.version, cpu.requirements, read_pins(cpu.requirements), cpu.kv_cache_gib, tuple(cpu.cpus))
 
 
+def _model_source(raw: SourceData) -> ModelSource:
+    return ModelSource(raw.kind, raw.path, raw.host if isinstance(raw, StoreSourceData) else None)
+
+
+def _local_source_dir(raw: SourceData, model: str) -> str | None:
+    """Where this machine reads ``model``'s ``config.json`` from a source: a ``dir`` source's
+    ``ORG/NAME``; None for a store (on another host: give ``model_config``, or the planner reads
+    the local Hugging Face cache as without a source)."""
+    return source_model_dir(raw.path, model) if raw.kind == "dir" else None
+
+
+def store_problems(specs: Sequence[HostSpec], names: Sequence[str]) -> list[FieldProblem]:
+    """Across hosts: a ``model_source: {kind: store}`` whose ``host`` is not a host of the
+    inventory (``names``: every host, valid or not), or is the host itself (it has no copy to
+    stage from: its files are in the store's directory, not its cache)."""
+    known = set(names)
+    problems = []
+    for spec in specs:
+        src = spec.model_source
+        if src is None or src.kind != "store" or src.host is None:
+            continue
+        if src.host not in known:
+            problems.append(FieldProblem(
+                spec.source_of("model_source"), spec.name, "model_source.host", src.host,
+                f"names host {src.host!r}, which is not in this inventory; add the store host to it (with its "
+                "ssh_hostname, ssh_user and a known_hosts entry, like any host), or fix the name",
+            ))  # fmt: skip
+        elif src.host == spec.name:
+            problems.append(FieldProblem(
+                spec.source_of("model_source"), spec.name, "model_source.host", src.host,
+                "names this host itself: a host cannot stage from its own directory; name another host as the "
+                "store, or use kind: dir",
+            ))  # fmt: skip
+    return problems
+
+
 def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
     """``speculative`` as the planner reads it; a draft named by id is read from ``model_source`` too."""
     sp = valid.speculative
@@ -806,7 +845,7 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
         return None
     config = sp.model_config_
     if config is None and sp.model is not None and valid.model_source is not None and not sp.model.startswith("/"):
-        config = source_model_dir(valid.model_source.path, sp.model)
+        config = _local_source_dir(valid.model_source, sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
     )
@@ -967,6 +1006,8 @@ def load_inventory(
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
     problems += [p for p in multi_node_problems(specs) if selected is None or p.host in selected]
+    names = [entry.name for entry in files.hosts]
+    problems += [p for p in store_problems(specs, names) if selected is None or p.host in selected]
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:

@@ -17,17 +17,14 @@ LoRA adapters (small) are staged from this machine afterwards (``stage_all``).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleet.errors import FleetError
-from fleet.facts.sshlink import SshTarget
 from fleet.inventory.schema import StagingData
 from fleet.weights.manifest import Manifest
-from fleet.weights.peer import Seed
+from fleet.weights.peer import Seed, fleet_address
 from fleet.weights.stage import Progress, StageJob, StageResult, merge, repo_dir, stage, stage_all
 from fleet.weights.tree import SOURCE, Outcome, Send, advance, bound, next_round, start
 
@@ -43,15 +40,6 @@ class FanOut:
     #: ⌈log₂(n+1)⌉ for the n hosts that needed the model, per (source, model), from its holders
     bounds: list[dict[str, Any]] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  #: senders that failed mid-copy (still serving)
-
-
-def fleet_address(target: SshTarget) -> str:
-    """The address fleet reaches the host at (what its receiver binds and its sender binds from)."""
-    try:
-        infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise FleetError(f"host {target.name}: cannot resolve {target.hostname}: {exc}") from None
-    return str(infos[0][4][0])
 
 
 def fan_out(

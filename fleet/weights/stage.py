@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,8 @@ from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
-from fleet.weights.peer import Seed, SenderFailed, send_from_peer
+from fleet.weights.peer import Seed, SenderFailed, fleet_address, send_from_peer
+from fleet.weights.store import store_manifest
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
 
 #: How fast a host's ``python3`` hashes, for the listing's deadline (slower disks get the floor).
@@ -123,6 +124,9 @@ class StageJob:
     seed: Seed | None = None
     rate: float | None = None  #: this machine's egress limit when it sends, bytes per second
     probe: bool = False  #: list and check only: a copy that needs files ends ``waiting``, nothing sent
+    #: a ``store`` source (``fleet.weights.store``): the store host sends the files (its ``rate``
+    #: is this job's ``rate``), and ``source`` is the directory on the store
+    store: Seed | None = None
 
     @property
     def files(self) -> str:
@@ -170,7 +174,10 @@ def manifests_for(jobs: Sequence[StageJob], hashed: list[str] | None = None) -> 
     out: dict[tuple[str, str], Manifest] = {}
     for job in jobs:
         key = (job.source, job.model)
-        if key not in out:
+        if key not in out and job.store is not None:
+            top = str(model_dir(job.source, job.model))
+            out[key] = store_manifest(job.store.sender, job.source, top, job.model, job.marker)
+        elif key not in out:
             out[key] = build_manifest(job.source, job.model, hashed, directory=job.directory, marker=job.marker)
     return out
 
@@ -304,13 +311,14 @@ def _send(
     if rc != 0:
         raise FleetError(f"preparing {incoming} exited {rc}: {err.strip()[-300:]}")
     moves: list[tuple[str, str]] = [(f"{n:06d}.partial", f.path) for n, f in enumerate(before.to_send)]
-    if job.seed is not None:
-        result.sender = job.seed.sender.name
+    seed = job.seed if job.seed is not None else replace(job.store, rate=job.rate) if job.store is not None else None
+    if seed is not None:
+        result.sender = seed.sender.name
         sizes = [(tmp, rel, f.size) for (tmp, rel), f in zip(moves, before.to_send, strict=True)]
         watch = link.hold(math.inf)
         try:
             result.sent_bytes = send_from_peer(
-                client, job.seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
+                client, seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
             )
         finally:
             link.release(watch)
@@ -399,7 +407,7 @@ def draft_in_source(spec: HostSpec) -> str | None:
     the source does not hold (its ``model_config`` given elsewhere), is left to the operator as
     before; the preflight still checks the host's cache."""
     sp, source = spec.speculative, spec.model_source
-    if sp is None or sp.model is None or source is None or sp.model.startswith("/"):
+    if sp is None or sp.model is None or source is None or source.kind != "dir" or sp.model.startswith("/"):
         return None
     return sp.model if os.path.isdir(source_model_dir(source.path, sp.model)) else None
 
@@ -414,13 +422,29 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
             continue
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         target = SshTarget.from_data(spec.name, data)
-        if spec.model_source is not None:
-            out.append(StageJob(target, spec.model, spec.model_source.path))
+        src = spec.model_source
+        if src is not None and src.kind == "store" and src.host is not None:
+            out.append(
+                StageJob(target, spec.model, src.path, store=_store_seed(loaded, src.host, src.path, spec, target))
+            )
+        elif src is not None:
+            out.append(StageJob(target, spec.model, src.path))
             if (draft := draft_in_source(spec)) is not None:
-                out.append(StageJob(target, draft, spec.model_source.path))
+                out.append(StageJob(target, draft, src.path))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out
+
+
+def _store_seed(loaded: LoadedInventory, store: str, root: str, spec: HostSpec, target: SshTarget) -> Seed:
+    """The store host as the sender of ``spec``'s model to ``target`` (``fleet.weights.store``): it
+    sends from ``ROOT/ORG/NAME`` as its login user to the host's staging port."""
+    data = loaded.pyinfra.get_host(store).data.dict()  # type: ignore[no-untyped-call]
+    sender = SshTarget.from_data(store, data)
+    return Seed(
+        sender, fleet_address(sender), fleet_address(target), spec.staging.port, None,
+        str(model_dir(root, spec.model)), as_login=True,
+    )  # fmt: skip
 
 
 #: How bad each status is, when one host's model and adapters are told as one result.
