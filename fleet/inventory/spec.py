@@ -521,6 +521,8 @@ def _allowed(err: Any, fld: str) -> str:
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
+    if kind == "union_tag_invalid":
+        return "must be one of " + str(err["ctx"]["expected_tags"]) + ": " + FIELD_HELP.get(fld, "")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return "must be a dict: " + FIELD_HELP.get(fld, "")
     if msg.startswith("Value error, "):
@@ -584,12 +586,19 @@ def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | N
             if loc[0] == "vllm_extra_args" and len(loc) > 1:
                 continue  # reported above, one line per flag
             fld = _field_name(loc)
+            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a kind no member has
+                tag = str(err["ctx"]["discriminator"]).strip("'")
+                fld, loc = f"{fld}.{tag}", (*loc, tag)
+                err = {**err, "type": "missing"} if err["type"] == "union_tag_not_found" else err
             if err["type"] == "extra_forbidden":
                 fld = f"{_field_name(loc[:-1])}.{loc[-1]}"
             if fld in seen or fld.split(".", 1)[0] in refused:
                 continue  # a union reports each of its members; one line per field is enough
             seen.add(fld)
-            value = _at(fields, loc) if err["type"] == "extra_forbidden" else _at(fields, _value_loc(loc, fld))
+            value = _at(fields, _value_loc(loc, fld))
+            if err["type"] == "extra_forbidden" and value is None:
+                value = _at(fields, loc)
+            # (a discriminated union's loc names the member by its tag: model_source.store.port)
             h.problem(fld, value, _allowed(err, fld))
         return None
 
