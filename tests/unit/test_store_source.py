@@ -180,7 +180,7 @@ def test_an_unreadable_file_on_the_store_is_named(tmp_path: Path) -> None:
         answer = run_script(tmp_path / "src", tmp_path / "cache")
     finally:
         (top / "model.safetensors").chmod(0o644)
-    with pytest.raises(FleetError, match="cannot read model.safetensors: Permission denied"):
+    with pytest.raises(FleetError, match=r"cannot read model\.safetensors: Permission denied"):
         parse_store_manifest("store-1", str(tmp_path / "src"), MODEL, json.dumps(answer))
 
 
