@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from fleet.inventory.spec import load_inventory
 from fleet.weights.manifest import build_manifest
+from fleet.weights.stage import jobs_for, manifests_for, stage_all
 from fleetlab import ssh
 from fleetlab.inventory_writer import GROUP
 
@@ -290,7 +292,8 @@ def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet
     Bad input is named before any host is changed; then the store's own manifest (computed there
     over SSH) is the one a ``dir`` source of the same files gives, the store sends each host its
     copy directly (through the staging port, as its login user), each copy verifies on its host; a
-    copy damaged on a host is repaired from the store; ``--fanout`` roots its tree at the store."""
+    copy damaged on a host is repaired from the store; ``--fanout`` roots its tree at the store; a
+    file changed on the store after its manifest was read is refused by the host's verify."""
     top = make_checkpoint(tmp_path / "src")
     want = sums_of(top)
     revision = build_manifest(str(tmp_path / "src"), MODEL).revision
@@ -367,6 +370,22 @@ def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet
         assert [(s["from"], s["status"]) for s in body["rounds"][0]] == [(store, "staged")], body["rounds"]
         for i in (1, 2):
             assert host_sums(lab_fleet, i, revision) == want
+
+        # a shard changed on the store after its manifest was read (same size, other bytes): the host's
+        # verify refuses the copy, refs/main is not written, the host is named
+        loaded = load_inventory(str(inventory), [names[1]])
+        jobs = jobs_for(loaded)
+        known = manifests_for(jobs)
+        rc, _out, err = on(lab_fleet, 0, f"printf 'Y' | dd of={root}/{MODEL}/model-00002-of-00002.safetensors bs=1 "
+                           "seek=100 conv=notrunc status=none")  # fmt: skip
+        assert rc == 0, err
+        rc, _out, err = on(lab_fleet, 1, f"sudo rm -rf {REPO}")
+        assert rc == 0, err
+        late = stage_all(jobs, manifests=known)[names[1]]
+        assert late.status == "failed" and late.sender == store, late
+        assert "does not match the manifest: model-00002-of-00002.safetensors (corrupted)" in str(late.error), late
+        rc, out, _err = on(lab_fleet, 1, f"sudo test -e {REPO}/refs/main && echo there || echo absent")
+        assert out.strip() == "absent", out
     finally:
         on(lab_fleet, 0, f"sudo rm -rf {root}; rm -rf ~/.cache/fleet/store-manifests")
         for i in range(len(names)):

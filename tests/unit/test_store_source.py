@@ -200,3 +200,13 @@ def test_a_store_answer_that_is_not_a_manifest_is_refused(row: list[object], wan
         parse_store_manifest("store-1", "/srv/models", MODEL, text)
     with pytest.raises(FleetError, match="unreadable answer from the store"):
         parse_store_manifest("store-1", "/srv/models", MODEL, "Traceback (most recent call last):")
+
+
+def test_a_store_may_be_a_host_that_serves_nothing(tmp_path: Path) -> None:
+    """A host with ``role: balancer`` carries SSH settings only; it may hold the models too."""
+    inv = write_inventory(tmp_path, [
+        ("gpu-1", host(2, model_source={**STORE, "host": "lb-1"})),
+        ("lb-1", {"role": "balancer", "ssh_hostname": "127.0.0.5"}),
+    ])  # fmt: skip
+    (job,) = jobs_for(load_inventory(inv))
+    assert job.store is not None and (job.store.sender.name, job.store.sender_address) == ("lb-1", "127.0.0.5")
