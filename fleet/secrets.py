@@ -10,7 +10,8 @@ boundary is still not printed.
 "Looks like a secret" is a heuristic, stated here so it can be reviewed:
 
 * a known credential prefix followed by token characters: ``sk-``/``sk_`` + 16 (OpenAI-style
-  keys), and + 8: ``hf_`` (Hugging Face), ``ghp_``/``gho_``/``ghs_``/``github_pat_`` (GitHub),
+  keys), and + 8: ``hf_`` (Hugging Face; letters and digits only, so a mirror named
+  ``hf-mirror`` or a path ``/srv/hf-cache`` is not one), ``ghp_``/``gho_``/``ghs_``/``github_pat_`` (GitHub),
   ``glpat-`` (GitLab), ``xox?-`` (Slack), ``AKIA`` + 16 (AWS access key ids), ``eyJ`` (a JWT);
 * ``Bearer <token>`` and ``user:password@`` inside a URL;
 * a run of 20+ letters and digits (no separators) that mixes upper case, lower case and digits,
@@ -40,7 +41,9 @@ REDACTED = "<redacted>"
 _TOKEN = r"[A-Za-z0-9_\-+/=.]"
 _SECRET_PATTERNS = [
     re.compile(rf"(?<![A-Za-z0-9])sk[-_]{_TOKEN}{{16,}}"),
-    re.compile(rf"(?<![A-Za-z0-9])(?:hf|ghp|gho|ghu|ghs|ghr|github_pat|glpat|npm|pypi)[-_]{_TOKEN}{{8,}}"),
+    # a Hugging Face token is hf_ and letters (never hf-): hf-mirror.internal, /srv/hf-cache are not tokens
+    re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{8,}"),
+    re.compile(rf"(?<![A-Za-z0-9])(?:ghp|gho|ghu|ghs|ghr|github_pat|glpat|npm|pypi)[-_]{_TOKEN}{{8,}}"),
     re.compile(rf"(?<![A-Za-z0-9])xox[abposr]-{_TOKEN}{{8,}}"),
     re.compile(r"(?<![A-Za-z0-9])AKIA[0-9A-Z]{16}"),
     re.compile(rf"(?<![A-Za-z0-9])eyJ{_TOKEN}{{10,}}"),

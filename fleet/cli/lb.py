@@ -50,7 +50,9 @@ def export(inventory: str, directory: Path, limit: tuple[str, ...], as_json: boo
     if not configs:
         fail(f"{inventory}: no host has a `balancer` entry (or none has a plan): nothing to write", as_json)
     written = write_tree(directory, export_files(configs, inventory))
-    unplanned = [o.spec.name for o in outcomes if o.plan is None and o.spec.balancer is not None]
+    unplanned = [
+        o.spec.name for o in outcomes if o.plan is None and any(m.balancer is not None for m in o.spec.model_specs)
+    ]
     if as_json:
         body = {
             "directory": str(directory),
@@ -165,7 +167,8 @@ def _traffic(inventory: str, limit: tuple[str, ...], as_json: bool):  # type: ig
     try:
         loaded = load_for_planning(inventory, list(limit) or None)
         fleet = fleet_of(loaded)
-        order = [(r.host, r.instance) for r in fleet.instances]
-        return traffic_of(loaded, order), order
+        served = {(r.host, r.instance): s.model for r, s in fleet.instances.items()}
+        order = list(served)
+        return traffic_of(loaded, order, served=served), order
     except FleetError as exc:
         fail(str(exc), as_json, code=EXIT_INVALID)

@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.gpus import GiB
+from fleet.inventory.spec import HostSpec
 from fleet.plan.outcomes import HostOutcome
 from fleet.plan.planner import SET_BY_FLEET, HostPlan, Instance
 
@@ -109,30 +110,15 @@ def _same_flags(a: Instance, b: Instance) -> bool:
     ] and a.memory == b.memory
 
 
-def plan_panel(outcome: HostOutcome) -> Panel:
-    spec = outcome.spec
-    if outcome.plan is None:
-        assert outcome.problem is not None
-        body = Text(str(outcome.problem))
-        return Panel(body, title=f"[bold red]✗ {spec.name}[/]", border_style="red")
-    plan: HostPlan = outcome.plan
-    parts: list[Table | Text] = [
-        Text.assemble(
-            ("model ", "dim"),
-            (plan.model, "bold"),
-            (f"  weights {plan.weights_precision} {_gib(plan.weight_bytes)}", ""),
-            ("  vLLM ", "dim"),
-            plan.vllm_version,
-            ("  GPUs from ", "dim"),
-            plan.gpus_source,
-        )
-    ]
-    for instance in plan.instances:
-        if instance.index > 0 and _same_flags(instance, plan.instances[0]):
+def _instance_parts(instances: tuple[Instance, ...]) -> list[Table | Text]:
+    """Each instance's GPUs, flags and memory; one with the first's flags and memory in one line."""
+    parts: list[Table | Text] = []
+    for instance in instances:
+        if instance is not instances[0] and _same_flags(instance, instances[0]):
             parts.append(
                 Text(
                     f"instance {instance.index}: GPUs {list(instance.gpus)}  port {instance.port}  "
-                    f"(same flags and memory as instance 0)",
+                    f"(same flags and memory as instance {instances[0].index})",
                     style="bold",
                 )
             )
@@ -148,6 +134,76 @@ def plan_panel(outcome: HostOutcome) -> Panel:
             parts.append(node_table(instance))
         parts.append(flags_table(instance))
         parts.append(memory_table(instance))
+    return parts
+
+
+def _models_parts(plan: HostPlan, spec: HostSpec) -> list[Table | Text]:
+    """A host with ``models``: each entry with its GPUs, instances, totals, notes and warnings."""
+    parts: list[Table | Text] = []
+    for m in plan.models:
+        p = m.plan
+        gpus = f"{m.gpus[0]}-{m.gpus[-1]}" if len(m.gpus) > 1 else str(m.gpus[0])
+        parts.append(
+            Text.assemble(
+                (f"\nmodels[{m.entry}] ", "dim"),
+                (m.model, "bold"),
+                (f"  served as {m.served_name}  GPUs {gpus}", ""),
+                (f"  weights {p.weights_precision} {_gib(p.weight_bytes)}", ""),
+            )
+        )
+        parts += _instance_parts(p.instances)
+        target = spec.models[m.entry].spec.workload.target_concurrency
+        parts.append(
+            Text(
+                f"{len(p.instances)} instance(s), {p.total_kv_tokens:,} KV tokens, {p.workload_concurrency:,} "
+                f"concurrent requests of the workload (target {target})"
+            )
+        )
+        prefix = f"models[{m.entry}] {m.model}: "
+        for note in plan.notes:
+            if note.startswith(prefix) and not note.removeprefix(prefix).startswith("GPU(s) "):
+                parts.append(Text(f"• {note.removeprefix(prefix)}", style="dim"))
+        for warning in plan.warnings:
+            if warning.startswith(prefix):
+                parts.append(Text(f"! {warning.removeprefix(prefix)}", style="yellow"))
+    parts.append(Text(f"\n{len(plan.instances)} instance(s) of {len(plan.models)} models on this host"))
+    for note in plan.notes:
+        if not note.startswith("models["):
+            parts.append(Text(f"• {note}", style="dim"))
+    return parts
+
+
+def plan_panel(outcome: HostOutcome) -> Panel:
+    spec = outcome.spec
+    if outcome.plan is None:
+        assert outcome.problem is not None
+        body = Text(str(outcome.problem))
+        return Panel(body, title=f"[bold red]✗ {spec.name}[/]", border_style="red")
+    plan: HostPlan = outcome.plan
+    parts: list[Table | Text] = [
+        Text.assemble(
+            ("model ", "dim"),
+            (plan.model, "bold"),
+            (f"  weights {plan.weights_precision} {_gib(plan.weight_bytes)}", ""),
+        )
+        if not plan.models
+        else Text.assemble(
+            ("models ", "dim"),
+            (", ".join(m.model for m in plan.models), "bold"),
+            ("  vLLM ", "dim"),
+            plan.vllm_version,
+            ("  GPUs from ", "dim"),
+            plan.gpus_source,
+        )
+    ]
+    if plan.models:
+        parts += _models_parts(plan, spec)
+        for warning in plan.warnings:
+            if not warning.startswith("models["):  # the entries' own are shown with their entry
+                parts.append(Text(f"! {warning}", style="yellow"))
+        style = "yellow" if plan.warnings else "green"
+        return Panel(Group(*parts), title=f"[bold {style}]✓ {spec.name}[/]", border_style=style)
+    parts += _instance_parts(plan.instances)
     follower = [i.node for i in plan.instances if i.node is not None and i.node.headless]
     summary = (
         f"\nnode {follower[0].rank} of the instance led by {follower[0].leader} (headless: its KV tokens and "

@@ -43,6 +43,10 @@ from fleet.errors import FleetError
 def stage(inventory: str, limit: tuple[str, ...], parallel: int | None, fanout: bool, as_json: bool) -> None:
     """Copy the model's weights from the inventory's model_source to each host and verify them.
 
+    A hub source (a mirror laid out like the Hugging Face Hub) is read by this machine only: the
+    revision resolved to a commit, every file checked against the mirror's own metadata (LFS
+    SHA-256, git blob ids) into model_source.cache_dir, then sent on like a directory source.
+
     Each host's copy is checked against the source's manifest (size and SHA-256 of every file);
     what is missing, truncated or corrupted is sent again; refs/main names the snapshot only once
     it verifies. Exit status 1 when a host was refused or failed, 2 when the input is invalid.
@@ -62,12 +66,13 @@ def stage(inventory: str, limit: tuple[str, ...], parallel: int | None, fanout: 
         if not jobs:
             raise FleetError(
                 f"{inventory}: no selected host names a model_source or lora_adapters: add model_source: "
-                "{kind: dir, path: /srv/models} (a directory on this machine holding ORG/NAME/) to its data"
+                "{kind: dir, path: /srv/models} (a directory on this machine holding ORG/NAME/) or "
+                "{kind: hub, endpoint: https://...} (a mirror laid out like the Hugging Face Hub) to its data"
             )
         err = Console(stderr=True, highlight=False)
         if not as_json:
             err.print(f"[dim]manifest of {len({(j.source, j.model) for j in jobs})} model(s) (hashed once, cached)[/]")
-        manifests = manifests_for(jobs)
+        manifests = manifests_for(jobs, note=lambda text: None if as_json else err.print(f"[dim]{escape(text)}[/]"))
     except FleetError as exc:
         fail(str(exc), as_json)
     bars = Progress(

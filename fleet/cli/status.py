@@ -122,7 +122,8 @@ def _traffic(loaded: LoadedInventory, targets: list[Target], ssh: bool) -> Traff
     """The balancers in front of the targets (without SSH: only those on this machine)."""
     from fleet.lb.traffic import Traffic, traffic_of
 
-    traffic = traffic_of(loaded, [(t.host, f"vllm-{t.index}") for t in targets])
+    served = {(t.host, f"vllm-{t.index}"): t.model for t in targets}
+    traffic = traffic_of(loaded, list(served), served=served)
     if not ssh:
         traffic = Traffic({k: v for k, v in traffic.seats.items() if v.balancer.spec.local})
     return traffic or None

@@ -82,6 +82,7 @@ from fleet.lb.traffic import BalancerError, Traffic, put_back, take_out, traffic
 from fleet.operations import host as host_deploy
 from fleet.operations import vllm as vllm_ops
 from fleet.plan.gpu_source import GpusNotKnownYet
+from fleet.plan.models import served_names
 from fleet.plan.outcomes import build_fleet_plan, load_for_planning
 from fleet.plan.planner import HostPlan
 from fleet.render.part import HostPart, api_key, host_part
@@ -192,9 +193,11 @@ def check_hosts(loaded: LoadedInventory) -> dict[str, HostPlan]:
 def _endpoints(plan: HostPlan, bind: str) -> list[Endpoint]:
     """The instances this host serves: a headless node of an instance serves no HTTP; its leader's
     endpoint, on the leader's host, stands for the whole instance (``fleet.deploy.multinode``)."""
-    served = plan.model
+    served = served_names(plan, plan.model)  # a host with models: each instance its entry's served name
     return [
-        Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served) for i in plan.instances if i.serves
+        Endpoint(f"fleet-{i.unit_name}.service", f"http://{bind}:{i.port}", served[i.index])
+        for i in plan.instances
+        if i.serves
     ]
 
 
@@ -433,7 +436,8 @@ def deploy(
     t0 = time.monotonic()
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
-    manifests = staging.manifests(loaded)  # a source that cannot be read: before any host (dry runs too)
+    # a source that cannot be read: before any host (dry runs too; a dry run leaves a mirror's weights there)
+    manifests = staging.manifests(loaded, fetch=not dry)
     weights = staging.weights_by_host(loaded, manifests)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
@@ -625,12 +629,25 @@ class _Ready:
     busy: list[str] = field(default_factory=list)  #: preflighted: to start or roll
 
 
+def _served(loaded: LoadedInventory, plans: Mapping[str, HostPlan]) -> dict[tuple[str, str], str]:
+    """(host, instance) -> the model name each planned instance serves (its entry's on a host with
+    ``models``): what picks its balancer (``fleet.lb.traffic.traffic_of``)."""
+    from fleet.render.part import instance_served
+
+    return {
+        (name, instance): served
+        for name, plan in plans.items()
+        if plan is not None
+        for instance, served in instance_served(loaded.host(name), plan).items()
+    }
+
+
 def _balancers(loaded: LoadedInventory, plans: dict[str, HostPlan], progress: Progress, step: Step) -> list[HostResult]:
     """fleet's HAProxy configuration on every balancer in front of the planned hosts
     (``fleet.deploy.balancers``); one result per balancer, beside the hosts'."""
     from fleet.deploy import balancers
 
-    for spec in {s.balancer.on for s in loaded.hosts if s.balancer is not None}:
+    for spec in {m.balancer.on for s in loaded.hosts for m in s.model_specs if m.balancer is not None}:
         step(spec, "configuring the balancer")
     done = balancers.configure(loaded, plans, lambda *a: _balancer_host(loaded, *a), _drain_timeout(loaded), progress)
     for b in done:
@@ -735,13 +752,13 @@ def _join_balancers(
     members = [
         (name, e.unit.removeprefix("fleet-").removesuffix(".service"))
         for name in names
-        if name in plans and loaded.host(name).balancer is not None
+        if name in plans and any(m.balancer is not None for m in loaded.host(name).model_specs)
         for e in results[name].endpoints
         if e.healthy
     ]
     if not members:
         return
-    traffic = traffic_of(loaded, members)
+    traffic = traffic_of(loaded, members, served=_served(loaded, plans))
     try:
         for host, instance in members:
             try:
@@ -906,7 +923,7 @@ def _reboot(
             continue
         plan = plans.get(r.host)  # none yet: the host waits for its driver to plan from the probe
         members = [(r.host, i.unit_name) for i in plan.instances] if plan else []
-        traffic = traffic_of(loaded, members)
+        traffic = traffic_of(loaded, members, served=_served(loaded, plans))
         try:
             if not _reboot_one(loaded, plans, r, members, traffic, timeout, drain_timeout, progress, step):
                 return  # the others keep their pending reboot (reported), their capacity intact

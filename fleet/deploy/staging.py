@@ -18,10 +18,11 @@ from fleet.weights.stage import StageJob, StageResult, jobs_for, manifests_for, 
 from fleet.weights.verify import fmt_bytes
 
 
-def manifests(loaded: LoadedInventory) -> dict[tuple[str, str], Manifest]:
+def manifests(loaded: LoadedInventory, *, fetch: bool = True) -> dict[tuple[str, str], Manifest]:
     """Every selected host's model manifest, read before any host is touched (``FleetError``
-    naming the source and file when one cannot be read)."""
-    return manifests_for(jobs_for(loaded))
+    naming the source and file when one cannot be read). ``fetch=False`` (a dry run): a ``hub``
+    source's weights are not downloaded, its manifest is the mirror's metadata."""
+    return manifests_for(jobs_for(loaded), fetch=fetch)
 
 
 def weights_by_host(

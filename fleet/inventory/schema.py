@@ -81,7 +81,14 @@ Where the model's weights come from (``fleet.weights`` stages them on the hosts)
   ``ORG/NAME/`` (what ``huggingface-cli download ORG/NAME --local-dir /srv/models/ORG/NAME``
   writes); the directory must exist and be readable here, and hold ``ORG/NAME/config.json`` for
   the host's ``model`` (a Hugging Face id: a path ``model`` is served from where it is). Checked
-  when the inventory is loaded, before any host is touched.
+  when the inventory is loaded, before any host is touched;
+* ``{kind: hub, endpoint: https://hf-mirror.internal, token_ref: env:HF_TOKEN, revision: main,
+  cache_dir: /srv/hf-cache}``: an HTTP(S) mirror laid out like the Hugging Face Hub (the URL
+  ``HF_ENDPOINT`` would name; no user or password in it, no query), its bearer token (if it needs
+  one) a secret reference (``env:NAME`` or ``file:/path``, never the token), the branch, tag or
+  commit to serve (default ``main``), and where this machine keeps the files (default
+  ``$XDG_CACHE_HOME/fleet/hub``). Only this machine talks to the mirror (``fleet.model.mirror``);
+  whether it answers, holds the model and takes the token is asked before any host is touched.
 * ``{kind: store, host: NAME, path: /srv/models}``: a directory on a store host, another host of
   the same inventory (reached with its own SSH settings and known_hosts, the ones fleet already
   trusts), holding each model as ``ORG/NAME/``. Only the shape is checked here (``host`` a host
@@ -111,6 +118,7 @@ else the string), so the same strict grammar applies to them: ``releases_kept=2`
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -118,7 +126,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
@@ -318,6 +326,68 @@ def _source_dir(value: str) -> str:
 def source_model_dir(root: str, model: str) -> str:
     """Where a ``dir`` model source holds ``model`` (``org/name``): ``ROOT/org/name``."""
     return os.path.join(root, *model.split("/"))
+
+
+def _hub_endpoint(value: str) -> str:
+    rule = (
+        "an http:// or https:// URL of a mirror laid out like the Hugging Face Hub (what HF_ENDPOINT names), "
+        "with a host, no user or password (a token goes in token_ref), no query or fragment, "
+        "e.g. https://hf-mirror.internal"
+    )
+    try:
+        _url(value)
+    except ValueError:
+        raise ValueError(rule) from None
+    parts = urlsplit(value)
+    if parts.query or parts.fragment or "?" in value or "#" in value:
+        raise ValueError(rule)
+    return value.rstrip("/")
+
+
+#: A git revision as the Hub takes it: a branch or tag name (``main``, ``v1.0``, ``refs/pr/1``) or
+#: a commit id (40 hex digits); quoted into the mirror's URLs by ``huggingface_hub``.
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,254}")
+
+
+def _revision(value: str) -> str:
+    if not _REVISION.fullmatch(value) or ".." in value or "//" in value or value.endswith(("/", ".lock", ".")):
+        raise ValueError(
+            "a branch or tag name (letters, digits, '.', '_', '-', '/'; no '..', not ending in '/' or '.lock'), "
+            "or a 40-hex-digit commit id, e.g. main"
+        )
+    return value
+
+
+def _token_ref(value: str) -> str:
+    if parse_secret_ref(value) is None:
+        raise ValueError(SECRET_REF_HELP.replace("the key", "the mirror's token"))
+    return value
+
+
+def _cache_dir(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(
+            "an absolute path without '.' or '..' parts, on the machine that runs fleet, e.g. /srv/hf-cache "
+            "(created if missing)"
+        )
+    return value
+
+
+def default_hub_cache() -> str:
+    """Where a ``hub`` source's files land on this machine without ``cache_dir``:
+    ``$XDG_CACHE_HOME/fleet/hub`` (``~/.cache/fleet/hub``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fleet", "hub")
+
+
+def hub_source_root(endpoint: str, revision: str, cache_dir: str | None = None) -> str:
+    """The directory on this machine that holds a ``hub`` source's models as ``ORG/NAME/``, like a
+    ``dir`` source: one per (mirror, revision as written), so ``fleet.weights`` stages it like a
+    directory: ``CACHE/<host>-<sha256(endpoint)[:12]>/<revision, %-quoted>``."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", urlsplit(endpoint).hostname or "mirror")
+    key = f"{host}-{hashlib.sha256(endpoint.encode()).hexdigest()[:12]}"
+    return os.path.join(cache_dir or default_hub_cache(), key, quote(revision, safe=""))
 
 
 def _driver_version(value: str) -> str:
@@ -567,6 +637,27 @@ class DirSourceData(BaseModel):
     path: SourceDir
 
 
+HubEndpoint = Annotated[str, AfterValidator(_hub_endpoint)]
+Revision = Annotated[str, AfterValidator(_revision)]
+TokenRef = Annotated[str, AfterValidator(_token_ref)]
+CacheDir = Annotated[str, AfterValidator(_cache_dir)]
+
+
+class HubSourceData(BaseModel):
+    """``model_source: {kind: hub, endpoint, token_ref?, revision?, cache_dir?}``: an HTTP(S) mirror
+    laid out like the Hugging Face Hub (``HF_ENDPOINT``), read by this machine only
+    (``fleet.model.mirror``): the revision resolved to a commit, every file checked against the
+    mirror's own metadata, kept under ``cache_dir`` and staged from there like a ``dir`` source."""
+
+    model_config = _STRICT
+
+    kind: Literal["hub"]
+    endpoint: HubEndpoint
+    token_ref: TokenRef | None = None  #: ``env:NAME`` or ``file:/path``: the mirror's bearer token
+    revision: Revision = "main"
+    cache_dir: CacheDir | None = None  #: where this machine keeps the files (default: ``default_hub_cache``)
+
+
 def _store_path(value: str) -> str:
     _path(value)
     if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
@@ -595,8 +686,7 @@ class StoreSourceData(BaseModel):
     path: StorePath
 
 
-#: ``model_source``: one model per kind, told apart by ``kind``.
-SourceData = Annotated[DirSourceData | StoreSourceData, Field(discriminator="kind")]
+ModelSourceData = Annotated[DirSourceData | HubSourceData | StoreSourceData, Field(discriminator="kind")]
 
 
 class StagingData(BaseModel):
@@ -772,7 +862,7 @@ class HostData(BaseModel):
     model: ModelId
     workload: WorkloadData
     model_config_: PathText | None = Field(default=None, alias="model_config")
-    model_source: SourceData | None = None
+    model_source: ModelSourceData | None = None
     staging: StagingData = Field(default_factory=StagingData)
     served_model_name: ServedName | None = None
     weights: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4"] = "auto"
@@ -839,22 +929,66 @@ FLEET_KEYS: tuple[str, ...] = tuple(
 #: pyinfra's keys that fleet reads too (its schema checks their values).
 PYINFRA_KEYS_READ: tuple[str, ...] = tuple(name for name in HostData.model_fields if name.startswith("ssh_"))
 #: Keys whose contents their own module parses (``spec._nested``): ``rollout`` by
-#: ``fleet.inventory.policy``, ``alerts`` by ``fleet.inventory.alerts``.
-NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts")
+#: ``fleet.inventory.policy``, ``alerts`` by ``fleet.inventory.alerts``; ``models`` by
+#: ``spec._model_entries`` (each entry's keys through ``HostData`` itself).
+NESTED_KEYS: tuple[str, ...] = ("rollout", "alerts", "models")
 #: Every top-level key fleet reads: the one list ("did you mean" and unknown keys use it).
 KNOWN_KEYS: tuple[str, ...] = FLEET_KEYS + NESTED_KEYS
 WORKLOAD_KEYS: tuple[str, ...] = tuple(WorkloadData.model_fields)
 GPU_KEYS: tuple[str, ...] = tuple(GpuData.model_fields)
 BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
-SOURCE_KEYS: tuple[str, ...] = tuple(dict.fromkeys([*DirSourceData.model_fields, *StoreSourceData.model_fields]))
+#: ``model_source``'s keys per ``kind``, and all of them.
+SOURCE_KEYS_BY_KIND: dict[str, tuple[str, ...]] = {
+    "dir": tuple(DirSourceData.model_fields), "hub": tuple(HubSourceData.model_fields),
+    "store": tuple(StoreSourceData.model_fields),
+}  # fmt: skip
+SOURCE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in SOURCE_KEYS_BY_KIND.values() for k in keys))
 STAGING_KEYS: tuple[str, ...] = tuple(StagingData.model_fields)
 VLLM_CPU_KEYS: tuple[str, ...] = tuple(VllmCpuData.model_fields)
 SPECULATIVE_KEYS: tuple[str, ...] = tuple((f.alias or n) for n, f in SpeculativeData.model_fields.items())
 LORA_KEYS: tuple[str, ...] = tuple(LoraAdapterData.model_fields)
+#: The keys one ``models`` entry may carry besides ``gpus``: the per-model settings. Each is
+#: validated by ``HostData``'s own field (``spec._model_entries`` merges the entry over the host's
+#: data and validates the result), so an entry's grammar is the host's, never a copy of it. The
+#: other keys (the venv, the driver, ports, SSH, staging...) are the host's, set beside ``models``.
+MODEL_ENTRY_KEYS: tuple[str, ...] = (
+    "model",
+    "model_config",
+    "served_model_name",
+    "workload",
+    "weights",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "prefix_caching",
+    "allow_pcie_tensor_parallel",
+    "shutdown_timeout",
+    "serving_preset",
+    "speculative",
+    "vllm_extra_args",
+    "balancer",
+)
+#: Keys a host with ``models`` cannot have (yet), with the way out.
+MODELS_REFUSED: dict[str, str] = {
+    "multi_node": "instances spanning hosts serve one model (multi_node): remove models (serve one model with "
+    "model), or remove multi_node",
+    "lora_adapters": "LoRA adapters are not planned per model entry yet (their staging and gates are per host): "
+    "serve the adapters on a host with one model, or remove lora_adapters",
+    "max_lora_rank": "only read with lora_adapters, which a host with models cannot have yet: remove it",
+    "max_loras": "only read with lora_adapters, which a host with models cannot have yet: remove it",
+    "max_cpu_loras": "only read with lora_adapters, which a host with models cannot have yet: remove it",
+    "vllm_cpu": "vLLM's CPU build shares the host's CPUs among its instances as one model's: serve one model "
+    "with model on a vllm_cpu host",
+}
 
 #: What each field allows, in words, for "required" and type errors.
 FIELD_HELP: dict[str, str] = {
     "model": "a Hugging Face model id (org/name) or an absolute path to the model directory",
+    "models": "a list of model entries, each {model: org/name, gpus: N, ...per-model keys}, e.g. "
+    "[{'model': 'meta-llama/Llama-3.1-70B-Instruct', 'gpus': 4}, {'model': 'meta-llama/Llama-3.1-8B-Instruct', "
+    "'gpus': 4}]: the host's GPUs are given to the entries in order",
+    "models.gpus": f"a whole number from 1 to {MAX_GPUS}: the GPUs this model's instances get (the next ones, in "
+    "index order)",
     "workload": "{" + ", ".join(f"{k}: ..." for k in WORKLOAD_KEYS) + "}",
     "gpu": "{sku, count, nvlink} or {memory_gib, count, nvlink}; skus: " + ", ".join(CATALOGUE),
     "gpu.nvlink": "one of " + ", ".join(f.value for f in Fabric),
@@ -891,9 +1025,15 @@ FIELD_HELP: dict[str, str] = {
     "balancer.bind": "ADDRESS:PORT, e.g. '0.0.0.0:8080' (a string)",
     "balancer.timeout_s": "seconds from 1 to 600",
     "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model, "
-    "or {kind: store, host: NAME, path: /srv/models}: one on a host of this inventory",
-    "model_source.kind": "dir (a directory on this machine) or store (a directory on a host of this inventory)",
+    "or {kind: hub, endpoint: https://hf-mirror.internal, token_ref?: env:HF_TOKEN, revision?: main, cache_dir?}: "
+    "a mirror laid out like the Hugging Face Hub, or {kind: store, host: NAME, path: /srv/models}: a directory on "
+    "a host of this inventory",
+    "model_source.kind": "dir (a directory on this machine) or hub (a mirror laid out like the Hugging Face Hub) "
+    "or store (a directory on a host of this inventory)",
     "model_source.host": "the name of a host of this inventory (the store: it holds the models as ORG/NAME/)",
+    "model_source.endpoint": "the URL of a mirror laid out like the Hugging Face Hub (what HF_ENDPOINT would name), "
+    "e.g. https://hf-mirror.internal",
+    "model_source.path": "the directory on this machine holding ORG/NAME/ per model, e.g. /srv/models",
     "staging": "{port: 7470, egress_mib_s: 100, concurrency: 16}: how hosts copy the model to each other "
     "(fleet stage --fanout)",
     "staging.port": "a port from 1024 to 65535, not one the host serves on, its ssh_port or master_port",
@@ -939,11 +1079,13 @@ def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
         return None
     if data.model.startswith("/"):
         return (
-            "model_source", source.path,
+            "model_source", source.endpoint if isinstance(source, HubSourceData) else source.path,
             f"stages models named by Hugging Face id; model is a path ({data.model}), served from where it "
             "is: name the model by id (org/name) to stage it, or remove model_source",
         )  # fmt: skip
-    if source.kind == "store":
+    if isinstance(source, HubSourceData):
+        return None  # whether the mirror holds the model is asked before any host is touched (fleet.model.mirror)
+    if isinstance(source, StoreSourceData):
         return None  # read on the store host (fleet.weights.store), before any host is changed
     config = os.path.join(source_model_dir(source.path, data.model), "config.json")
     if not os.path.isfile(config):

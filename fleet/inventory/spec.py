@@ -20,6 +20,7 @@ the host, the field, the value (redacted when secret) and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import fnmatch
 import json
@@ -34,7 +35,7 @@ from pyinfra.api.inventory import Inventory
 from fleet.errors import FieldProblem, FleetError, InventoryError
 from fleet.gpus import CATALOGUE, Fabric, GiB, HostGpus
 from fleet.inventory.drivers import DEFAULT_DRIVER
-from fleet.inventory.load import HostEntry, read_inventory
+from fleet.inventory.load import COMMAND_LINE, HostEntry, read_inventory
 from fleet.inventory.multinode import multi_node_problems
 from fleet.inventory.ports import spec_port_problems
 from fleet.inventory.pyinfra_keys import pyinfra_keys
@@ -46,8 +47,13 @@ from fleet.inventory.schema import (
     GPU_KEYS,
     KNOWN_KEYS,
     LORA_KEYS,
+    MAX_GPUS,
+    MAX_PORT,
+    MODEL_ENTRY_KEYS,
+    MODELS_REFUSED,
     PYINFRA_KEYS_READ,
     SOURCE_KEYS,
+    SOURCE_KEYS_BY_KIND,
     SPECULATIVE_KEYS,
     STAGING_KEYS,
     USER_PREFIX,
@@ -55,15 +61,17 @@ from fleet.inventory.schema import (
     WORKLOAD_KEYS,
     BalancerData,
     BalancerHostData,
+    DirSourceData,
     GpuData,
     HostData,
+    HubSourceData,
     LabData,
-    SourceData,
     StagingData,
     StoreSourceData,
     cuda_problem,
     driver_problem,
     haproxy_name,
+    hub_source_root,
     lora_problems,
     lora_rank_for,
     model_source_problem,
@@ -85,6 +93,7 @@ __all__ = [
     "HostSpec",
     "LoadedInventory",
     "ModelCheck",
+    "ModelEntry",
     "SecretRef",
     "Workload",
     "host_spec",
@@ -93,6 +102,10 @@ __all__ = [
 
 #: Reads a model's config on this machine (``fleet.model.arch.load_model``); a ``FleetError`` says why not.
 ModelCheck = Callable[[str, str | None], object]
+#: Fetches what a host's ``model_source`` must give this machine to plan (a hub mirror's
+#: ``config.json``: ``fleet.model.mirror.fetch_planning_files``) into ``spec.model_config``; a
+#: ``FleetError`` says why not (reported on ``model_source``, before any host is touched).
+SourceCheck = Callable[["HostSpec"], object]
 #: A valid host's problems a later stage can tell at load time (``fleet.plan.extra_args``: the
 #: extra flags against the pinned vLLM's surface), reported with the inventory's other problems.
 HostCheck = Callable[["HostSpec"], list[FieldProblem]]
@@ -183,15 +196,32 @@ class BalancerHost:
 @dataclass(frozen=True)
 class ModelSource:
     """``model_source``: where the weights come from. ``dir``: a directory on this machine holding
-    ``ORG/NAME/`` per model; ``store``: such a directory on ``host``, another host of the inventory
-    (``fleet.weights.store``)."""
+    ``ORG/NAME/`` per model. ``hub``: a mirror laid out like the Hugging Face Hub (``endpoint``,
+    ``revision``, ``token_ref``), whose files this machine fetches and checks into ``path`` (laid
+    out as ``ORG/NAME/`` too: ``fleet.model.mirror``), so staging reads both kinds the same way.
+    ``store``: such a directory on ``host``, another host of the inventory (``fleet.weights.store``)."""
 
-    kind: Literal["dir", "store"]
-    path: str
-    host: str | None = None  #: the store host (``store`` only)
+    kind: Literal["dir", "hub", "store"]
+    path: str  #: ``dir``: the directory; ``hub``: where this machine keeps the mirror's files
+    endpoint: str | None = None  #: ``hub``: the mirror's URL (what ``HF_ENDPOINT`` would name)
+    revision: str = "main"  #: ``hub``: the branch, tag or commit to serve
+    token_ref: SecretRef | None = None  #: ``hub``: the mirror's bearer token, read on this machine only
+    host: str | None = None  #: ``store``: the store host (``path`` is on it)
 
     def model_dir(self, model: str) -> str:
         return source_model_dir(self.path, model)
+
+
+def _model_source(raw: DirSourceData | HubSourceData | StoreSourceData | None) -> ModelSource | None:
+    if raw is None:
+        return None
+    if isinstance(raw, DirSourceData):
+        return ModelSource("dir", raw.path)
+    if isinstance(raw, StoreSourceData):
+        return ModelSource("store", raw.path, host=raw.host)
+    root = hub_source_root(raw.endpoint, raw.revision, raw.cache_dir)
+    ref = parse_secret_ref(raw.token_ref) if raw.token_ref is not None else None
+    return ModelSource("hub", root, raw.endpoint, raw.revision, ref)
 
 
 @dataclass(frozen=True)
@@ -332,6 +362,9 @@ class HostSpec:
     pipeline_parallel_size: int | None = None
     #: (field, file) for fields written outside the inventory file (``group_data``), for errors
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    #: ``models``: several models on the host's GPUs, each entry with its own spec (empty: one model,
+    #: the fields above). The host's own fields are then its first entry's (``model_specs`` has them all).
+    models: tuple[ModelEntry, ...] = ()
 
     def source_of(self, fld: str) -> str:
         """The file the field's value is written in."""
@@ -348,6 +381,26 @@ class HostSpec:
         """Which machine the host is: two hosts with the same one share its ports."""
         return (self.ssh_hostname or self.name).lower()
 
+    @property
+    def model_specs(self) -> tuple[HostSpec, ...]:
+        """The spec of each model the host serves: its ``models`` entries' specs, else itself."""
+        return tuple(m.spec for m in self.models) if self.models else (self,)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One ``models`` entry: how many GPUs it gets and the host's spec with the entry's keys over it
+    (what the planner plans on the entry's GPUs, ``fleet.plan.models``)."""
+
+    index: int  #: its place in ``models`` (GPUs are given in this order)
+    gpus: int
+    spec: HostSpec
+    own: tuple[str, ...] = ()  #: the keys the entry sets itself (the rest are the host's)
+
+    def field(self, name: str) -> str:
+        """How a problem names ``name`` of this entry's spec: ``models[N].KEY`` for its own keys."""
+        return f"models[{self.index}].{name}" if name.split(".", 1)[0] in self.own else name
+
 
 @dataclass(frozen=True)
 class LoadedInventory:
@@ -361,10 +414,11 @@ class LoadedInventory:
     balancer_hosts: tuple[BalancerHost, ...] = ()
     model_check: ModelCheck | None = field(default=None, compare=False, repr=False)
     host_check: HostCheck | None = field(default=None, compare=False, repr=False)
+    source_check: SourceCheck | None = field(default=None, compare=False, repr=False)
 
     def reload(self, limit: list[str] | None = None) -> LoadedInventory:
         """The same inventory read again (pyinfra's ``Inventory`` and ``State`` are single-use)."""
-        return load_inventory(self.path, limit, self.overrides, self.model_check, self.host_check)
+        return load_inventory(self.path, limit, self.overrides, self.model_check, self.host_check, self.source_check)
 
     def host(self, name: str) -> HostSpec:
         for spec in self.hosts:
@@ -518,11 +572,14 @@ def _allowed(err: Any, fld: str) -> str:
             "workload": WORKLOAD_KEYS, "gpu": GPU_KEYS, "balancer": BALANCER_KEYS, "fleet_lab": LAB_KEYS,
             "model_source": SOURCE_KEYS, "vllm_cpu": VLLM_CPU_KEYS, "staging": STAGING_KEYS,
         }.get(parent, ())  # fmt: skip
+        loc = tuple(err["loc"])
+        if parent == "model_source" and len(loc) > 2 and loc[1] in SOURCE_KEYS_BY_KIND:  # the keys of its kind
+            keys = SOURCE_KEYS_BY_KIND[loc[1]]
         near = _close(key, keys)
         hint = f"; did you mean {near!r}?" if near else ""
         return "unknown key; allowed: " + ", ".join(keys) + hint
-    if kind == "union_tag_invalid":
-        return "must be one of " + str(err["ctx"]["expected_tags"]) + ": " + FIELD_HELP.get(fld, "")
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        return "must be one of: " + FIELD_HELP.get(fld, "")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return "must be a dict: " + FIELD_HELP.get(fld, "")
     if msg.startswith("Value error, "):
@@ -586,20 +643,19 @@ def _validate(h: _Host, data: dict[str, Any], refused: set[str]) -> HostData | N
             if loc[0] == "vllm_extra_args" and len(loc) > 1:
                 continue  # reported above, one line per flag
             fld = _field_name(loc)
-            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a kind no member has
-                tag = str(err["ctx"]["discriminator"]).strip("'")
-                fld, loc = f"{fld}.{tag}", (*loc, tag)
-                err = {**err, "type": "missing"} if err["type"] == "union_tag_not_found" else err
             if err["type"] == "extra_forbidden":
                 fld = f"{_field_name(loc[:-1])}.{loc[-1]}"
+            if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # model_source's kind
+                fld, loc = f"{fld}.kind", (*loc, "kind")
             if fld in seen or fld.split(".", 1)[0] in refused:
                 continue  # a union reports each of its members; one line per field is enough
             seen.add(fld)
-            value = _at(fields, _value_loc(loc, fld))
-            if err["type"] == "extra_forbidden" and value is None:
-                value = _at(fields, loc)
-            # (a discriminated union's loc names the member by its tag: model_source.store.port)
-            h.problem(fld, value, _allowed(err, fld))
+            if loc[:1] == ("model_source",) and len(loc) > 2 and loc[1] in SOURCE_KEYS_BY_KIND:
+                loc = (loc[0], *loc[2:])  # pydantic names the union member (the kind) it tried
+            value = _at(fields, loc) if err["type"] == "extra_forbidden" else _at(fields, _value_loc(loc, fld))
+            # a token reference, or a key named like a secret, is never shown (it may be the token itself)
+            secret = fld.endswith("token_ref") or (err["type"] == "extra_forbidden" and secret_field(str(loc[-1])))
+            h.problem(fld, value, _allowed(err, fld), secret=secret)
         return None
 
 
@@ -723,6 +779,8 @@ def host_spec(
             strings[key] = value
         else:
             h.problem("host data key", key, "field names are strings")
+    if "models" in strings:
+        return _multi_model_spec(h, groups, strings)
     refused = _secrets(h, strings)
     _unknown_keys(h, strings, refused)
     valid = _validate(h, strings, refused)
@@ -752,6 +810,7 @@ def host_spec(
     if h.problems or valid is None:
         raise InventoryError(h.problems)
     w = valid.workload
+    source = _model_source(valid.model_source)
     return HostSpec(
         name=name,
         inventory=inventory,
@@ -760,9 +819,10 @@ def host_spec(
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
         # no model_config: the planner reads the model's config.json from the source (never a
         # different copy than the one the hosts get)
+        # (a store's directory is on the store: give model_config, or the planner reads the local HF cache)
         model_config=valid.model_config_
-        or (_local_source_dir(valid.model_source, valid.model) if valid.model_source else None),
-        model_source=_model_source(valid.model_source) if valid.model_source else None,
+        or (source.model_dir(valid.model) if source is not None and source.kind != "store" else None),
+        model_source=source,
         staging=valid.staging,
         served_model_name=valid.served_model_name,
         weights=valid.weights,
@@ -803,23 +863,135 @@ def host_spec(
     )
 
 
+def _entry_problems(h: _Host, raw: object) -> list[tuple[int, dict[str, Any], int]]:
+    """The shape of ``models``: (index, the entry's per-model keys, its GPUs) for each sound entry;
+    a problem for every entry that is not a dict, lacks ``model`` or ``gpus``, or holds a key that
+    is not a per-model one (with "did you mean", or "set it beside models" for a host-wide key)."""
+    if not isinstance(raw, list | tuple) or not raw or len(raw) > MAX_GPUS:
+        h.problem("models", raw, f"1 to {MAX_GPUS} entries: " + FIELD_HELP["models"])
+        return []
+    sound: list[tuple[int, dict[str, Any], int]] = []
+    allowed = ("gpus", *MODEL_ENTRY_KEYS)
+    for i, entry in enumerate(raw):
+        where = f"models[{i}]"
+        if not isinstance(entry, dict):
+            h.problem(where, entry, "must be a dict: {model: org/name, gpus: N, ...per-model keys}")
+            continue
+        inner = _Host(h.inventory, h.name, None)
+        refused = _secrets(inner, {str(k): v for k, v in entry.items()})  # never echoed, under its entry
+        for p in inner.problems:
+            h.problems.append(dataclasses.replace(p, inventory=h.sources.get("models", h.inventory),
+                                                  field=f"{where}.{p.field}"))  # fmt: skip
+        ok = not refused
+        for key in entry:
+            if key in allowed or str(key) in refused:
+                continue
+            if isinstance(key, str) and key in KNOWN_KEYS:
+                h.problem(f"{where}.{key}", entry[key], "a key of the whole host, not of one model: set it beside "
+                          "models (per-model keys: " + ", ".join(allowed) + ")")  # fmt: skip
+                continue
+            near = _close(str(key), allowed)
+            hint = f"; did you mean {near!r}?" if near else ""
+            h.problem(f"{where}.{key}", entry[key], "unknown key; allowed: " + ", ".join(allowed) + hint)
+        if "model" not in entry:
+            ok = False
+            h.problem(f"{where}.model", None, "required: " + FIELD_HELP["model"])
+        gpus = entry.get("gpus")
+        if type(gpus) is not int or not 1 <= gpus <= MAX_GPUS:
+            ok = False
+            h.problem(f"{where}.gpus", gpus, ("required: " if gpus is None else "must be ") + FIELD_HELP["models.gpus"])
+        if ok and isinstance(gpus, int):
+            sound.append((i, {k: v for k, v in entry.items() if k in MODEL_ENTRY_KEYS}, gpus))
+    return sound
+
+
+def _multi_model_spec(h: _Host, groups: tuple[str, ...], data: dict[str, Any]) -> HostSpec:
+    """A host with ``models``: each entry validated as the host's data with the entry's keys over it
+    (``HostData`` and every check of one-model hosts, so an entry's grammar is the host's); problems
+    of an entry's own keys are named ``models[N].KEY``, the host's own once. The host's spec is its
+    first entry's, with every entry in ``models``; the GPU counts must add up to no more than the
+    host's (``gpu.count``; a probed host's are checked when it is planned, ``fleet.plan.models``)."""
+    if "model" in data and h.sources.get("model") == COMMAND_LINE:
+        h.problem("model", data["model"], "fleet rollout --model replaces a host's one model, and this host serves "
+                  "several (models): change the model of the entry you mean in the inventory (models[N].model) and "
+                  "run fleet rollout INVENTORY: only that entry's instances restart; or leave this host out "
+                  "(--limit)")  # fmt: skip
+    elif "model" in data:
+        h.problem("model", data["model"], "a host has either model (one model) or models (several on its GPUs), "
+                  "not both: move model into an entry of models, or remove models")  # fmt: skip
+    for key, why in MODELS_REFUSED.items():
+        if key in data and data[key] not in (None, False, {}, ()):
+            h.problem(key, data[key], why)
+    source = data.get("model_source")
+    if isinstance(source, dict) and source.get("kind") == "hub":
+        h.problem("model_source.kind", "hub", "a Hub mirror is read for one model per host yet: with models, "
+                  "put the entries' models in a directory (model_source: {kind: dir, path}), or serve one model "
+                  "with model")  # fmt: skip
+    entries = _entry_problems(h, data["models"])
+    # refused keys are reported above, once: the entries are validated without them
+    base = {k: v for k, v in data.items() if k not in ("models", "model", *MODELS_REFUSED)}
+    found: list[ModelEntry] = []
+    seen = {(p.field, p.allowed) for p in h.problems}
+    where_models = h.sources.get("models", h.inventory)
+    for i, keys, gpus in entries:
+        try:
+            spec = host_spec(h.inventory, h.name, groups, base | keys, h.sources)
+        except InventoryError as exc:
+            for p in exc.problems:
+                top = p.field.split(".", 1)[0]
+                mine = top in keys or (top == "workload" and "workload" not in base)
+                fld = f"models[{i}].{p.field}" if mine else p.field
+                if (fld, p.allowed) in seen:
+                    continue  # a host-wide key's problem, once for all entries
+                seen.add((fld, p.allowed))
+                inventory = where_models if mine else p.inventory
+                h.problems.append(dataclasses.replace(p, inventory=inventory, field=fld))
+            continue
+        found.append(ModelEntry(i, gpus, spec, tuple(keys)))
+    if found and not h.problems:
+        _model_entry_rules(h, found)
+    if h.problems or not found:
+        raise InventoryError(h.problems)
+    return dataclasses.replace(found[0].spec, models=tuple(found))
+
+
+def _model_entry_rules(h: _Host, entries: list[ModelEntry]) -> None:
+    """Across a host's ``models`` entries: GPUs within the host's, served names distinct, one
+    balancer backend per served name."""
+    first = entries[0].spec
+    wanted = sum(e.gpus for e in entries)
+    counts = ", ".join(f"{e.spec.model} {e.gpus}" for e in entries)
+    if first.gpu is not None and wanted > first.gpu.count:
+        h.problem("models", counts, f"the entries' gpus add up to {wanted}, more than the host's {first.gpu.count} "
+                  f"(gpu.count): give the entries fewer GPUs, or fix gpu.count")  # fmt: skip
+    if first.port + wanted - 1 > MAX_PORT:
+        h.problem("port", first.port, f"port {first.port} + {wanted} GPU(s): instance n listens on port + n, past "
+                  f"{MAX_PORT}; use a lower port")  # fmt: skip
+    served: dict[str, int] = {}
+    for e in entries:
+        name = e.spec.served_model_name or e.spec.model
+        if name in served:
+            h.problem(f"models[{e.index}].served_model_name", name, f"entry models[{served[name]}] is served "
+                      "under that name too: clients could not tell them apart; give one a served_model_name of "
+                      "its own")  # fmt: skip
+        served.setdefault(name, e.index)
+    backends: dict[tuple[tuple[str, str], str], int] = {}
+    for e in entries:
+        b = e.spec.balancer
+        if b is None:
+            continue
+        other = backends.setdefault((b.key, b.bind), e.index)
+        if other != e.index:
+            h.problem(f"models[{e.index}].balancer.bind", b.bind, f"entry models[{other}] has a backend on the same "
+                      f"{b.describe()} frontend: give each model's balancer its own bind (ADDRESS:PORT)")  # fmt: skip
+
+
 def _vllm_cpu_spec(valid: HostData) -> VllmCpuSpec | None:
     """``vllm_cpu`` with its lock read (checked readable and pinned by ``vllm_cpu_problem``)."""
     cpu = valid.vllm_cpu
     if cpu is None:
         return None
     return VllmCpuSpec(cpu.version, cpu.requirements, read_pins(cpu.requirements), cpu.kv_cache_gib, tuple(cpu.cpus))
-
-
-def _model_source(raw: SourceData) -> ModelSource:
-    return ModelSource(raw.kind, raw.path, raw.host if isinstance(raw, StoreSourceData) else None)
-
-
-def _local_source_dir(raw: SourceData, model: str) -> str | None:
-    """Where this machine reads ``model``'s ``config.json`` from a source: a ``dir`` source's
-    ``ORG/NAME``; None for a store (on another host: give ``model_config``, or the planner reads
-    the local Hugging Face cache as without a source)."""
-    return source_model_dir(raw.path, model) if raw.kind == "dir" else None
 
 
 def store_problems(specs: Sequence[HostSpec], names: Sequence[str]) -> list[FieldProblem]:
@@ -853,8 +1025,9 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
     if sp is None:
         return None
     config = sp.model_config_
-    if config is None and sp.model is not None and valid.model_source is not None and not sp.model.startswith("/"):
-        config = _local_source_dir(valid.model_source, sp.model)
+    source = valid.model_source  # a draft from a hub source: not fetched yet (its model_config, or the HF cache)
+    if config is None and sp.model is not None and isinstance(source, DirSourceData) and not sp.model.startswith("/"):
+        config = source_model_dir(source.path, sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
     )
@@ -913,7 +1086,7 @@ def balancer_problems(specs: Sequence[HostSpec], balancers: Sequence[BalancerHos
     names = {b.name for b in balancers}
     problems = []
     binds: dict[tuple[tuple[str, str], str], tuple[str, str]] = {}  # (balancer, bind) -> (backend, host)
-    for spec in specs:
+    for spec in (m for s in specs for m in s.model_specs):
         b = spec.balancer
         if b is None:
             continue
@@ -957,19 +1130,58 @@ def _model_problems(
     found: list[FieldProblem] = []
     why: dict[tuple[str, str | None], str | None] = {}
     for entry, spec in entries:
-        pair = _model_of(entry, spec, problems)
-        if pair is None:
+        if spec is not None and spec.models:  # each entry's model, named under its entry
+            for m in spec.models:
+                for p in _model_problem(entry, (m.spec.model, m.spec.model_config), why, check, path):
+                    found.append(dataclasses.replace(p, field=m.field(p.field), inventory=spec.source_of("models")))
             continue
-        if pair not in why:
+        pair = _model_of(entry, spec, problems)
+        if pair is None or any(p.host == entry.name and p.field == "model_source" for p in problems):
+            continue  # a hub source that did not answer: said once, on model_source
+        found += _model_problem(entry, pair, why, check, path)
+    return found
+
+
+def _model_problem(
+    entry: HostEntry,
+    pair: tuple[str, str | None],
+    why: dict[tuple[str, str | None], str | None],
+    check: ModelCheck,
+    path: str,
+) -> list[FieldProblem]:
+    """The problem of one (model, model_config) a host serves, if its config cannot be read here."""
+    if pair not in why:
+        try:
+            check(*pair)
+            why[pair] = None
+        except FleetError as exc:
+            why[pair] = str(exc)
+    if (reason := why[pair]) is None:
+        return []
+    fld = "model_config" if pair[1] is not None else "model"
+    value = pair[1] if pair[1] is not None else pair[0]
+    return [FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason)]
+
+
+def _source_problems(specs: Sequence[HostSpec], selected: set[str] | None, check: SourceCheck) -> list[FieldProblem]:
+    """A problem on ``model_source`` for every selected host whose ``hub`` source cannot give this
+    machine the model's planning files (a hub host's ``model`` problem is then not reported again)."""
+    found: list[FieldProblem] = []
+    why: dict[tuple[ModelSource, str], str | None] = {}
+    for spec in specs:
+        source = spec.model_source
+        if source is None or source.kind != "hub" or (selected is not None and spec.name not in selected):
+            continue
+        key = (source, spec.model)
+        if key not in why:
             try:
-                check(*pair)
-                why[pair] = None
-            except FleetError as exc:
-                why[pair] = str(exc)
-        if (reason := why[pair]) is not None:
-            fld = "model_config" if pair[1] is not None else "model"
-            value = pair[1] if pair[1] is not None else pair[0]
-            found.append(FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason))
+                check(spec)
+                why[key] = None
+            except FleetError as exc:  # the problem names the field and the mirror already
+                why[key] = str(exc).removeprefix(f"model_source {source.endpoint}: ")
+        if (reason := why[key]) is not None:
+            where = spec.source_of("model_source")
+            found.append(FieldProblem(where, spec.name, "model_source", source.endpoint, reason))
     return found
 
 
@@ -979,12 +1191,15 @@ def load_inventory(
     overrides: Mapping[str, Any] | None = None,
     model_check: ModelCheck | None = None,
     host_check: HostCheck | None = None,
+    source_check: SourceCheck | None = None,
 ) -> LoadedInventory:
     """Load and validate an inventory. ``limit``: host names or group names, like pyinfra's;
     ``overrides``: host data given on the command line (``fleet rollout --model``), over every host's;
     ``model_check``: read each selected serving host's model config on this machine (the commands
     that plan pass ``fleet.model.arch.load_model``), so a missing model is reported with the rest;
-    ``host_check``: a later stage's checks of each selected valid host (``fleet.plan.extra_args``).
+    ``host_check``: a later stage's checks of each selected valid host (``fleet.plan.extra_args``);
+    ``source_check``: before the model check, fetch what each selected host's ``hub`` source must
+    give this machine to plan (each (mirror, revision, model) once), see ``SourceCheck``.
 
     Every host is validated, problems are reported for the selected ones; the cross-host rules
     (``ports.py``) see every valid host, since a host left out by ``--limit`` still holds its ports.
@@ -1017,10 +1232,14 @@ def load_inventory(
     problems += [p for p in multi_node_problems(specs) if selected is None or p.host in selected]
     names = [entry.name for entry in files.hosts]
     problems += [p for p in store_problems(specs, names) if selected is None or p.host in selected]
+    if source_check is not None:
+        problems += _source_problems(specs, selected, source_check)
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:
-        problems += [p for s in specs if selected is None or s.name in selected for p in host_check(s)]
+        for s in specs:
+            if selected is None or s.name in selected:
+                problems += _entry_checks(s, host_check)
     if problems:
         order = {entry.name: n for n, entry in enumerate(files.hosts)}
         raise InventoryError(sorted(problems, key=lambda p: order.get(p.host, -1)))  # host by host
@@ -1028,8 +1247,26 @@ def load_inventory(
     if not chosen:
         raise InventoryError([FieldProblem(str(path), "-", "hosts", limit, "no hosts selected")])
     return LoadedInventory(
-        str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check
-    )
+        str(path), files.pyinfra, chosen, dict(overrides or {}), tuple(balancers), model_check, host_check,
+        source_check,
+    )  # fmt: skip
+
+
+def _entry_checks(spec: HostSpec, check: HostCheck) -> list[FieldProblem]:
+    """``check`` of a host, or of each of its ``models`` entries: an entry's own keys named
+    ``models[N].KEY``, a problem of the host's keys once."""
+    if not spec.models:
+        return check(spec)
+    out: list[FieldProblem] = []
+    for entry in spec.models:
+        for p in check(entry.spec):
+            fld = entry.field(p.field)
+            named = dataclasses.replace(p, field=fld) if fld == p.field else dataclasses.replace(
+                p, field=fld, inventory=spec.source_of("models")
+            )  # fmt: skip
+            if named not in out:
+                out.append(named)
+    return out
 
 
 def _limit(inventory: Inventory, limit: list[str] | None, path: str) -> set[str] | None:

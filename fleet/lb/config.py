@@ -204,13 +204,20 @@ def fleet_configs(loaded: LoadedInventory, plans: Mapping[str, HostPlan | None])
     entries = []
     for spec in loaded.hosts:
         plan = plans.get(spec.name)
-        if spec.balancer is None or plan is None:
+        if plan is None:
             continue
+        # each instance behind its own balancer: the host's, or its entry's on a host with models
+        # (a backend per served model, ``fleet.plan.models``)
+        behind = {i.index: spec.balancer for i in plan.instances}
+        for m in plan.models:
+            behind.update({i.index: spec.models[m.entry].spec.balancer for i in m.plan.instances})
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         address = server_address(spec, data)
         # a headless node of an instance spanning hosts serves no HTTP: its leader is the server
         entries += [
-            (spec.balancer, Server(spec.name, i.unit_name, address, i.port)) for i in plan.instances if i.serves
+            (b, Server(spec.name, i.unit_name, address, i.port))
+            for i in plan.instances
+            if i.serves and (b := behind[i.index]) is not None
         ]
     return group_balancers(entries)
 

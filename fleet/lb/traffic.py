@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.facts.runner import SshTarget
-from fleet.inventory.spec import BalancerSpec, LoadedInventory
+from fleet.inventory.spec import BalancerSpec, HostSpec, LoadedInventory
 from fleet.lb.config import server_name
 from fleet.lb.runtime import (
     SNAPSHOT_COMMAND,
@@ -177,19 +177,33 @@ class Traffic:
             b.close()
 
 
+def balancer_of(spec: HostSpec, served: str | None) -> BalancerSpec | None:
+    """The balancer in front of an instance serving ``served`` on the host of ``spec``: the host's,
+    or on a host with ``models`` the entry's that serves that name (None: no such entry)."""
+    if not spec.models:
+        return spec.balancer
+    return next((m.balancer for m in spec.model_specs if (m.served_model_name or m.model) == served), None)
+
+
 def traffic_of(
     loaded: LoadedInventory,
     instances: Iterable[tuple[str, str]],
     transports: Callable[[BalancerSpec, SshTarget | None], Transport] | None = None,
+    served: Mapping[tuple[str, str], str] | None = None,
 ) -> Traffic:
-    """The seats of ``instances`` ((host, "vllm-N")) whose hosts have a balancer entry."""
+    """The seats of ``instances`` ((host, "vllm-N")) whose hosts have a balancer entry.
+
+    ``served``: (host, instance) -> the model name the instance serves, which picks the entry (and
+    so the balancer and backend) of a host with ``models`` (``fleet.plan.models``); an instance of
+    such a host without its name has no seat."""
     make = transports or default_transport
     targets = {b.name: b for b in loaded.balancer_hosts}
     balancers: dict[tuple[str, str], Balancer] = {}
     seats: dict[tuple[str, str], Seat] = {}
     specs = {s.name: s for s in loaded.hosts}
+    names = served or {}
     for host, instance in instances:
-        spec = specs[host].balancer if host in specs else None
+        spec = balancer_of(specs[host], names.get((host, instance))) if host in specs else None
         if spec is None:
             continue
         if spec.key not in balancers:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from fleet.inventory.spec import HostSpec, LoadedInventory
 from fleet.monitor.thresholds import host_data
+from fleet.plan.models import served_names
 from fleet.plan.outcomes import HostOutcome
 
 
@@ -100,6 +101,7 @@ def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventor
         if outcome.plan is None:
             continue
         spec = outcome.spec
+        served = served_names(outcome.plan, spec.served_model_name or spec.model)
         for inst in outcome.plan.instances:
             if not inst.serves:
                 continue  # a headless node: its leader's target stands for the instance
@@ -107,7 +109,7 @@ def targets_from_outcomes(outcomes: list[HostOutcome], inventory: LoadedInventor
                 Target(
                     host=spec.name,
                     group=host_group(spec),
-                    model=spec.served_model_name or spec.model,
+                    model=served[inst.index],
                     index=inst.index,
                     address=host_address(inventory, spec),
                     port=inst.port,

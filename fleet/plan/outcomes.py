@@ -22,6 +22,7 @@ from fleet.gpus import GiB, HostGpus
 from fleet.inventory.multinode import pools
 from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
 from fleet.model.arch import ModelArch, load_model
+from fleet.model.mirror import fetch_planning_files
 from fleet.plan.extra_args import extra_args_problems
 from fleet.plan.gpu_source import (
     AllGpusQuarantined,
@@ -32,6 +33,7 @@ from fleet.plan.gpu_source import (
     planning_gpus_of,
 )
 from fleet.plan.lora import field_problem as lora_field_problem
+from fleet.plan.models import plan_models, served_names
 from fleet.plan.multinode import describe, nodes_needed, plan_multi_node
 from fleet.plan.planner import SET_BY_FLEET, Flag, HostPlan, Instance, MemoryMath, plan_host
 from fleet.plan.speculative import draft_key
@@ -97,7 +99,8 @@ class HostOutcome:
         """The instances this host serves; one spanning hosts is listed once, at its leader (node 0)."""
         if self.plan is None:
             return ()
-        name, served, address = self.spec.name, self.served_name or self.plan.model, _address(self.spec)
+        name, address = self.spec.name, _address(self.spec)
+        served = served_names(self.plan, self.served_name or self.plan.model)
         return tuple(
             PlannedInstance(
                 name,
@@ -108,7 +111,7 @@ class HostOutcome:
                 else (Placement(name, i.gpus),),
                 i.port,
                 f"http://{address}:{i.port}",
-                served,
+                served[i.index],
                 i,
             )
             for i in self.plan.instances
@@ -175,6 +178,9 @@ def _plan_all(
     for spec in specs:
         decision = decisions.get(spec.name) if decisions is not None else None
         try:
+            if spec.models:
+                outcomes.append(_plan_models(spec, gpus_of, arch, decision))
+                continue
             key = (spec.model, spec.model_config)
             model = arch(key)
             draft = arch(dkey) if (dkey := draft_key(spec)) is not None else None
@@ -217,6 +223,28 @@ def _plan_all(
     return _across_hosts(specs, outcomes, gpus_of, models)
 
 
+def _plan_models(
+    spec: HostSpec,
+    gpus_of: Callable[[HostSpec], HostGpus],
+    arch: Callable[[tuple[str, str | None]], ModelArch],
+    decision: GpuDecision | None,
+) -> HostOutcome:
+    """A host with ``models`` (``fleet.plan.models``): every entry's model read and checked, then
+    each planned on its GPUs. Raises what ``_plan_all`` turns into the host's problem."""
+    archs: list[tuple[ModelArch, ModelArch | None]] = []
+    for m in spec.model_specs:
+        model = arch((m.model, m.model_config))
+        draft = arch(dkey) if (dkey := draft_key(m)) is not None else None
+        if (bad := speculative_field_problem(m, model, draft)) is not None:
+            raise InventoryError([bad])
+        archs.append((model, draft))
+    try:
+        plan = plan_models(spec, gpus_of(spec), archs)
+    except PlanError as exc:
+        return HostOutcome(spec, None, exc.problem, gpus=decision, refusal=exc)
+    return HostOutcome(spec, plan, None, gpus=decision)
+
+
 def _does_not_fit(outcome: HostOutcome) -> bool:
     """The host was refused because the model does not fit it (``planner._no_fit``), nothing else."""
     return (
@@ -257,7 +285,9 @@ def _across_hosts(
                 outcomes[by_name[o.spec.name]] = dataclasses.replace(o, problem=problem, refusal=PlanError(problem))
     for k, o in enumerate(outcomes):
         arch = models.get((o.spec.model, o.spec.model_config))
-        if o.spec.multi_node or not _does_not_fit(o) or not isinstance(arch, ModelArch) or o.problem is None:
+        if o.spec.multi_node or o.spec.models or not _does_not_fit(o):
+            continue
+        if not isinstance(arch, ModelArch) or o.problem is None:
             continue
         try:
             needed = nodes_needed(o.spec, gpus_of(o.spec), arch)
@@ -285,8 +315,13 @@ def load_for_planning(
 ) -> LoadedInventory:
     """Load an inventory to plan it: every host's model config is read here with the rest of the
     checks, so a missing model on one host is reported together with a bad value on another; and
-    each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``)."""
-    return load_inventory(path, limit, overrides, model_check=load_model, host_check=extra_args_problems)
+    each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``).
+    A ``hub`` source's planning files (``config.json``...) are read from the mirror when this
+    machine has no copy that matches it (``fleet.model.mirror.fetch_planning_files``)."""
+    return load_inventory(
+        path, limit, overrides, model_check=load_model, host_check=extra_args_problems,
+        source_check=lambda spec: fetch_planning_files(spec.model_source, spec.model) if spec.model_source else None,
+    )  # fmt: skip
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:
@@ -533,6 +568,29 @@ def outcome_data(outcome: HostOutcome) -> dict[str, Any]:
                 "cuda": {"toolkit": p.cuda.toolkit, "compat": p.cuda.compat, "packages": list(p.cuda.packages)},
             }
         )
+        if p.models:  # a host with models (absent otherwise): each entry's own plan, instances by index
+            served = served_names(p, p.model)
+            for inst, planned in zip(data["instances"], p.instances, strict=True):
+                inst["model"], inst["served_name"] = planned.model, served[planned.index]
+            data["models"] = [
+                {
+                    "entry": m.entry,
+                    "model": m.model,
+                    "served_name": m.served_name,
+                    "gpus": list(m.gpus),
+                    "instances": [i.index for i in m.plan.instances],
+                    "model_config": m.plan.model_source,
+                    "weights_precision": m.plan.weights_precision,
+                    "weights_gib": _gib(m.plan.weight_bytes),
+                    "total_kv_tokens": m.plan.total_kv_tokens,
+                    "workload_concurrency": m.plan.workload_concurrency,
+                    "target_concurrency": outcome.spec.models[k].spec.workload.target_concurrency,
+                    "notes": list(m.plan.notes),
+                    "warnings": list(m.plan.warnings),
+                    "idle_gpus": list(m.plan.idle_gpus),
+                }
+                for k, m in enumerate(p.models)
+            ]
     if outcome.problem is not None:
         pr = outcome.problem
         data["error"] = {"summary": pr.summary, "details": pr.details, "ways_out": pr.ways_out}

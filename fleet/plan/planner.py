@@ -225,6 +225,9 @@ class HostPlan:
     idle_gpus: tuple[int, ...] = field(default=())
     #: CUDA packages from NVIDIA's repository and cuda-compat (``fleet.plan.cuda``)
     cuda: CudaPlan = field(default=CudaPlan())
+    #: a host with ``models``: each entry's own plan on its GPUs (``fleet.plan.models``); the
+    #: fields above are then the whole host's (``instances``: every entry's, numbered across the host)
+    models: tuple[ModelPlan, ...] = ()
 
     @property
     def total_kv_tokens(self) -> int:
@@ -234,6 +237,17 @@ class HostPlan:
     @property
     def workload_concurrency(self) -> int:
         return sum(i.workload_concurrency for i in self.instances if i.serves)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One ``models`` entry of a host: its GPUs and its own plan there (``fleet.plan.models``)."""
+
+    entry: int  #: its place in the host's ``models``
+    model: str
+    served_name: str  #: what its instances answer to (``/v1/models``)
+    gpus: tuple[int, ...]  #: the GPUs given to it (a contiguous range of indices)
+    plan: HostPlan  #: planned by ``plan_host`` on those GPUs alone; its instances as the host numbers them
 
 
 # -- small pure pieces ----------------------------------------------------------------------------
@@ -657,13 +671,20 @@ def choose_layout(layouts: list[_Layout], target: int) -> tuple[_Layout | None, 
 
 
 def plan_host(
-    spec: HostSpec, gpus: HostGpus, arch: ModelArch, ways_out: bool = True, draft: ModelArch | None = None
+    spec: HostSpec,
+    gpus: HostGpus,
+    arch: ModelArch,
+    ways_out: bool = True,
+    draft: ModelArch | None = None,
+    first_index: int = 0,
 ) -> HostPlan:
     """The serving plan for one host, or ``PlanError`` with the numbers and the ways out.
 
     Every way out offered is planned first and offered with the numbers it gives
     (``ways_out=False`` is that inner re-plan: it skips looking for ways out of its own).
     ``draft``: the architecture of ``spec.speculative.model`` (``fleet.plan.speculative.load_draft``).
+    ``first_index``: the number of the first instance (a ``models`` entry after others on the
+    host, ``fleet.plan.models``: instance n, unit ``vllm-n``, listens on ``port + n``).
     """
     if spec.vllm_version not in known_versions():
         raise PlanError(
@@ -752,7 +773,7 @@ def plan_host(
             "(NVLink island too small, or memory already in use)"
         )
     instances = tuple(
-        _instance(spec, met, gpus, arch, precision, k, group, chosen.tp, mem, util, chosen.batch)
+        _instance(spec, met, gpus, arch, precision, first_index + k, group, chosen.tp, mem, util, chosen.batch)
         for k, (group, mem, util) in enumerate(zip(chosen.groups, chosen.memory, chosen.utilization, strict=True))
     )
     extra = speculative_flag + _lora_flags(spec, chosen.memory[0], notes) + _extra_flags(spec)

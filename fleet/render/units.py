@@ -9,6 +9,7 @@ root-only environment file. Rendering is pure: it returns file contents; writing
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -173,8 +174,21 @@ def render_host(
     files: list[RenderedFile] = []
     for instance in plan.instances:
         files.append(unit_file(plan, instance, paths))
-        files.append(env_file(plan, instance, api_key, api_key_ref, paths, weights))
+        files.append(env_file(plan, instance, api_key, api_key_ref, paths, instance_weights(plan, instance, weights)))
     return files
+
+
+def instance_weights(
+    plan: HostPlan, instance: Instance, weights: Sequence[tuple[str, str]]
+) -> Sequence[tuple[str, str]]:
+    """The staged snapshots an instance's env file names: all of the host's, except on a host with
+    ``models`` (``fleet.plan.models``), where each instance names only its own model's and its
+    draft's, so a new snapshot of one model is a new revision of that model's instances only."""
+    if not plan.models:
+        return weights
+    spec_config = next((f.value for f in instance.flags if f.option == "--speculative-config"), None)
+    draft = json.loads(spec_config).get("model") if spec_config else None
+    return [(repo, snap) for repo, snap in weights if repo in (instance.model, draft)]
 
 
 def host_render_dir(root: Path, host: str) -> Path:

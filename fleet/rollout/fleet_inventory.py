@@ -72,7 +72,8 @@ class RolloutFleet:
         """The balancer seat of every instance whose host has a ``balancer`` entry."""
         if self.loaded is None:
             return Traffic({})
-        return traffic_of(self.loaded, [(r.host, r.instance) for r in self.instances])
+        served = {(r.host, r.instance): s.model for r, s in self.instances.items()}
+        return traffic_of(self.loaded, list(served), served=served)
 
     def policy(self, overrides: Mapping[str, Any] | None = None) -> RolloutPolicy:
         return policy_from_hosts(self.inventory, self.host_data, overrides)

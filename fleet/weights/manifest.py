@@ -135,6 +135,16 @@ def _write_cache(paths: list[Path], files: dict[str, list[object]]) -> None:
     # no cache anywhere: the manifest is still right, computed again next time
 
 
+def cached_hashes(top: Path) -> dict[str, list[object]]:
+    """The hash cache of a model directory: ``{relative path: [size, mtime_ns, sha256]}``."""
+    return _read_cache([top / CACHE_NAME, _user_cache(top)])
+
+
+def remember_hashes(top: Path, files: dict[str, list[object]]) -> None:
+    """Write the hash cache of a model directory (``fleet.weights.mirror`` fills it as it checks)."""
+    _write_cache([top / CACHE_NAME, _user_cache(top)], files)
+
+
 def build_manifest(
     root: str, model: str, hashed: list[str] | None = None, *, directory: str = "", marker: str = "config.json"
 ) -> Manifest:

@@ -96,13 +96,15 @@ class RepoVerdict:
 
 
 def planned_models(spec: HostSpec) -> tuple[str, ...]:
-    """The model ids the inventory plans on a host: its model, the speculative draft (when named
-    by id, not by a path) and its LoRA adapters' repositories."""
-    out = [spec.model]
-    if spec.speculative is not None and spec.speculative.model and not spec.speculative.model.startswith("/"):
-        out.append(spec.speculative.model)
-    out += [a.repo for a in spec.lora.adapters] if spec.lora is not None else []
-    return tuple(out)
+    """The model ids the inventory plans on a host: its model (each of its ``models``), the
+    speculative draft (when named by id, not by a path) and its LoRA adapters' repositories."""
+    out: list[str] = []
+    for m in spec.model_specs:  # a host with models: every entry's
+        out.append(m.model)
+        if m.speculative is not None and m.speculative.model and not m.speculative.model.startswith("/"):
+            out.append(m.speculative.model)
+        out += [a.repo for a in m.lora.adapters] if m.lora is not None else []
+    return tuple(dict.fromkeys(out))
 
 
 def decide(listing: HubListing, planned: Iterable[str]) -> list[RepoVerdict]:

@@ -48,9 +48,10 @@ from fleet.facts.hub import hub_dir as hub_dir  # the one definition, re-exporte
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
 from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
-from fleet.inventory.spec import HostSpec, LoadedInventory
+from fleet.inventory.spec import HostSpec, LoadedInventory, ModelSource
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
+from fleet.weights.mirror import Note, mirror_manifest
 from fleet.weights.peer import Seed, SenderFailed, fleet_address, send_from_peer
 from fleet.weights.store import store_manifest
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
@@ -124,6 +125,8 @@ class StageJob:
     seed: Seed | None = None
     rate: float | None = None  #: this machine's egress limit when it sends, bytes per second
     probe: bool = False  #: list and check only: a copy that needs files ends ``waiting``, nothing sent
+    #: a ``hub`` source: its files are fetched and checked into ``source`` first (``fleet.weights.mirror``)
+    hub: ModelSource | None = None
     #: a ``store`` source (``fleet.weights.store``): the store host sends the files (its ``rate``
     #: is this job's ``rate``), and ``source`` is the directory on the store
     store: Seed | None = None
@@ -168,16 +171,24 @@ class StageResult:
 Progress = Callable[[str, str, int, int], None]
 
 
-def manifests_for(jobs: Sequence[StageJob], hashed: list[str] | None = None) -> dict[tuple[str, str], Manifest]:
+def manifests_for(
+    jobs: Sequence[StageJob], hashed: list[str] | None = None, note: Note = lambda _t: None, *, fetch: bool = True
+) -> dict[tuple[str, str], Manifest]:
     """One manifest per (source, model), computed before any host is touched; ``FleetError``
-    (naming the source and the file) when one cannot be read."""
+    (naming the source and the file) when one cannot be read. A ``hub`` source's files are
+    fetched here and checked against the mirror's metadata (``fleet.weights.mirror``; ``note``
+    tells what is fetched; ``fetch=False``, a dry run: its weights are left on the mirror)."""
     out: dict[tuple[str, str], Manifest] = {}
     for job in jobs:
         key = (job.source, job.model)
-        if key not in out and job.store is not None:
+        if key in out:
+            continue
+        if job.store is not None:
             top = str(model_dir(job.source, job.model))
             out[key] = store_manifest(job.store.sender, job.source, top, job.model, job.marker)
-        elif key not in out:
+        elif job.hub is not None:
+            out[key] = mirror_manifest(job.hub, job.model, hashed, note, fetch=fetch)
+        else:
             out[key] = build_manifest(job.source, job.model, hashed, directory=job.directory, marker=job.marker)
     return out
 
@@ -422,28 +433,31 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
             continue
         data = loaded.pyinfra.get_host(spec.name).data.dict()  # type: ignore[no-untyped-call]
         target = SshTarget.from_data(spec.name, data)
-        src = spec.model_source
-        if src is not None and src.kind == "store" and src.host is not None:
-            out.append(
-                StageJob(target, spec.model, src.path, store=_store_seed(loaded, src.host, src.path, spec, target))
-            )
-        elif src is not None:
-            out.append(StageJob(target, spec.model, src.path))
-            if (draft := draft_in_source(spec)) is not None:
-                out.append(StageJob(target, draft, src.path))
+        if spec.model_source is not None:
+            hub = spec.model_source if spec.model_source.kind == "hub" else None
+            store_host = spec.model_source.host if spec.model_source.kind == "store" else None
+            staged: list[str] = []  # a host with models: each entry's model and draft, each once
+            for m in spec.model_specs:
+                for repo in (m.model, draft_in_source(m)):
+                    if repo is not None and repo not in staged and not repo.startswith("/"):
+                        staged.append(repo)  # a hub source gives the models; drafts come from dir sources
+                        root = spec.model_source.path  # a store source: the store sends it (fleet.weights.store)
+                        store = _store_seed(loaded, store_host, root, repo, spec, target) if store_host else None
+                        hub_of = hub if repo == m.model else None
+                        out.append(StageJob(target, repo, root, hub=hub_of, store=store))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out
 
 
-def _store_seed(loaded: LoadedInventory, store: str, root: str, spec: HostSpec, target: SshTarget) -> Seed:
-    """The store host as the sender of ``spec``'s model to ``target`` (``fleet.weights.store``): it
-    sends from ``ROOT/ORG/NAME`` as its login user to the host's staging port."""
+def _store_seed(loaded: LoadedInventory, store: str, root: str, model: str, spec: HostSpec, target: SshTarget) -> Seed:
+    """The store host as the sender of ``model`` to ``target`` (``spec``'s host; ``fleet.weights.store``):
+    it sends from ``ROOT/ORG/NAME`` as its login user to the host's staging port."""
     data = loaded.pyinfra.get_host(store).data.dict()  # type: ignore[no-untyped-call]
     sender = SshTarget.from_data(store, data)
     return Seed(
         sender, fleet_address(sender), fleet_address(target), spec.staging.port, None,
-        str(model_dir(root, spec.model)), as_login=True,
+        str(model_dir(root, model)), as_login=True,
     )  # fmt: skip
 
 

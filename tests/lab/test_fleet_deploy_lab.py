@@ -596,3 +596,93 @@ def test_a_changed_model_redeploys_host_by_host(fleet3: LabFleet) -> None:
     assert most_down[0] == 1, most_down  # one host at a time went down, never two
     after = unit_pids(fleet3)
     assert after.keys() == before.keys() and all(after[k] != before[k] for k in before)
+
+
+MISTRAL = "mistralai/Mistral-7B-Instruct-v0.3"
+MISTRAL_CONFIG = REPO_ROOT / "fleet" / "data" / "models" / "mistralai" / "Mistral-7B-Instruct-v0.3" / "config.json"
+
+
+def complete(address: str, port: int, model: str) -> tuple[int, str]:
+    """A completion asked of one instance by model name: (HTTP status, the model it answered as)."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": "Say hi", "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        f"http://{address}:{port}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    request.add_header("Authorization", f"Bearer {KEY}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return int(r.status), str(json.loads(r.read())["model"])
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def test_two_models_on_one_host_deployed_and_rolled_per_model(fleet3: LabFleet) -> None:
+    """Issue 23 part 5 on the l40s-4 host: its four GPUs split between Llama 3.1 8B (GPUs 0-1) and
+    Mistral 7B (GPUs 2-3); a completion against each served name; a change to the Mistral entry
+    restarts only its instances; a second deploy changes nothing."""
+    if not unit_pids(fleet3):  # run alone (-k): the fleet is not serving yet
+        rc, result = deploy3(fleet3, "--reboot")
+        assert rc == 0, result
+    host = fleet3.state.hosts[1]
+    assert host.profile == "l40s-4", host
+    mistral_hub = "/var/lib/vllm/hf/hub/models--mistralai--Mistral-7B-Instruct-v0.3"
+    rc, _out, err = on(
+        fleet3, 1,
+        f"sudo -u vllm mkdir -p {mistral_hub}/snapshots/main {mistral_hub}/refs "
+        f"&& echo main | sudo -u vllm tee {mistral_hub}/refs/main >/dev/null "
+        f"&& echo {base64.b64encode(MISTRAL_CONFIG.read_bytes()).decode()} | base64 -d "
+        f"| sudo -u vllm tee {mistral_hub}/snapshots/main/config.json >/dev/null",
+    )  # fmt: skip
+    assert rc == 0, err
+    served_8b = "llama-b" if "'served_model_name': 'llama-b'" in fleet3.opts.inventory.read_text() else None
+    entry_8b = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "gpus": 2,
+        **({"served_model_name": served_8b} if served_8b else {}),
+    }
+    models = [entry_8b, {"model": MISTRAL, "gpus": 2}]
+    original = fleet3.opts.inventory.read_text()
+
+    def serve(models: list[dict[str, object]]) -> None:
+        fleet3.opts.inventory.write_text(
+            original + f"for _name, _data in lab:\n    if _name == {host.name!r}:\n"
+            f"        _data.pop('model'); _data.pop('served_model_name', None); _data['models'] = {models!r}\n"
+        )
+
+    try:
+        before = unit_pids(fleet3)
+        serve(models)
+        rc, result = deploy3(fleet3)
+        assert rc == 0 and isinstance(result, dict), result
+        after = unit_pids(fleet3)
+        names = [f"fleet-vllm-{n}.service" for n in range(4)]
+        assert sorted(u for (i, u) in after if i == 1) == names
+        changed = {k for k in after if after[k] != before.get(k)}
+        # the 8B entry on GPUs 0-1 renders the units it ran as a one-model host: not restarted
+        assert changed == {(1, "fleet-vllm-2.service"), (1, "fleet-vllm-3.service")}, (before, after)
+        mine = next(h for h in result["hosts"] if h["host"] == host.name)  # type: ignore[union-attr]
+        served = {e["unit"]: e["model"] for e in mine["endpoints"]}
+        first = served_8b or "meta-llama/Llama-3.1-8B-Instruct"
+        assert served == {names[0]: first, names[1]: first, names[2]: MISTRAL, names[3]: MISTRAL}, mine
+        for n, model in enumerate([first, first, MISTRAL, MISTRAL]):
+            assert complete(host.address, 8000 + n, model) == (200, model)
+        assert complete(host.address, 8000, MISTRAL)[0] == 404  # each instance serves its own model only
+
+        # one entry changed: only its instances get new processes
+        serve([entry_8b, {"model": MISTRAL, "gpus": 2, "served_model_name": "mistral-b"}])
+        rc, result = deploy3(fleet3)
+        assert rc == 0 and isinstance(result, dict), result
+        again = unit_pids(fleet3)
+        assert {k for k in again if again[k] != after[k]} == {(1, names[2]), (1, names[3])}, (after, again)
+        assert complete(host.address, 8002, "mistral-b") == (200, "mistral-b")
+
+        # and a second deploy changes nothing
+        rc, result = deploy3(fleet3)
+        assert rc == 0 and isinstance(result, dict), result
+        assert all(h["status"] == "unchanged" and not h["restarted"] for h in result["hosts"]), result  # type: ignore[union-attr]
+        assert unit_pids(fleet3) == again
+    finally:
+        fleet3.opts.inventory.write_text(original)

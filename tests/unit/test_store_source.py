@@ -58,7 +58,7 @@ def test_a_store_source_is_taken_without_reading_this_machine() -> None:
         ({**STORE, "path": "/srv/\nx"}, "model_source.path="),
         ({"kind": "store", "path": "/srv/models"}, "model_source.host"),
         ({"kind": "store", "host": "store-1"}, "model_source.path"),
-        ({**STORE, "port": 22}, "model_source.port=22: unknown key; allowed: kind, path, host"),
+        ({**STORE, "port": 22}, "model_source.port=22: unknown key; allowed: kind, host, path"),
         ({**STORE, "host": 7}, "model_source.host=7"),
     ],
 )  # fmt: skip
