@@ -128,11 +128,14 @@ class StageJob:
     #: a ``hub`` source: its files are fetched and checked into ``source`` first (``fleet.weights.mirror``)
     hub: ModelSource | None = None
     #: a ``store`` source (``fleet.weights.store``): the store host sends the files (its ``rate``
-    #: is this job's ``rate``), and ``source`` is the directory on the store
+    #: is this job's ``rate``); ``source`` is then ``STORE:PATH`` (the store's name and its
+    #: directory), so a store's (source, model) is never taken for a ``dir`` source's of the same path
     store: Seed | None = None
 
     @property
     def files(self) -> str:
+        if self.store is not None:
+            return self.store.snapshot  # on the store host
         return self.directory or str(model_dir(self.source, self.model))
 
 
@@ -184,8 +187,8 @@ def manifests_for(
         if key in out:
             continue
         if job.store is not None:
-            top = str(model_dir(job.source, job.model))
-            out[key] = store_manifest(job.store.sender, job.source, top, job.model, job.marker)
+            root = job.source.partition(":")[2]  # STORE:PATH (a host name has no ':')
+            out[key] = store_manifest(job.store.sender, root, job.store.snapshot, job.model, job.marker)
         elif job.hub is not None:
             out[key] = mirror_manifest(job.hub, job.model, hashed, note, fetch=fetch)
         else:
@@ -441,10 +444,11 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
                 for repo in (m.model, draft_in_source(m)):
                     if repo is not None and repo not in staged and not repo.startswith("/"):
                         staged.append(repo)  # a hub source gives the models; drafts come from dir sources
-                        root = spec.model_source.path  # a store source: the store sends it (fleet.weights.store)
+                        root = spec.model_source.path
                         store = _store_seed(loaded, store_host, root, repo, spec, target) if store_host else None
+                        source = f"{store_host}:{root}" if store_host else root  # (see StageJob.store)
                         hub_of = hub if repo == m.model else None
-                        out.append(StageJob(target, repo, root, hub=hub_of, store=store))
+                        out.append(StageJob(target, repo, source, hub=hub_of, store=store))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out

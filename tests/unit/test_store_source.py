@@ -113,7 +113,23 @@ def test_the_store_sends_to_each_host_as_its_login_user(tmp_path: Path) -> None:
     )  # fmt: skip
     assert (seed.sender_address, seed.receiver_address, seed.port) == ("127.0.0.3", "127.0.0.2", 7480)
     assert seed.snapshot == "/srv/models/acme/tiny-7b" and seed.as_login
-    assert jobs[0].source == "/srv/models" and jobs[1].store is not None and jobs[1].store.port == 7470
+    assert jobs[0].source == "store-1:/srv/models" and jobs[0].files == "/srv/models/acme/tiny-7b"
+    assert jobs[1].store is not None and jobs[1].store.port == 7470
+
+
+def test_a_store_and_a_dir_source_of_the_same_path_are_two_sources(tmp_path: Path) -> None:
+    """Manifests and fan-out trees are keyed by (source, model): a store's ``/srv/x`` is not this
+    machine's ``/srv/x``."""
+    root = tmp_path / "models"
+    (root / "acme" / "tiny-7b").mkdir(parents=True)
+    (root / "acme" / "tiny-7b" / "config.json").write_text("{}")
+    inv = write_inventory(tmp_path, [
+        ("gpu-1", host(2, model_source={**STORE, "path": str(root)})),
+        ("gpu-2", host(4, model_source={"kind": "dir", "path": str(root)})),
+        ("store-1", host(3)),
+    ])  # fmt: skip
+    jobs = jobs_for(load_inventory(inv, ["gpu-1", "gpu-2"]))
+    assert len({(j.source, j.model) for j in jobs}) == 2, jobs
 
 
 # -- the store-side manifest script, run here on a real directory -----------------------------------
