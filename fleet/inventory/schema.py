@@ -89,7 +89,12 @@ Where the model's weights come from (``fleet.weights`` stages them on the hosts)
   commit to serve (default ``main``), and where this machine keeps the files (default
   ``$XDG_CACHE_HOME/fleet/hub``). Only this machine talks to the mirror (``fleet.model.mirror``);
   whether it answers, holds the model and takes the token is asked before any host is touched.
-  A store host is a kind to come, a model of its own here.
+* ``{kind: store, host: NAME, path: /srv/models}``: a directory on a store host, another host of
+  the same inventory (reached with its own SSH settings and known_hosts, the ones fleet already
+  trusts), holding each model as ``ORG/NAME/``. Only the shape is checked here (``host`` a host
+  name, ``path`` absolute without ``.``/``..``); ``spec.py`` checks that ``host`` is in the
+  inventory, and the store's manifest (``fleet.weights.store``, computed on the store over SSH)
+  that the model is there, before any host is changed.
 
 A host with ``role: balancer`` is not a vLLM host: it carries SSH settings only (``spec.py``).
 
@@ -653,7 +658,35 @@ class HubSourceData(BaseModel):
     cache_dir: CacheDir | None = None  #: where this machine keeps the files (default: ``default_hub_cache``)
 
 
-ModelSourceData = Annotated[DirSourceData | HubSourceData, Field(discriminator="kind")]
+def _store_path(value: str) -> str:
+    _path(value)
+    if not os.path.isabs(value) or any(part in (".", "..") for part in value.split("/")):
+        raise ValueError("an absolute path without '.' or '..' parts, on the store host, e.g. /srv/models")
+    return value
+
+
+def _store_host(value: str) -> str:
+    if not _HOST.fullmatch(value):
+        raise ValueError(f"the name of a host of this inventory ({HOST_NAME_RULE})")
+    return value
+
+
+StorePath = Annotated[str, AfterValidator(_store_path)]
+StoreHost = Annotated[str, AfterValidator(_store_host)]
+
+
+class StoreSourceData(BaseModel):
+    """``model_source: {kind: store, host, path}``: models in a directory on a store host (a host
+    of the same inventory); the files go from there to the hosts (``fleet.weights.store``)."""
+
+    model_config = _STRICT
+
+    kind: Literal["store"]
+    host: StoreHost
+    path: StorePath
+
+
+ModelSourceData = Annotated[DirSourceData | HubSourceData | StoreSourceData, Field(discriminator="kind")]
 
 
 class StagingData(BaseModel):
@@ -907,6 +940,7 @@ BALANCER_KEYS: tuple[str, ...] = tuple(BalancerData.model_fields)
 #: ``model_source``'s keys per ``kind``, and all of them.
 SOURCE_KEYS_BY_KIND: dict[str, tuple[str, ...]] = {
     "dir": tuple(DirSourceData.model_fields), "hub": tuple(HubSourceData.model_fields),
+    "store": tuple(StoreSourceData.model_fields),
 }  # fmt: skip
 SOURCE_KEYS: tuple[str, ...] = tuple(dict.fromkeys(k for keys in SOURCE_KEYS_BY_KIND.values() for k in keys))
 STAGING_KEYS: tuple[str, ...] = tuple(StagingData.model_fields)
@@ -992,8 +1026,11 @@ FIELD_HELP: dict[str, str] = {
     "balancer.timeout_s": "seconds from 1 to 600",
     "model_source": "{kind: dir, path: /srv/models}: a directory on this machine holding ORG/NAME/ per model, "
     "or {kind: hub, endpoint: https://hf-mirror.internal, token_ref?: env:HF_TOKEN, revision?: main, cache_dir?}: "
-    "a mirror laid out like the Hugging Face Hub",
-    "model_source.kind": "dir (a directory on this machine) or hub (a mirror laid out like the Hugging Face Hub)",
+    "a mirror laid out like the Hugging Face Hub, or {kind: store, host: NAME, path: /srv/models}: a directory on "
+    "a host of this inventory",
+    "model_source.kind": "dir (a directory on this machine) or hub (a mirror laid out like the Hugging Face Hub) "
+    "or store (a directory on a host of this inventory)",
+    "model_source.host": "the name of a host of this inventory (the store: it holds the models as ORG/NAME/)",
     "model_source.endpoint": "the URL of a mirror laid out like the Hugging Face Hub (what HF_ENDPOINT would name), "
     "e.g. https://hf-mirror.internal",
     "model_source.path": "the directory on this machine holding ORG/NAME/ per model, e.g. /srv/models",
@@ -1042,12 +1079,14 @@ def model_source_problem(data: HostData) -> tuple[str, object, str] | None:
         return None
     if data.model.startswith("/"):
         return (
-            "model_source", source.path if isinstance(source, DirSourceData) else source.endpoint,
+            "model_source", source.endpoint if isinstance(source, HubSourceData) else source.path,
             f"stages models named by Hugging Face id; model is a path ({data.model}), served from where it "
             "is: name the model by id (org/name) to stage it, or remove model_source",
         )  # fmt: skip
     if isinstance(source, HubSourceData):
         return None  # whether the mirror holds the model is asked before any host is touched (fleet.model.mirror)
+    if isinstance(source, StoreSourceData):
+        return None  # read on the store host (fleet.weights.store), before any host is changed
     config = os.path.join(source_model_dir(source.path, data.model), "config.json")
     if not os.path.isfile(config):
         return (

@@ -67,6 +67,7 @@ from fleet.inventory.schema import (
     HubSourceData,
     LabData,
     StagingData,
+    StoreSourceData,
     cuda_problem,
     driver_problem,
     haproxy_name,
@@ -198,23 +199,26 @@ class ModelSource:
     ``ORG/NAME/`` per model. ``hub``: a mirror laid out like the Hugging Face Hub (``endpoint``,
     ``revision``, ``token_ref``), whose files this machine fetches and checks into ``path`` (laid
     out as ``ORG/NAME/`` too: ``fleet.model.mirror``), so staging reads both kinds the same way.
-    (A store host is a kind to come.)"""
+    ``store``: such a directory on ``host``, another host of the inventory (``fleet.weights.store``)."""
 
-    kind: Literal["dir", "hub"]
+    kind: Literal["dir", "hub", "store"]
     path: str  #: ``dir``: the directory; ``hub``: where this machine keeps the mirror's files
     endpoint: str | None = None  #: ``hub``: the mirror's URL (what ``HF_ENDPOINT`` would name)
     revision: str = "main"  #: ``hub``: the branch, tag or commit to serve
     token_ref: SecretRef | None = None  #: ``hub``: the mirror's bearer token, read on this machine only
+    host: str | None = None  #: ``store``: the store host (``path`` is on it)
 
     def model_dir(self, model: str) -> str:
         return source_model_dir(self.path, model)
 
 
-def _model_source(raw: DirSourceData | HubSourceData | None) -> ModelSource | None:
+def _model_source(raw: DirSourceData | HubSourceData | StoreSourceData | None) -> ModelSource | None:
     if raw is None:
         return None
     if isinstance(raw, DirSourceData):
         return ModelSource("dir", raw.path)
+    if isinstance(raw, StoreSourceData):
+        return ModelSource("store", raw.path, host=raw.host)
     root = hub_source_root(raw.endpoint, raw.revision, raw.cache_dir)
     ref = parse_secret_ref(raw.token_ref) if raw.token_ref is not None else None
     return ModelSource("hub", root, raw.endpoint, raw.revision, ref)
@@ -815,7 +819,9 @@ def host_spec(
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
         # no model_config: the planner reads the model's config.json from the source (never a
         # different copy than the one the hosts get)
-        model_config=valid.model_config_ or (source.model_dir(valid.model) if source is not None else None),
+        # (a store's directory is on the store: give model_config, or the planner reads the local HF cache)
+        model_config=valid.model_config_
+        or (source.model_dir(valid.model) if source is not None and source.kind != "store" else None),
         model_source=source,
         staging=valid.staging,
         served_model_name=valid.served_model_name,
@@ -986,6 +992,31 @@ def _vllm_cpu_spec(valid: HostData) -> VllmCpuSpec | None:
     if cpu is None:
         return None
     return VllmCpuSpec(cpu.version, cpu.requirements, read_pins(cpu.requirements), cpu.kv_cache_gib, tuple(cpu.cpus))
+
+
+def store_problems(specs: Sequence[HostSpec], names: Sequence[str]) -> list[FieldProblem]:
+    """Across hosts: a ``model_source: {kind: store}`` whose ``host`` is not a host of the
+    inventory (``names``: every host, valid or not), or is the host itself (it has no copy to
+    stage from: its files are in the store's directory, not its cache)."""
+    known = set(names)
+    problems = []
+    for spec in specs:
+        src = spec.model_source
+        if src is None or src.kind != "store" or src.host is None:
+            continue
+        if src.host not in known:
+            problems.append(FieldProblem(
+                spec.source_of("model_source"), spec.name, "model_source.host", src.host,
+                f"names host {src.host!r}, which is not in this inventory; add the store host to it (with its "
+                "ssh_hostname, ssh_user and a known_hosts entry, like any host), or fix the name",
+            ))  # fmt: skip
+        elif src.host == spec.name:
+            problems.append(FieldProblem(
+                spec.source_of("model_source"), spec.name, "model_source.host", src.host,
+                "names this host itself: a host cannot stage from its own directory; name another host as the "
+                "store, or use kind: dir",
+            ))  # fmt: skip
+    return problems
 
 
 def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
@@ -1199,6 +1230,8 @@ def load_inventory(
     problems += [p for p in spec_port_problems(specs) if selected is None or p.host in selected]
     problems += [p for p in balancer_problems(specs, balancers) if selected is None or p.host in selected]
     problems += [p for p in multi_node_problems(specs) if selected is None or p.host in selected]
+    names = [entry.name for entry in files.hosts]
+    problems += [p for p in store_problems(specs, names) if selected is None or p.host in selected]
     if source_check is not None:
         problems += _source_problems(specs, selected, source_check)
     if model_check is not None:

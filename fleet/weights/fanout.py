@@ -6,8 +6,10 @@
 2. the rounds (``fleet.weights.tree``): the control machine and every holder send to at most one
    host each, at most ``staging.concurrency`` at once, each sender at its own
    ``staging.egress_mib_s``; the control machine sends over SFTP as ``fleet stage`` does, a host
-   directly to another (``fleet.weights.peer``); each receiver verifies its copy against the
-   manifest before it is renamed into place and ``refs/main`` moves, and holds from the next round;
+   directly to another (``fleet.weights.peer``); for a ``store`` source the store host takes the
+   control machine's place at the root (it sends directly too, ``fleet.weights.store``); each
+   receiver verifies its copy against the manifest before it is renamed into place and
+   ``refs/main`` moves, and holds from the next round;
 3. a sender that fails mid-copy keeps serving (nothing of its own changed) and is named; its
    receiver gets another sender next round; a receiver that fails is named.
 
@@ -17,17 +19,14 @@ LoRA adapters (small) are staged from this machine afterwards (``stage_all``).
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleet.errors import FleetError
-from fleet.facts.sshlink import SshTarget
 from fleet.inventory.schema import StagingData
 from fleet.weights.manifest import Manifest
-from fleet.weights.peer import Seed
+from fleet.weights.peer import Seed, fleet_address
 from fleet.weights.stage import Progress, StageJob, StageResult, merge, repo_dir, stage, stage_all
 from fleet.weights.tree import SOURCE, Outcome, Send, advance, bound, next_round, start
 
@@ -43,15 +42,6 @@ class FanOut:
     #: ⌈log₂(n+1)⌉ for the n hosts that needed the model, per (source, model), from its holders
     bounds: list[dict[str, Any]] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  #: senders that failed mid-copy (still serving)
-
-
-def fleet_address(target: SshTarget) -> str:
-    """The address fleet reaches the host at (what its receiver binds and its sender binds from)."""
-    try:
-        infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise FleetError(f"host {target.name}: cannot resolve {target.hostname}: {exc}") from None
-    return str(infos[0][4][0])
 
 
 def fan_out(
@@ -113,11 +103,14 @@ def _tree(
         mib = staging[h].egress_mib_s
         egress[h] = mib * MIB if mib is not None else None
     repo = repo_dir(state_dir, manifest.model)
+    #: who sends for the root: this machine, or a ``store`` source's host (``fleet.weights.store``)
+    root = group[0].store.sender.name if group[0].store is not None else SOURCE
     state = start(holders, waiting)
     while not state.finished:
         sends = next_round(state.holders, state.waiting, concurrency=concurrency, egress=egress)
         for s in sends:
-            progress(s.receiver, f"round {len(out.rounds) + 1}: from {s.sender}", 0, manifest.total_bytes)
+            sender = root if s.sender == SOURCE else s.sender
+            progress(s.receiver, f"round {len(out.rounds) + 1}: from {sender}", 0, manifest.total_bytes)
 
         def one(s: Send) -> StageResult:
             job = by_name[s.receiver]
@@ -141,7 +134,8 @@ def _tree(
             )
             mine[s.receiver] = r
         out.rounds.append([
-            {"from": s.sender, "to": s.receiver, "status": results[s.receiver].status,
+            {"from": root if s.sender == SOURCE else s.sender, "to": s.receiver,
+             "status": results[s.receiver].status,
              "sent_bytes": results[s.receiver].sent_bytes, "seconds": round(results[s.receiver].seconds, 3),
              "rate_limit": s.rate, "error": results[s.receiver].error}
             for s in sends

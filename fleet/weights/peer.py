@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -171,7 +172,19 @@ class Seed:
     receiver_address: str  #: the receiver's fleet address (it listens there)
     port: int  #: ``staging.port``
     rate: float | None  #: the sender's egress limit, bytes per second
-    snapshot: str  #: the snapshot directory on the sender
+    snapshot: str  #: the snapshot directory on the sender (a store's model directory, ``fleet.weights.store``)
+    #: the sender runs as its SSH login user, not the service user: a store host
+    #: (``fleet.weights.store``), whose models that user reads and which may have no service user
+    as_login: bool = False
+
+
+def fleet_address(target: SshTarget) -> str:
+    """The address fleet reaches the host at (what its receiver binds and its sender binds from)."""
+    try:
+        infos = socket.getaddrinfo(target.hostname, target.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise FleetError(f"host {target.name}: cannot resolve {target.hostname}: {exc}") from None
+    return str(infos[0][4][0])
 
 
 def _as_user(user: str, script: str) -> str:
@@ -267,7 +280,8 @@ def send_from_peer(
                 "snapshot": seed.snapshot, "files": [p for _n, p, _s in files], "rate": seed.rate,
                 "chunk": CHUNK, "idle_s": IDLE_S,
             }  # fmt: skip
-            chan = _start(client, _as_user(user, SEND), send_job)
+            command = "cd / && " + ssh_command(["python3", "-c", SEND]) if seed.as_login else _as_user(user, SEND)
+            chan = _start(client, command, send_job)
 
             def heard(line: str) -> None:
                 if line.startswith("sent "):

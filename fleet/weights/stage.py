@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,8 @@ from fleet.inventory.spec import HostSpec, LoadedInventory, ModelSource
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
 from fleet.weights.mirror import Note, mirror_manifest
-from fleet.weights.peer import Seed, SenderFailed, send_from_peer
+from fleet.weights.peer import Seed, SenderFailed, fleet_address, send_from_peer
+from fleet.weights.store import store_manifest
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
 
 #: How fast a host's ``python3`` hashes, for the listing's deadline (slower disks get the floor).
@@ -126,9 +127,15 @@ class StageJob:
     probe: bool = False  #: list and check only: a copy that needs files ends ``waiting``, nothing sent
     #: a ``hub`` source: its files are fetched and checked into ``source`` first (``fleet.weights.mirror``)
     hub: ModelSource | None = None
+    #: a ``store`` source (``fleet.weights.store``): the store host sends the files (its ``rate``
+    #: is this job's ``rate``); ``source`` is then ``STORE:PATH`` (the store's name and its
+    #: directory), so a store's (source, model) is never taken for a ``dir`` source's of the same path
+    store: Seed | None = None
 
     @property
     def files(self) -> str:
+        if self.store is not None:
+            return self.store.snapshot  # on the store host
         return self.directory or str(model_dir(self.source, self.model))
 
 
@@ -179,7 +186,10 @@ def manifests_for(
         key = (job.source, job.model)
         if key in out:
             continue
-        if job.hub is not None:
+        if job.store is not None:
+            root = job.source.partition(":")[2]  # STORE:PATH (a host name has no ':')
+            out[key] = store_manifest(job.store.sender, root, job.store.snapshot, job.model, job.marker)
+        elif job.hub is not None:
             out[key] = mirror_manifest(job.hub, job.model, hashed, note, fetch=fetch)
         else:
             out[key] = build_manifest(job.source, job.model, hashed, directory=job.directory, marker=job.marker)
@@ -315,13 +325,14 @@ def _send(
     if rc != 0:
         raise FleetError(f"preparing {incoming} exited {rc}: {err.strip()[-300:]}")
     moves: list[tuple[str, str]] = [(f"{n:06d}.partial", f.path) for n, f in enumerate(before.to_send)]
-    if job.seed is not None:
-        result.sender = job.seed.sender.name
+    seed = job.seed if job.seed is not None else replace(job.store, rate=job.rate) if job.store is not None else None
+    if seed is not None:
+        result.sender = seed.sender.name
         sizes = [(tmp, rel, f.size) for (tmp, rel), f in zip(moves, before.to_send, strict=True)]
         watch = link.hold(math.inf)
         try:
             result.sent_bytes = send_from_peer(
-                client, job.seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
+                client, seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
             )
         finally:
             link.release(watch)
@@ -427,15 +438,31 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
         target = SshTarget.from_data(spec.name, data)
         if spec.model_source is not None:
             hub = spec.model_source if spec.model_source.kind == "hub" else None
+            store_host = spec.model_source.host if spec.model_source.kind == "store" else None
             staged: list[str] = []  # a host with models: each entry's model and draft, each once
             for m in spec.model_specs:
                 for repo in (m.model, draft_in_source(m)):
                     if repo is not None and repo not in staged and not repo.startswith("/"):
                         staged.append(repo)  # a hub source gives the models; drafts come from dir sources
-                        out.append(StageJob(target, repo, spec.model_source.path, hub=hub if repo == m.model else None))
+                        root = spec.model_source.path
+                        store = _store_seed(loaded, store_host, root, repo, spec, target) if store_host else None
+                        source = f"{store_host}:{root}" if store_host else root  # (see StageJob.store)
+                        hub_of = hub if repo == m.model else None
+                        out.append(StageJob(target, repo, source, hub=hub_of, store=store))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out
+
+
+def _store_seed(loaded: LoadedInventory, store: str, root: str, model: str, spec: HostSpec, target: SshTarget) -> Seed:
+    """The store host as the sender of ``model`` to ``target`` (``spec``'s host; ``fleet.weights.store``):
+    it sends from ``ROOT/ORG/NAME`` as its login user to the host's staging port."""
+    data = loaded.pyinfra.get_host(store).data.dict()  # type: ignore[no-untyped-call]
+    sender = SshTarget.from_data(store, data)
+    return Seed(
+        sender, fleet_address(sender), fleet_address(target), spec.staging.port, None,
+        str(model_dir(root, model)), as_login=True,
+    )  # fmt: skip
 
 
 #: How bad each status is, when one host's model and adapters are told as one result.

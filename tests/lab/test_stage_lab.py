@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import pprint
 import struct
 import subprocess
@@ -17,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from fleet.inventory.spec import load_inventory
+from fleet.weights.manifest import build_manifest
+from fleet.weights.stage import jobs_for, manifests_for, stage_all
 from fleetlab import ssh
 from fleetlab.inventory_writer import GROUP
 
@@ -262,6 +266,128 @@ def test_fanout_sends_host_to_host_in_a_tree_at_the_link_limit(lab_fleet: LabFle
             assert host_sums(lab_fleet, i, revision) == want
     finally:
         on(lab_fleet, 0, f"sudo rm -rf {REPO}")
+        for i in range(len(names)):
+            on(lab_fleet, i, f"sudo rm -rf {REPO}")
+        for i in created:
+            on(lab_fleet, i, "sudo userdel -r vllm")
+
+
+def store_inventory(lab: LabFleet, path: Path, store: str, root: str) -> Path:
+    """The lab's inventory with every host but ``store`` serving ``MODEL`` from ``model_source:
+    {kind: store, host: store, path: root}``; the store host stays as it is (a host of the same
+    inventory, reached with its own settings)."""
+    assert lab.opts.inventory is not None
+    text = lab.opts.inventory.read_text()
+    hosts = ast.literal_eval(text.split(f"\n{GROUP} = ", 1)[1])
+    for name, data in hosts:
+        if name != store:
+            data["model"] = MODEL
+            data["model_source"] = {"kind": "store", "host": store, "path": root}
+    path.write_text(f"{GROUP} = {pprint.pformat(hosts, width=100, sort_dicts=False)}\n")
+    return path
+
+
+def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet, tmp_path: Path) -> None:
+    """``model_source: {kind: store}`` (issue 22, part 1): the session lab's first host is the store.
+    Bad input is named before any host is changed; then the store's own manifest (computed there
+    over SSH) is the one a ``dir`` source of the same files gives, the store sends each host its
+    copy directly (through the staging port, as its login user), each copy verifies on its host; a
+    copy damaged on a host is repaired from the store; ``--fanout`` roots its tree at the store; a
+    file changed on the store after its manifest was read is refused by the host's verify."""
+    top = make_checkpoint(tmp_path / "src")
+    want = sums_of(top)
+    revision = build_manifest(str(tmp_path / "src"), MODEL).revision
+    names = [h.name for h in lab_fleet.state.hosts]
+    store = names[0]
+    root = f"/srv/fleet-test-store-{os.getpid()}"
+    inventory = store_inventory(lab_fleet, tmp_path / "inventory.py", store, root)
+    created = []
+    try:
+        created = service_users(lab_fleet)
+        # bad input: each named, exit 2, before any host is changed
+        rc, body, err = stage_body(inventory)
+        said = json.dumps(body)
+        assert rc == 2 and f"model_source: store {store}, path {root}: no such directory on {store}" in said, (
+            said,
+            err,
+        )
+        rc, _out, err = on(lab_fleet, 0, f"sudo install -d -o $(id -u) -m 0755 {root}")
+        assert rc == 0, err
+        rc, body, err = stage_body(inventory)
+        assert rc == 2 and f"{MODEL} is not there" in json.dumps(body), (body, err)
+        elsewhere = store_inventory(lab_fleet, tmp_path / "elsewhere.py", "no-such-store", root)
+        rc, body, err = stage_body(elsewhere)
+        said = json.dumps(body)
+        assert rc == 2 and "model_source.host='no-such-store'" in said and "not in this inventory" in said, (said, err)
+        for i in (1, 2):
+            rc, out, _err = on(lab_fleet, i, f"sudo test -e {REPO} && echo there || echo absent")
+            assert out.strip() == "absent", out
+
+        h = lab_fleet.state.hosts[0]
+        client = ssh.connect(h.address, lab_fleet.state.ssh_port, lab_fleet.dir.control_key, lab_fleet.dir.known_hosts)
+        try:
+            sftp = client.open_sftp()
+            for d in (f"{root}/{MODEL.split('/')[0]}", f"{root}/{MODEL}"):
+                sftp.mkdir(d)
+            for rel in want:
+                sftp.put(str(top / rel), f"{root}/{MODEL}/{rel}")
+            sftp.close()
+        finally:
+            client.close()
+
+        rc, hosts, err = stage(inventory)
+        assert rc == 0, (hosts, err)
+        assert sorted(hosts) == sorted(names[1:])  # the store stages nothing itself
+        for i, name in enumerate(names):
+            if i == 0:
+                continue
+            r = hosts[name]
+            assert r["status"] == "staged" and r["sender"] == store and r["sent_files"] == len(want), r
+            assert r["revision"] == revision, r  # the store's manifest is the one of the same files here
+            assert host_sums(lab_fleet, i, revision) == want
+            rc, out, err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; echo; sudo stat -c '%U %a' "
+                              f"{REPO}/snapshots/{revision}/config.json; sudo ls -A {REPO}")  # fmt: skip
+            assert rc == 0 and out.split() == [revision, "vllm", "644", "refs", "snapshots"], (out, err)
+        rc, out, err = on(lab_fleet, 0, "ls ~/.cache/fleet/store-manifests/")
+        assert rc == 0 and len(out.split()) == 1, (out, err)  # the store's hash cache
+
+        snap = f"{REPO}/snapshots/{revision}"
+        rc, _out, err = on(lab_fleet, 1, f"printf 'X' | sudo dd of={snap}/model-00001-of-00002.safetensors bs=1 "
+                           "seek=5000 conv=notrunc status=none")  # fmt: skip
+        assert rc == 0, err
+        rc, hosts, err = stage(inventory, "--limit", names[1])
+        fixed = hosts[names[1]]
+        assert rc == 0 and fixed["status"] == "staged" and fixed["sender"] == store, (fixed, err)
+        assert fixed["repaired"] == ["model-00001-of-00002.safetensors (corrupted)"], fixed
+        assert host_sums(lab_fleet, 1, revision) == want
+
+        for i in (1, 2):
+            rc, _out, err = on(lab_fleet, i, f"sudo rm -rf {REPO}")
+            assert rc == 0, err
+        rc, body, err = stage_body(inventory, "--fanout")
+        assert rc == 0 and body["ok"], (body, err)
+        assert body["bounds"] == [{"model": MODEL, "revision": revision, "hosts": 2, "holders": 1, "rounds": 2}]
+        assert [(s["from"], s["status"]) for s in body["rounds"][0]] == [(store, "staged")], body["rounds"]
+        for i in (1, 2):
+            assert host_sums(lab_fleet, i, revision) == want
+
+        # a shard changed on the store after its manifest was read (same size, other bytes): the host's
+        # verify refuses the copy, refs/main is not written, the host is named
+        loaded = load_inventory(str(inventory), [names[1]])
+        jobs = jobs_for(loaded)
+        known = manifests_for(jobs)
+        rc, _out, err = on(lab_fleet, 0, f"printf 'Y' | dd of={root}/{MODEL}/model-00002-of-00002.safetensors bs=1 "
+                           "seek=100 conv=notrunc status=none")  # fmt: skip
+        assert rc == 0, err
+        rc, _out, err = on(lab_fleet, 1, f"sudo rm -rf {REPO}")
+        assert rc == 0, err
+        late = stage_all(jobs, manifests=known)[names[1]]
+        assert late.status == "failed" and late.sender == store, late
+        assert "does not match the manifest: model-00002-of-00002.safetensors (corrupted)" in str(late.error), late
+        rc, out, _err = on(lab_fleet, 1, f"sudo test -e {REPO}/refs/main && echo there || echo absent")
+        assert out.strip() == "absent", out
+    finally:
+        on(lab_fleet, 0, f"sudo rm -rf {root}; rm -rf ~/.cache/fleet/store-manifests")
         for i in range(len(names)):
             on(lab_fleet, i, f"sudo rm -rf {REPO}")
         for i in created:
