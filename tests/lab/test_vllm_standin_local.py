@@ -859,7 +859,11 @@ def test_hung_tp2_step_past_execute_timeout_kills_the_engine(tmp_path: Path, run
                  env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1"}, wait=True)  # fmt: skip
     results: list[Any] = []
     thread = _slow_request(server, 2, results)
-    assert wait_for(lambda: health(server) == 503, timeout=10)
+    # Under traffic the failed request ends the API server about 1 s after the engine's death
+    # (engine_error_handler, as vLLM's does: 503 only in between); a poll slowed by a loaded machine
+    # can miss that second and find the server gone (-1). Either way it never answers 200 again.
+    seen: list[int] = []
+    assert wait_for(lambda: seen.append(health(server)) or seen[-1] in (503, -1), timeout=10), seen
     assert server.wait_exit() == 0
     thread.join(10)
     assert isinstance(results[0], Exception) or results[0][0] != 200
