@@ -38,8 +38,32 @@ INCOMING = ".fleet-incoming"
 #: Root-only directory of the hosts' hash caches (one JSON file per snapshot).
 HASH_CACHE_DIR = "/var/cache/fleet/model-hashes"
 
-SCRIPT = r"""
+#: Part of the host scripts that keep a hash cache (this one, ``fleet.weights.store``'s): a file's
+#: cache entry ``[size, inode, mtime_ns, ctime_ns, sha256]``, hashed again only when the first four
+#: changed (``was``: its entry in the cache, if any); ``out["hashed"]``/``out["reused"]`` count bytes.
+CACHED_DIGEST = r"""
+def cached_digest(full, st, was, out):
+    key = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+    if isinstance(was, list) and len(was) == 5 and was[:4] == key:
+        out["reused"] += st.st_size
+        return key + [was[4]]
+    h = hashlib.sha256()
+    with open(full, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+    out["hashed"] += st.st_size
+    return key + [h.hexdigest()]
+"""
+
+SCRIPT = (
+    r"""
 import hashlib, json, os, pwd, stat, sys
+"""
+    + CACHED_DIGEST
+    + r"""
 repo, revision, user = sys.argv[1], sys.argv[2], sys.argv[3]
 cache_path = sys.argv[4] if len(sys.argv) > 4 else None
 snap = os.path.join(repo, "snapshots", revision)
@@ -72,23 +96,8 @@ for top, dirs, files in os.walk(snap):
         rel = os.path.relpath(full, snap).replace(os.sep, "/")
         try:
             st = os.stat(full)
-            key = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-            was = cached.get(rel)
-            if isinstance(was, list) and len(was) == 5 and was[:4] == key:
-                digest = was[4]
-                out["reused"] += st.st_size
-            else:
-                h = hashlib.sha256()
-                with open(full, "rb") as f:
-                    while True:
-                        chunk = f.read(1 << 20)
-                        if not chunk:
-                            break
-                        h.update(chunk)
-                digest = h.hexdigest()
-                out["hashed"] += st.st_size
-            fresh[rel] = key + [digest]
-            out["files"][rel] = [st.st_size, digest]
+            fresh[rel] = cached_digest(full, st, cached.get(rel), out)
+            out["files"][rel] = [st.st_size, fresh[rel][4]]
         except (IOError, OSError):
             out["files"][rel] = [-1, None]
 if cache_path and fresh != cached:
@@ -115,6 +124,7 @@ out["free"] = st.f_bavail * st.f_frsize + out["incoming"]
 out["where"] = where
 print(json.dumps(out))
 """
+)
 
 
 @dataclass(frozen=True)

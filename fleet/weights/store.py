@@ -33,6 +33,7 @@ from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, connect
+from fleet.weights.copyfact import CACHED_DIGEST
 from fleet.weights.manifest import FileEntry, Manifest, safe_relpath
 
 _END = "FLEET_STORE_MANIFEST_EOF"
@@ -40,8 +41,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 #: The longest the store may take to hash a model it has not hashed before (700 GB at ~100 MB/s).
 LIST_S = 4 * 3600.0
 
-SCRIPT = r"""
+SCRIPT = (
+    r"""
 import hashlib, json, os, stat, sys
+"""
+    + CACHED_DIGEST
+    + r"""
 root, top, marker = sys.argv[1], sys.argv[2], sys.argv[3]
 out = {"status": "ok", "why": "", "files": [], "hashed": 0, "reused": 0}
 def done(status, why):
@@ -78,25 +83,10 @@ for dirpath, dirnames, filenames in os.walk(top):
             st = os.stat(full)
             if not stat.S_ISREG(st.st_mode):
                 continue
-            key = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
-            was = cached.get(rel)
-            if isinstance(was, list) and len(was) == 5 and was[:4] == key:
-                digest = was[4]
-                out["reused"] += st.st_size
-            else:
-                h = hashlib.sha256()
-                with open(full, "rb") as f:
-                    while True:
-                        chunk = f.read(1 << 20)
-                        if not chunk:
-                            break
-                        h.update(chunk)
-                digest = h.hexdigest()
-                out["hashed"] += st.st_size
+            fresh[rel] = cached_digest(full, st, cached.get(rel), out)
         except (IOError, OSError) as exc:
             done("unreadable", "cannot read %s: %s" % (rel, exc.strerror or exc))
-        fresh[rel] = key + [digest]
-        out["files"].append([rel, st.st_size, digest])
+        out["files"].append([rel, st.st_size, fresh[rel][4]])
 if fresh != cached:
     try:
         os.makedirs(os.path.dirname(cache_path), mode=0o700, exist_ok=True)
@@ -109,6 +99,7 @@ if fresh != cached:
         pass
 print(json.dumps(out))
 """
+)
 
 
 def store_manifest_command(root: str, top: str, marker: str = "config.json") -> str:
