@@ -71,7 +71,9 @@ FLEET = Path(sys.executable).parent / "fleet"
 PYINFRA = Path(sys.executable).parent / "pyinfra"
 MODEL = "fleet-bench/fanout"
 CACHE_REPO = "/var/lib/vllm/hf/hub/models--fleet-bench--fanout"
-BASELINE_DIR = "/tmp/fleet-bench-model"
+#: on the hosts' disk: a lab host's /tmp is a tmpfs (systemd-nspawn's default), and 16 copies of
+#: 2 GiB there took this machine's memory (the benchmark was OOM-killed)
+BASELINE_DIR = "/var/tmp/fleet-bench-model"
 CONFIG = REPO / "fleet" / "data" / "models" / "meta-llama" / "Llama-3.1-8B-Instruct" / "config.json"
 MIB = 1024 * 1024
 
@@ -241,6 +243,8 @@ def main() -> None:
             fleet_s, out = timed([str(FLEET), "stage", str(inv), "--fanout", "--json"], root / f"fleet-{n}.log")
             body = json.loads(out)
             assert body["ok"] and all(h["status"] == "staged" for h in body["hosts"]), body
+            for i in range(n):  # fleet's copies off the disk before the baseline's go on
+                lab.run(i, f"sudo rm -rf {CACHE_REPO}")
             throttle = Throttle(args.rate_mib_s * MIB)
             binv = baseline_inventory(lab, root / f"pyinfra-{n}.py", throttle, n)
             base_s, _ = timed(
