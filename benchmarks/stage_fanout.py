@@ -224,6 +224,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, action="append", help="host counts (repeatable; default 1, 4)")
     parser.add_argument("--size-mib", type=int, default=256)
     parser.add_argument("--rate-mib-s", type=float, default=32.0)
+    parser.add_argument("--no-baseline", action="store_true", help="fleet's side only")
     args = parser.parse_args()
     counts = sorted(args.hosts or [1, 4])
     root = Path(tempfile.mkdtemp(prefix="fleet-fanout-bench-"))
@@ -245,12 +246,14 @@ def main() -> None:
             assert body["ok"] and all(h["status"] == "staged" for h in body["hosts"]), body
             for i in range(n):  # fleet's copies off the disk before the baseline's go on
                 lab.run(i, f"sudo rm -rf {CACHE_REPO}")
-            throttle = Throttle(args.rate_mib_s * MIB)
-            binv = baseline_inventory(lab, root / f"pyinfra-{n}.py", throttle, n)
-            base_s, _ = timed(
-                [str(PYINFRA), "-y", str(binv), "files.sync", f"src={top}", f"dest={BASELINE_DIR}"],
-                root / f"pyinfra-{n}.log",
-            )
+            base_s = float("nan")
+            if not args.no_baseline:
+                throttle = Throttle(args.rate_mib_s * MIB)
+                binv = baseline_inventory(lab, root / f"pyinfra-{n}.py", throttle, n)
+                base_s, _ = timed(
+                    [str(PYINFRA), "-y", str(binv), "files.sync", f"src={top}", f"dest={BASELINE_DIR}"],
+                    root / f"pyinfra-{n}.log",
+                )
             per_round = size / (args.rate_mib_s * MIB)
             rows.append((n, len(body["rounds"]), fleet_s, base_s, bound(n) * per_round, n * per_round))
     finally:
