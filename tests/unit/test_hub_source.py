@@ -405,3 +405,89 @@ def test_a_server_that_is_not_a_hub_mirror_is_named(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- an interrupted download, resumed ---------------------------------------------------------------
+
+SHARD = "model-00002-of-00002.safetensors"
+
+
+def test_the_stand_in_answers_a_range_as_the_hub_does(hub: HubStandIn) -> None:
+    """``Range: bytes=N-`` (what ``http_get`` sends with ``resume_size``): 206 with ``Content-Range``."""
+    import urllib.request
+
+    url = f"{hub.url}/{MODEL}/resolve/main/{SHARD}"
+    whole = urllib.request.urlopen(url, timeout=10).read()
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=1000-"}), timeout=10) as r:
+        assert r.status == 206 and r.headers["Content-Range"] == f"bytes 1000-{len(whole) - 1}/{len(whole)}"
+        assert r.read() == whole[1000:]
+
+
+def test_an_interrupted_download_is_resumed_by_the_next_run_fetching_only_the_rest(
+    hub: HubStandIn, checkpoint: Path, tmp_path: Path
+) -> None:
+    """The connection closes after 100 000 bytes of a shard and the mirror then fails (the run is
+    interrupted): the bytes that came are kept; the next run asks for the rest only (``Range``),
+    gets it (206), checks the whole file's SHA-256 against the mirror's LFS metadata and renames it
+    into place."""
+    source = source_of(hub, tmp_path / "cache")
+    top = Path(source.model_dir(MODEL))
+    size = (checkpoint / SHARD).stat().st_size
+    hub.cut[SHARD] = 100_000
+    with pytest.raises(MirrorError, match=rf"HTTP 503 while downloading {SHARD}"):
+        mirror_manifest(source, MODEL)
+    want = mirror.remote_snapshot(source, MODEL).file(SHARD)
+    assert want is not None
+    kept = mirror.partial_path(top, want)
+    assert kept.stat().st_size == 100_000 and kept.read_bytes() == (checkpoint / SHARD).read_bytes()[:100_000]
+    assert not (top / SHARD).exists()  # never where a manifest would list it
+
+    hub.down.clear()
+    hub.served.clear()
+    mirror.forget()
+    notes: list[str] = []
+    manifest = mirror_manifest(source, MODEL, note=notes.append)
+    assert hub.served[SHARD] == size - 100_000  # only the rest
+    assert (SHARD, "bytes=100000-") in hub.ranges
+    assert "model-00001-of-00002.safetensors" not in hub.served  # done in the first run
+    assert sha256s(top) == sha256s(checkpoint)
+    assert manifest.by_path()[SHARD].sha256 == hashlib.sha256((checkpoint / SHARD).read_bytes()).hexdigest()
+    assert any(f"fetching {SHARD}" in n and "resuming at" in n for n in notes), notes
+    assert not (top / ".fleet-download").exists()  # every file here: nothing kept
+
+
+def test_a_resumed_file_that_does_not_verify_is_refused_then_fetched_whole(
+    hub: HubStandIn, checkpoint: Path, tmp_path: Path
+) -> None:
+    """A kept partial file whose bytes are not the mirror's (damaged here meanwhile): the resumed
+    file fails the SHA-256 check, is removed and refused, never renamed into place; the next run
+    downloads it whole."""
+    source = source_of(hub, tmp_path / "cache")
+    top = Path(source.model_dir(MODEL))
+    want = mirror.remote_snapshot(source, MODEL).file(SHARD)
+    assert want is not None
+    kept = mirror.partial_path(top, want)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"\xff" * 1000)
+    with pytest.raises(MirrorError, match=rf"{SHARD} as downloaded \(commit \w+, resumed at byte 1000\) has sha256"):
+        mirror_manifest(source, MODEL)
+    assert not kept.exists() and not (top / SHARD).exists()
+    assert hub.served[SHARD] == want.size - 1000
+    hub.served.clear()
+    mirror.forget()
+    mirror_manifest(source, MODEL)
+    assert hub.served[SHARD] == want.size and sha256s(top) == sha256s(checkpoint)
+
+
+def test_the_manifest_and_the_stage_result_name_the_mirrors_commit(hub: HubStandIn, tmp_path: Path) -> None:
+    from fleet.deploy.staging import weights_data
+    from fleet.weights.stage import StageResult, describe
+
+    manifest = mirror_manifest(source_of(hub, tmp_path / "cache"), MODEL)
+    commit = hub.repos[MODEL].commit
+    assert manifest.commit == commit
+    result = StageResult("gpu-1", MODEL, "current", manifest.revision, commit=manifest.commit)
+    assert result.data()["commit"] == commit and f"(mirror commit {commit[:12]})" in describe(result)
+    (row,) = weights_data({("/cache", MODEL): manifest})
+    assert row == {"model": MODEL, "source": "/cache", "revision": manifest.revision, "commit": commit,
+                   "bytes": manifest.total_bytes}  # fmt: skip
