@@ -106,9 +106,10 @@ ModelCheck = Callable[[str, str | None], object]
 #: Fetches what a host's ``model_source`` must give this machine to plan (a hub mirror's or a
 #: store host's ``config.json``: ``fleet.model.mirror.fetch_planning_files``,
 #: ``fleet.model.store.fetch_store_planning_files``) into ``spec.model_config``; a ``FleetError``
-#: says why not (reported on ``model_source``, before any host is touched). The second argument
-#: is the inventory (a store host is reached with its own SSH settings).
-SourceCheck = Callable[["HostSpec", Inventory], object]
+#: says why not (reported on ``model_source``, before any host is touched). Its arguments: the
+#: source, the model (or speculative draft) id, the inventory (a store host is reached with its
+#: own SSH settings).
+SourceCheck = Callable[["ModelSource", str, Inventory], object]
 #: A valid host's problems a later stage can tell at load time (``fleet.plan.extra_args``: the
 #: extra flags against the pinned vLLM's surface), reported with the inventory's other problems.
 HostCheck = Callable[["HostSpec"], list[FieldProblem]]
@@ -1035,9 +1036,9 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
     if sp is None:
         return None
     config = sp.model_config_
-    source = valid.model_source  # a draft from a hub source: not fetched yet (its model_config, or the HF cache)
-    if config is None and sp.model is not None and isinstance(source, DirSourceData) and not sp.model.startswith("/"):
-        config = source_model_dir(source.path, sp.model)
+    source = _model_source(valid.model_source)  # a hub's or a store's draft: fetched there by the source check
+    if config is None and sp.model is not None and source is not None and not sp.model.startswith("/"):
+        config = source.planning_dir(sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
     )
@@ -1175,32 +1176,52 @@ def _model_problem(
     return [FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason)]
 
 
+def from_source(spec: HostSpec) -> list[tuple[str, str]]:
+    """(field, model id) of what ``spec``'s ``hub`` or ``store`` source gives it: its model (the
+    source is asked even with a ``model_config`` for a hub, whose copy here is the one staged; not
+    for a store), then its speculative draft when named by id without its own ``model_config``."""
+    source = spec.model_source
+    if source is None or source.kind == "dir":
+        return []
+    out = []
+    if source.kind == "hub" or spec.model_config == source.planning_dir(spec.model):
+        out.append(("model_source" if source.kind == "hub" else "model_source.host", spec.model))
+    sp = spec.speculative
+    if sp is not None and sp.model is not None and sp.model_config == source.planning_dir(sp.model):
+        out.append(("speculative.model", sp.model))
+    return out
+
+
 def _source_problems(
     specs: Sequence[HostSpec], selected: set[str] | None, check: SourceCheck, inventory: Inventory
 ) -> list[FieldProblem]:
-    """A problem on ``model_source`` for every selected host whose ``hub`` or ``store`` source cannot
-    give this machine the model's planning files (a host's ``model`` problem is then not reported
-    again). A store host's model given an explicit ``model_config`` is not asked for them."""
+    """A problem for every selected host whose ``hub`` or ``store`` source cannot give this machine
+    the planning files of its model (on ``model_source``, or ``model_source.host`` for a store: the
+    host's ``model`` problem is then not reported again) or of its speculative draft (on
+    ``speculative.model``); see ``from_source``."""
     found: list[FieldProblem] = []
     why: dict[tuple[ModelSource, str], str | None] = {}
     for spec in specs:
         source = spec.model_source
         if source is None or source.kind == "dir" or (selected is not None and spec.name not in selected):
             continue
-        for m in spec.model_specs if source.kind == "store" else (spec,):
-            if source.kind == "store" and m.model_config != source.planning_dir(m.model):
-                continue  # its own model_config (or a model given as a path)
-            key = (source, m.model)
-            if key not in why:
-                try:
-                    check(m, inventory)
-                    why[key] = None
-                except FleetError as exc:  # the problem names the field and the source already
-                    why[key] = str(exc).removeprefix(f"model_source {source.endpoint}: ").removeprefix("model_source: ")
-            if (reason := why[key]) is not None:
-                where = spec.source_of("model_source")
-                value = source.endpoint if source.kind == "hub" else source.host
-                fld = "model_source" if source.kind == "hub" else "model_source.host"
+        for m in spec.model_specs:
+            for fld, model in from_source(m):
+                key = (source, model)
+                if key not in why:
+                    try:
+                        check(source, model, inventory)
+                        why[key] = None
+                    except FleetError as exc:  # the problem names the field and the source already
+                        text = str(exc).removeprefix(f"model_source {source.endpoint}: ")
+                        why[key] = text.removeprefix("model_source: ")
+                if (reason := why[key]) is None:
+                    continue
+                named = source.endpoint if source.kind == "hub" else source.host
+                value = model if fld == "speculative.model" else named
+                if fld == "speculative.model":  # the draft: read and staged from model_source unless told otherwise
+                    reason += "; or give speculative.model_config (the draft is then not staged from model_source)"
+                where = spec.source_of(fld.split(".")[0])
                 found.append(FieldProblem(where, spec.name, fld, value, reason))
     return found
 

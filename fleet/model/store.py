@@ -184,7 +184,14 @@ def fetch_store_planning_files(target: SshTarget, root: str, model: str, dest: P
         link.close()
     if rc != 0:
         raise FleetError(f"{where}: reading its config.json on the store exited {rc}: {err.strip()[-300:]}")
-    write_planning(dest, parse_planning(target.name, root, model, answer_line(out.splitlines())))
+    files = parse_planning(target.name, root, model, answer_line(out.splitlines()))
+    try:
+        write_planning(dest, files)
+    except OSError as exc:
+        raise FleetError(
+            f"{where}: cannot keep its planning files in {dest} on this machine ({exc.strerror or exc}): make "
+            "that directory writable (it is under $XDG_CACHE_HOME, default ~/.cache)"
+        ) from None
     with _read_lock:
         _read.add(key)
     return dest

@@ -21,7 +21,7 @@ from fleet.facts import PROBE_CONNECT_TIMEOUT
 from fleet.facts.sshlink import SshTarget
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.multinode import pools
-from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
+from fleet.inventory.spec import HostSpec, LoadedInventory, ModelSource, load_inventory
 from fleet.model.arch import ModelArch, load_model
 from fleet.model.mirror import fetch_planning_files
 from fleet.model.store import fetch_store_planning_files
@@ -328,22 +328,21 @@ def load_for_planning(
     )  # fmt: skip
 
 
-def planning_files(spec: HostSpec, inventory: Inventory) -> Path | None:
-    """``spec``'s planning files from its ``hub`` or ``store`` source into ``spec.model_config``'s
-    directory on this machine (``SourceCheck``); a store host is reached with its own inventory
-    SSH settings and ``known_hosts``. ``FleetError`` says why not."""
-    source = spec.model_source
-    if source is None or source.kind == "dir":
+def planning_files(source: ModelSource, model: str, inventory: Inventory) -> Path | None:
+    """``model``'s planning files from a ``hub`` or ``store`` source into ``source.planning_dir(model)``
+    on this machine (``SourceCheck``); a store host is reached with its own inventory SSH settings
+    and ``known_hosts``. ``FleetError`` says why not."""
+    if source.kind == "dir":
         return None
     if source.kind == "hub":
-        return fetch_planning_files(source, spec.model)
+        return fetch_planning_files(source, model)
     assert source.host is not None, "a store source names its host"
     store = inventory.get_host(source.host, None)
     if store is None:  # refused before (``fleet.inventory.spec.store_problems``)
         raise FleetError(f"model_source: store {source.host} is not a host of this inventory")
     data = store.data.dict()  # type: ignore[no-untyped-call]
     target = SshTarget.from_data(source.host, data)
-    return fetch_store_planning_files(target, source.path, spec.model, Path(source.planning_dir(spec.model)))
+    return fetch_store_planning_files(target, source.path, model, Path(source.planning_dir(model)))
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:

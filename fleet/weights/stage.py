@@ -340,12 +340,13 @@ def _send(
         result.sender = seed.sender.name
         sizes = [(tmp, rel, f.size) for (tmp, rel), f in zip(moves, before.to_send, strict=True)]
         watch = link.hold(math.inf)
-        turn = store_turn(seed.sender.name) if job.seed is None and seed.rate else contextlib.nullcontext()
+        turn = store_turn(seed.sender.name) if job.seed is None and seed.rate else None
+        held: contextlib.AbstractContextManager[None] = turn if turn is not None else contextlib.nullcontext()
         try:
-            if isinstance(turn, _Turn) and turn.busy():
+            if turn is not None and turn.busy():
                 progress(name, f"waiting for {seed.sender.name} (it sends one copy at a time at its egress limit)",
                          0, total)  # fmt: skip
-            with turn:
+            with held:
                 start = time.time()
                 result.sent_bytes = send_from_peer(
                     client, seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
@@ -469,12 +470,17 @@ def describe(r: StageResult) -> str:
 
 def draft_in_source(spec: HostSpec) -> str | None:
     """The ``speculative`` draft model (or EAGLE head) to stage with the host's model: named by id
-    and held by the host's ``model_source`` (``ORG/NAME/`` there). A draft given as a path, or one
-    the source does not hold (its ``model_config`` given elsewhere), is left to the operator as
-    before; the preflight still checks the host's cache."""
+    and held by the host's ``model_source``: a ``dir`` source's ``ORG/NAME/``; from a ``hub``
+    mirror or a ``store`` host when the draft has no ``model_config`` of its own (the planning
+    commands have then read its config from there: ``fleet.inventory.spec.from_source``; the
+    manifest says whether the source holds it, before any host is touched). A draft given as a
+    path, or one the source does not hold (its ``model_config`` given elsewhere), is left to the
+    operator as before; the preflight still checks the host's cache."""
     sp, source = spec.speculative, spec.model_source
-    if sp is None or sp.model is None or source is None or source.kind != "dir" or sp.model.startswith("/"):
+    if sp is None or sp.model is None or source is None or sp.model.startswith("/"):
         return None
+    if source.kind != "dir":
+        return sp.model if sp.model_config == source.planning_dir(sp.model) else None
     return sp.model if os.path.isdir(source_model_dir(source.path, sp.model)) else None
 
 
@@ -495,12 +501,11 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
             for m in spec.model_specs:
                 for repo in (m.model, draft_in_source(m)):
                     if repo is not None and repo not in staged and not repo.startswith("/"):
-                        staged.append(repo)  # a hub source gives the models; drafts come from dir sources
+                        staged.append(repo)
                         root = spec.model_source.path
                         store = _store_seed(loaded, store_host, root, repo, spec, target) if store_host else None
                         source = f"{store_host}:{root}" if store_host else root  # (see StageJob.store)
-                        hub_of = hub if repo == m.model else None
-                        out.append(StageJob(target, repo, source, hub=hub_of, store=store))
+                        out.append(StageJob(target, repo, source, hub=hub, store=store))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out

@@ -209,3 +209,37 @@ def test_an_explicit_model_config_is_not_read_from_the_store(tmp_path: Path, mon
         port = s.getsockname()[1]
     loaded = load_for_planning(inventory(tmp_path, tmp_path / "store", port, model_config=str(config)), ["h1"])
     assert loaded.hosts[0].model_config == str(config)
+
+
+def test_a_speculative_draft_named_by_id_is_read_and_staged_from_the_store(
+    local_store: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The draft's config.json comes from the store beside the model's; the store sends the draft
+    after the model. A draft the store lacks is named on ``speculative.model``."""
+    from fleet.plan.outcomes import load_for_planning, plan_inventory
+    from fleet.weights.stage import jobs_for
+
+    llama = Path(__file__).resolve().parents[2] / "fleet" / "data" / "models" / "meta-llama"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    root = tmp_path / "store"
+    make_checkpoint(root, MODEL, config=llama / "Llama-3.1-70B-Instruct" / "config.json")
+    draft = "fleet-test/tiny-draft"
+    sp = {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    inv = inventory(tmp_path, root, 2222, speculative=sp, gpu={"sku": "h100-sxm-80gb", "count": 4})
+    with pytest.raises(InventoryError) as err:
+        load_for_planning(inv, ["h1"])
+    (problem,) = err.value.problems
+    assert (problem.field, problem.value) == ("speculative.model", draft)
+    assert f"{draft}: the model is not on the store" in problem.allowed, problem.allowed
+
+    make_checkpoint(root, draft, config=llama / "Llama-3.1-8B-Instruct" / "config.json")
+    store_mod.forget()
+    loaded = load_for_planning(inv, ["h1"])
+    spec = loaded.hosts[0]
+    assert spec.speculative is not None and spec.speculative.model_config is not None
+    assert Path(spec.speculative.model_config, "config.json").is_file()
+    (outcome,) = plan_inventory(loaded)
+    assert outcome.plan is not None
+    jobs = jobs_for(loaded)
+    assert [j.model for j in jobs] == [MODEL, draft]
+    assert jobs[1].store is not None and jobs[1].store.snapshot == str(root / "fleet-test" / "tiny-draft")
