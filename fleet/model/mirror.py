@@ -314,7 +314,7 @@ def fetch_file(source: ModelSource, snapshot: RemoteSnapshot, want: RemoteFile, 
     manifest would list it, and the partial file is removed). The caller holds ``locked(top)``."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
+    from huggingface_hub.utils._headers import build_hf_headers  # (the package re-exports it lazily)
     from huggingface_hub.utils.tqdm import disable_progress_bars
 
     disable_progress_bars()  # fleet shows its own progress; the library's bars would land in --json runs' stderr
