@@ -11,7 +11,17 @@ what fleet calls, each as the Hub answers it:
 * ``hf_hub_download`` (``file_download.py``: ``get_hf_file_metadata`` then ``http_get``):
   ``HEAD`` and ``GET /{repo}/resolve/{rev}/{path}`` with ``X-Repo-Commit``, ``ETag`` (the git
   blob id; for an LFS file ``X-Linked-Etag``, its SHA-256, and ``X-Linked-Size``) and
-  ``Content-Length``.
+  ``Content-Length``;
+* a ``GET`` with ``Range: bytes=N-`` (what ``http_get`` sends with ``resume_size=N``, through
+  ``_adjust_range_header``): ``206 Partial Content`` with ``Content-Range: bytes N-LAST/SIZE``
+  and the rest of the file, as the Hub (and any HTTP server, RFC 9110 section 14) answers; a
+  range past the end is ``416`` with ``Content-Range: bytes */SIZE``.
+
+Faults for the tests: ``cut[path] = N`` sends the headers of the whole file, then only its first
+``N`` bytes, and closes the connection (a transfer broken mid-file); while ``down`` holds the
+path, every other ``GET`` of it is answered ``503`` (the rest of an interrupted run).
+``served[path]`` counts the bytes of file content sent, so a test tells a resumed download
+(only the rest) from a whole one.
 
 Errors carry the Hub's ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
 ``EntryNotFound``), which ``huggingface_hub.utils.hf_raise_for_status`` turns into its
@@ -27,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +66,10 @@ class HubStandIn:
     revisions: dict[tuple[str, str], str] = field(default_factory=dict)  #: (repo, branch) -> commit
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  #: (method, path, auth)
     server: ThreadingHTTPServer | None = None
+    cut: dict[str, int] = field(default_factory=dict)  #: file path -> bytes sent before the connection closes
+    down: set[str] = field(default_factory=set)  #: file paths answered 503 (after their cut)
+    served: dict[str, int] = field(default_factory=dict)  #: file path -> bytes of content sent
+    ranges: list[tuple[str, str]] = field(default_factory=list)  #: (file path, Range header) of each GET with one
 
     @property
     def url(self) -> str:
@@ -125,6 +140,13 @@ class HubStandIn:
         h.end_headers()
         h.wfile.write(body)
 
+    def _fault(self, h: BaseHTTPRequestHandler, rel: str) -> bool:
+        """Answer 503 for a path that is ``down`` (and not being cut now): True when answered."""
+        if rel in self.down and rel not in self.cut:
+            self._error(h, 503, None, "Service Unavailable")
+            return True
+        return False
+
     def _commit(self, repo: str, rev: str) -> str | None:
         if rev == self.repos[repo].commit:
             return rev
@@ -168,16 +190,42 @@ class HubStandIn:
                 self._error(h, 404, "EntryNotFound", f"{rel} does not exist on {rev}")
                 return
             data = (self.repos[repo].root / rel).read_bytes()
-            h.send_response(200)
+            if not head and self._fault(h, rel):
+                return
+            start, status = 0, 200
+            asked = h.headers.get("Range")
+            if not head and asked is not None:
+                self.ranges.append((rel, asked))
+                m = re.fullmatch(r"bytes=(\d+)-", asked.strip())
+                if m is not None and int(m.group(1)) >= len(data):
+                    h.send_response(416)
+                    h.send_header("Content-Range", f"bytes */{len(data)}")
+                    h.send_header("Content-Length", "0")
+                    h.end_headers()
+                    return
+                if m is not None:
+                    start, status = int(m.group(1)), 206
+            h.send_response(status)
             h.send_header("X-Repo-Commit", commit)
             h.send_header("ETag", f'"{entry["oid"]}"')
             lfs = entry.get("lfs")
             if isinstance(lfs, dict):
                 h.send_header("X-Linked-Etag", f'"{lfs["oid"]}"')
                 h.send_header("X-Linked-Size", str(lfs["size"]))
-            h.send_header("Content-Length", str(len(data)))
+            if status == 206:
+                h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            h.send_header("Accept-Ranges", "bytes")
+            h.send_header("Content-Length", str(len(data) - start))
             h.end_headers()
-            if not head:
-                h.wfile.write(data)
+            if head:
+                return
+            body = data[start:]
+            if rel in self.cut:  # a transfer broken mid-file: the first bytes, then the connection closes
+                body = body[: self.cut.pop(rel)]
+                self.down.add(rel)
+                h.close_connection = True
+            h.wfile.write(body)
+            h.wfile.flush()
+            self.served[rel] = self.served.get(rel, 0) + len(body)
             return
         self._error(h, 404, None, "not a path this stand-in answers")

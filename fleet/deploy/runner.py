@@ -142,6 +142,8 @@ class DeployResult:
     error: str | None = None  #: why the deploy stopped early, with the way to resume
     #: the staging phase's fan-out (hosts with ``staging.fanout``): rounds, bounds, broken senders
     staging: dict[str, Any] | None = None
+    #: the snapshots staged (``model_source``): model, source, revision, a mirror's commit
+    weights: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -159,6 +161,7 @@ class DeployResult:
             "error": self.error,
             "hosts": [h.data() for h in self.hosts],
             **({"staging": self.staging} if self.staging is not None else {}),
+            **({"weights": self.weights} if self.weights else {}),
         }
 
 
@@ -437,7 +440,7 @@ def deploy(
     loaded = load_for_planning(inventory, limit, overrides)
     plans = check_hosts(loaded)
     # a source that cannot be read: before any host (dry runs too; a dry run leaves a mirror's weights there)
-    manifests = staging.manifests(loaded, fetch=not dry)
+    manifests = staging.manifests(loaded, fetch=not dry, note=progress)
     weights = staging.weights_by_host(loaded, manifests)
     selected = [loaded.pyinfra.get_host(s.name) for s in loaded.hosts]
     state = State(loaded.pyinfra, _config(), initial_limit=selected)
@@ -451,7 +454,7 @@ def deploy(
 
     def finish(error: str | None = None) -> DeployResult:
         hosts = [results[h.name] for h in selected] + balancer_results
-        return DeployResult(dry, hosts, time.monotonic() - t0, error, fanned or None)
+        return DeployResult(dry, hosts, time.monotonic() - t0, error, fanned or None, staging.weights_data(manifests))
 
     early_states: dict[str, list[UnitState]] = {}
     conn = sshwatch.Connected()

@@ -18,11 +18,23 @@ from fleet.weights.stage import StageJob, StageResult, jobs_for, manifests_for, 
 from fleet.weights.verify import fmt_bytes
 
 
-def manifests(loaded: LoadedInventory, *, fetch: bool = True) -> dict[tuple[str, str], Manifest]:
+def manifests(
+    loaded: LoadedInventory, *, fetch: bool = True, note: Callable[[str], None] = lambda _t: None
+) -> dict[tuple[str, str], Manifest]:
     """Every selected host's model manifest, read before any host is touched (``FleetError``
     naming the source and file when one cannot be read). ``fetch=False`` (a dry run): a ``hub``
-    source's weights are not downloaded, its manifest is the mirror's metadata."""
-    return manifests_for(jobs_for(loaded), fetch=fetch)
+    source's weights are not downloaded, its manifest is the mirror's metadata. ``note``: a line
+    per file a ``hub`` source downloads (as ``fleet stage`` prints them)."""
+    return manifests_for(jobs_for(loaded), note=note, fetch=fetch)
+
+
+def weights_data(known: Mapping[tuple[str, str], Manifest]) -> list[dict[str, Any]]:
+    """The snapshots a deploy stages, for its ``--json`` (``weights``): each model's snapshot
+    revision, size, and the mirror's resolved commit for a ``hub`` source (None otherwise)."""
+    return [
+        {"model": m.model, "source": source, "revision": m.revision, "commit": m.commit, "bytes": m.total_bytes}
+        for (source, _model), m in known.items()
+    ]
 
 
 def weights_by_host(

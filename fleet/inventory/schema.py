@@ -390,6 +390,14 @@ def hub_source_root(endpoint: str, revision: str, cache_dir: str | None = None) 
     return os.path.join(cache_dir or default_hub_cache(), key, quote(revision, safe=""))
 
 
+def store_planning_root(host: str, path: str) -> str:
+    """The directory on this machine that holds the planning files (``config.json``...) read from
+    a ``store`` source (``fleet.model.store``), laid out as ``ORG/NAME/`` like the store's ``path``:
+    one per (store host, path): ``$XDG_CACHE_HOME/fleet/store/<host>-<sha256(path)[:12]>``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fleet", "store", f"{host}-{hashlib.sha256(path.encode()).hexdigest()[:12]}")
+
+
 def _driver_version(value: str) -> str:
     if value != "keep" and not _DRIVER_VERSION.fullmatch(value):
         raise ValueError("an NVIDIA driver version like 580.95.05 (a string: quote it), or keep (leave the host's)")

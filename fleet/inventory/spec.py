@@ -80,6 +80,7 @@ from fleet.inventory.schema import (
     read_pins,
     source_model_dir,
     staging_port_problem,
+    store_planning_root,
     vllm_cpu_problem,
 )
 from fleet.secrets import SECRET_REF_HELP, SecretRef, looks_like_secret, parse_secret_ref, secret_field
@@ -102,10 +103,13 @@ __all__ = [
 
 #: Reads a model's config on this machine (``fleet.model.arch.load_model``); a ``FleetError`` says why not.
 ModelCheck = Callable[[str, str | None], object]
-#: Fetches what a host's ``model_source`` must give this machine to plan (a hub mirror's
-#: ``config.json``: ``fleet.model.mirror.fetch_planning_files``) into ``spec.model_config``; a
-#: ``FleetError`` says why not (reported on ``model_source``, before any host is touched).
-SourceCheck = Callable[["HostSpec"], object]
+#: Fetches what a host's ``model_source`` must give this machine to plan (a hub mirror's or a
+#: store host's ``config.json``: ``fleet.model.mirror.fetch_planning_files``,
+#: ``fleet.model.store.fetch_store_planning_files``) into ``spec.model_config``; a ``FleetError``
+#: says why not (reported on ``model_source``, before any host is touched). Its arguments: the
+#: source, the model (or speculative draft) id, the inventory (a store host is reached with its
+#: own SSH settings).
+SourceCheck = Callable[["ModelSource", str, Inventory], object]
 #: A valid host's problems a later stage can tell at load time (``fleet.plan.extra_args``: the
 #: extra flags against the pinned vLLM's surface), reported with the inventory's other problems.
 HostCheck = Callable[["HostSpec"], list[FieldProblem]]
@@ -210,6 +214,14 @@ class ModelSource:
 
     def model_dir(self, model: str) -> str:
         return source_model_dir(self.path, model)
+
+    def planning_dir(self, model: str) -> str:
+        """Where this machine reads ``model``'s ``config.json`` (and the other planning files) from:
+        the source's directory, or for a ``store`` the copy of the store's planning files here
+        (``fleet.model.store``; the store's own directory is on the store)."""
+        if self.kind == "store" and self.host is not None:
+            return source_model_dir(store_planning_root(self.host, self.path), model)
+        return self.model_dir(model)
 
 
 def _model_source(raw: DirSourceData | HubSourceData | StoreSourceData | None) -> ModelSource | None:
@@ -818,10 +830,9 @@ def host_spec(
         model=valid.model,
         workload=Workload(w.p95_input_tokens, w.p95_output_tokens, float(w.prefix_reuse), w.target_concurrency),
         # no model_config: the planner reads the model's config.json from the source (never a
-        # different copy than the one the hosts get)
-        # (a store's directory is on the store: give model_config, or the planner reads the local HF cache)
-        model_config=valid.model_config_
-        or (source.model_dir(valid.model) if source is not None and source.kind != "store" else None),
+        # different copy than the one the hosts get; a store's is read from the store into
+        # ``planning_dir`` by the planning commands' source check, ``fleet.model.store``)
+        model_config=valid.model_config_ or (source.planning_dir(valid.model) if source is not None else None),
         model_source=source,
         staging=valid.staging,
         served_model_name=valid.served_model_name,
@@ -1025,9 +1036,9 @@ def _speculative_spec(valid: HostData) -> SpeculativeSpec | None:
     if sp is None:
         return None
     config = sp.model_config_
-    source = valid.model_source  # a draft from a hub source: not fetched yet (its model_config, or the HF cache)
-    if config is None and sp.model is not None and isinstance(source, DirSourceData) and not sp.model.startswith("/"):
-        config = source_model_dir(source.path, sp.model)
+    source = _model_source(valid.model_source)  # a hub's or a store's draft: fetched there by the source check
+    if config is None and sp.model is not None and source is not None and not sp.model.startswith("/"):
+        config = source.planning_dir(sp.model)
     return SpeculativeSpec(
         sp.method, sp.num_speculative_tokens, sp.model, config, sp.prompt_lookup_min, sp.prompt_lookup_max
     )
@@ -1130,14 +1141,16 @@ def _model_problems(
     found: list[FieldProblem] = []
     why: dict[tuple[str, str | None], str | None] = {}
     for entry, spec in entries:
+        if any(p.host == entry.name and p.field in ("model_source", "model_source.host") for p in problems):
+            continue  # a hub or store source that did not answer: said once, on model_source
         if spec is not None and spec.models:  # each entry's model, named under its entry
             for m in spec.models:
                 for p in _model_problem(entry, (m.spec.model, m.spec.model_config), why, check, path):
                     found.append(dataclasses.replace(p, field=m.field(p.field), inventory=spec.source_of("models")))
             continue
         pair = _model_of(entry, spec, problems)
-        if pair is None or any(p.host == entry.name and p.field == "model_source" for p in problems):
-            continue  # a hub source that did not answer: said once, on model_source
+        if pair is None:
+            continue
         found += _model_problem(entry, pair, why, check, path)
     return found
 
@@ -1163,25 +1176,53 @@ def _model_problem(
     return [FieldProblem(entry.sources.get(fld, path), entry.name, fld, value, reason)]
 
 
-def _source_problems(specs: Sequence[HostSpec], selected: set[str] | None, check: SourceCheck) -> list[FieldProblem]:
-    """A problem on ``model_source`` for every selected host whose ``hub`` source cannot give this
-    machine the model's planning files (a hub host's ``model`` problem is then not reported again)."""
+def from_source(spec: HostSpec) -> list[tuple[str, str]]:
+    """(field, model id) of what ``spec``'s ``hub`` or ``store`` source gives it: its model (the
+    source is asked even with a ``model_config`` for a hub, whose copy here is the one staged; not
+    for a store), then its speculative draft when named by id without its own ``model_config``."""
+    source = spec.model_source
+    if source is None or source.kind == "dir":
+        return []
+    out = []
+    if source.kind == "hub" or spec.model_config == source.planning_dir(spec.model):
+        out.append(("model_source" if source.kind == "hub" else "model_source.host", spec.model))
+    sp = spec.speculative
+    if sp is not None and sp.model is not None and sp.model_config == source.planning_dir(sp.model):
+        out.append(("speculative.model", sp.model))
+    return out
+
+
+def _source_problems(
+    specs: Sequence[HostSpec], selected: set[str] | None, check: SourceCheck, inventory: Inventory
+) -> list[FieldProblem]:
+    """A problem for every selected host whose ``hub`` or ``store`` source cannot give this machine
+    the planning files of its model (on ``model_source``, or ``model_source.host`` for a store: the
+    host's ``model`` problem is then not reported again) or of its speculative draft (on
+    ``speculative.model``); see ``from_source``."""
     found: list[FieldProblem] = []
     why: dict[tuple[ModelSource, str], str | None] = {}
     for spec in specs:
         source = spec.model_source
-        if source is None or source.kind != "hub" or (selected is not None and spec.name not in selected):
+        if source is None or source.kind == "dir" or (selected is not None and spec.name not in selected):
             continue
-        key = (source, spec.model)
-        if key not in why:
-            try:
-                check(spec)
-                why[key] = None
-            except FleetError as exc:  # the problem names the field and the mirror already
-                why[key] = str(exc).removeprefix(f"model_source {source.endpoint}: ")
-        if (reason := why[key]) is not None:
-            where = spec.source_of("model_source")
-            found.append(FieldProblem(where, spec.name, "model_source", source.endpoint, reason))
+        for m in spec.model_specs:
+            for fld, model in from_source(m):
+                key = (source, model)
+                if key not in why:
+                    try:
+                        check(source, model, inventory)
+                        why[key] = None
+                    except FleetError as exc:  # the problem names the field and the source already
+                        text = str(exc).removeprefix(f"model_source {source.endpoint}: ")
+                        why[key] = text.removeprefix("model_source: ")
+                if (reason := why[key]) is None:
+                    continue
+                named = source.endpoint if source.kind == "hub" else source.host
+                value = model if fld == "speculative.model" else named
+                if fld == "speculative.model":  # the draft: read and staged from model_source unless told otherwise
+                    reason += "; or give speculative.model_config (the draft is then not staged from model_source)"
+                where = spec.source_of(fld.split(".")[0])
+                found.append(FieldProblem(where, spec.name, fld, value, reason))
     return found
 
 
@@ -1233,7 +1274,8 @@ def load_inventory(
     names = [entry.name for entry in files.hosts]
     problems += [p for p in store_problems(specs, names) if selected is None or p.host in selected]
     if source_check is not None:
-        problems += _source_problems(specs, selected, source_check)
+        named = {p.host for p in problems if p.field.startswith("model_source")}  # a store not in the inventory...
+        problems += _source_problems([s for s in specs if s.name not in named], selected, source_check, files.pyinfra)
     if model_check is not None:
         problems += _model_problems(checked, problems, model_check, str(path))
     if host_check is not None:

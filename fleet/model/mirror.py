@@ -8,11 +8,20 @@ machine only, through ``huggingface_hub``, the Hub's own client (the one vLLM us
   file's size, git blob id and, for an LFS file, the SHA-256 of its content (the Hub's LFS
   metadata, ``lfs.oid``). Asked once per (mirror, revision, model) in a process, so a deploy
   plans and stages one commit even if the branch moves meanwhile;
-* ``fetch_file``: one file downloaded with ``hf_hub_download`` (``HEAD``/``GET
-  /{repo}/resolve/{commit}/{path}``) into a temporary directory beside its place, checked against
-  that metadata (size; SHA-256 for an LFS file; the git blob id, SHA-1 of ``blob <size>\\0`` and
-  the content, for a small one), then renamed into place: a file that does not match is never
-  where anything reads it;
+* ``fetch_file``: one file downloaded with the library's own pieces of ``hf_hub_download``
+  (``file_download.py``: ``get_hf_file_metadata``, ``HEAD /{repo}/resolve/{commit}/{path}``, for
+  where to download from; then ``http_get``, ``GET`` with a ``Range: bytes=N-`` header when ``N``
+  bytes are already here) into a partial file beside its place, checked against that metadata
+  (size; SHA-256 for an LFS file; the git blob id, SHA-1 of ``blob <size>\\0`` and the content, for
+  a small one), then renamed into place: a file that does not match is never where anything reads
+  it. **An interrupted download is resumed by the next run**: the partial file is kept, named by
+  the file's content id (the LFS SHA-256, else the git blob id: only the same content continues),
+  and the next run asks only for the rest (``http_get``'s ``resume_size``; a mirror that ignores
+  the ``Range`` and answers 200 is read from the start, as the library does). The whole file is
+  still checked before the rename; a resumed file that does not match is removed and refused, so
+  the run after that downloads it whole. ``hf_hub_download`` itself (2.4) keeps no partial file
+  across runs (``_download_to_tmp_and_move`` writes a process-unique ``.incomplete`` and removes
+  it on failure), hence its pieces rather than the whole;
 * ``fetch_planning_files``: the files ``fleet plan`` reads (``fleet.model.config.read_checkpoint``:
   ``config.json``, ``tokenizer_config.json``, ``model.safetensors.index.json``), when this machine
   has no matching copy.
@@ -52,6 +61,8 @@ PLANNING_FILES = ("config.json", "tokenizer_config.json", "model.safetensors.ind
 #: Where downloads land before they are checked and renamed: inside the model's directory (one
 #: filesystem, so the rename is atomic), a dot name that no manifest lists (``fleet.weights.manifest``).
 DOWNLOADS = ".fleet-download"
+#: Interrupted downloads kept for the next run, under ``DOWNLOADS``: ``partial/<content id>``.
+PARTIAL = "partial"
 LOCK = ".fleet-lock"
 CHUNK = 1 << 20
 #: Seconds one metadata request may take (``huggingface_hub``'s default is 10).
@@ -281,42 +292,79 @@ def locked(top: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def partial_path(top: Path, want: RemoteFile) -> Path:
+    """Where an interrupted download of ``want`` is kept: named by its content id, so a partial file
+    of other content (another commit's) is never continued."""
+    return top / DOWNLOADS / PARTIAL / (want.sha256 or want.blob_id)
+
+
+def partial_bytes(top: Path, want: RemoteFile) -> int:
+    """Bytes of ``want`` an earlier run left (0: none; a partial longer than the file does not count)."""
+    try:
+        size = partial_path(top, want).stat().st_size
+    except OSError:
+        return 0
+    return size if size <= want.size else 0
+
+
 def fetch_file(source: ModelSource, snapshot: RemoteSnapshot, want: RemoteFile, top: Path) -> str:
-    """Download ``want`` to ``top/<path>``: into ``top/.fleet-download`` first, checked against the
-    mirror's metadata (``check``), then renamed into place; its SHA-256. ``MirrorError`` when it does
-    not match (nothing is left where a manifest would list it). The caller holds ``locked(top)``."""
-    from huggingface_hub import hf_hub_download
+    """Download ``want`` to ``top/<path>``: into its partial file first (``partial_path``; continued
+    where an earlier run stopped), checked against the mirror's metadata (``check``), then renamed
+    into place; its SHA-256. ``MirrorError`` when it does not match (nothing is left where a
+    manifest would list it, and the partial file is removed). The caller holds ``locked(top)``."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils._headers import build_hf_headers  # (the package re-exports it lazily)
     from huggingface_hub.utils.tqdm import disable_progress_bars
 
     disable_progress_bars()  # fleet shows its own progress; the library's bars would land in --json runs' stderr
-    scratch = top / DOWNLOADS
+    path = partial_path(top, want)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    have = partial_bytes(top, want)
+    token = _token(source)
+    url = hf_hub_url(snapshot.model, want.path, revision=snapshot.commit, endpoint=source.endpoint)
     try:
-        got = hf_hub_download(
-            snapshot.model, want.path, revision=snapshot.commit, local_dir=scratch, endpoint=source.endpoint,
-            token=_token(source), etag_timeout=TIMEOUT_S, library_name="fleet",
-        )  # fmt: skip
-    except _transport() as exc:
+        meta = get_hf_file_metadata(url, token=token, timeout=TIMEOUT_S, library_name="fleet", endpoint=source.endpoint)
+        with open(path, "r+b" if have else "wb") as f:
+            f.truncate(have)
+            f.seek(have)
+            http_get(
+                meta.location, f, resume_size=have, headers=build_hf_headers(token=token, library_name="fleet"),
+                expected_size=want.size, displayed_filename=want.path,
+            )  # fmt: skip
+            f.flush()
+            os.fsync(f.fileno())
+    except _transport() as exc:  # the bytes that came are kept for the next run
         raise _explain(exc, source, snapshot.model, f"downloading {want.path}") from None
-    path = Path(str(got))
     why, sha = check(want, path)
     if why is not None:
         path.unlink(missing_ok=True)
+        resumed = f", resumed at byte {have}" if have else ""
         raise MirrorError(
-            f"{_where(source, snapshot.model)}: {want.path} as downloaded (commit {snapshot.commit[:12]}) has "
-            f"{why}: the mirror's copy is damaged or was changed under the same commit; nothing was sent to any "
+            f"{_where(source, snapshot.model)}: {want.path} as downloaded (commit {snapshot.commit[:12]}{resumed}) "
+            f"has {why}: the mirror's copy is damaged or was changed under the same commit; nothing was sent to any "
             "host. Repair the file on the mirror (or point model_source at a good one) and run again"
         )
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
     dest = top / want.path
     dest.parent.mkdir(parents=True, exist_ok=True)
     os.replace(path, dest)
     return sha
 
 
-def clear_downloads(top: Path) -> None:
-    """Remove what an interrupted download left (``huggingface_hub``'s own metadata included)."""
-    shutil.rmtree(top / DOWNLOADS, ignore_errors=True)
+def clear_downloads(top: Path, *, partials: bool = False) -> None:
+    """Remove what an interrupted download left in ``top/.fleet-download`` but the partial files
+    the next run continues (``partials``: those too, once every file of a commit is here)."""
+    scratch = top / DOWNLOADS
+    if partials:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    for entry in scratch.iterdir() if scratch.is_dir() else ():
+        if entry.name == PARTIAL and entry.is_dir() and not entry.is_symlink():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def fetch_planning_files(source: ModelSource, model: str) -> Path:

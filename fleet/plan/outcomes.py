@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from fleet.errors import FleetError, InventoryError, ModelConfigError, PlanError, PlanProblem
 from fleet.facts import PROBE_CONNECT_TIMEOUT
+from fleet.facts.sshlink import SshTarget
 from fleet.gpus import GiB, HostGpus
 from fleet.inventory.multinode import pools
-from fleet.inventory.spec import HostSpec, LoadedInventory, load_inventory
+from fleet.inventory.spec import HostSpec, LoadedInventory, ModelSource, load_inventory
 from fleet.model.arch import ModelArch, load_model
 from fleet.model.mirror import fetch_planning_files
+from fleet.model.store import fetch_store_planning_files
 from fleet.plan.extra_args import extra_args_problems
 from fleet.plan.gpu_source import (
     AllGpusQuarantined,
@@ -40,6 +42,8 @@ from fleet.plan.speculative import draft_key
 from fleet.plan.speculative import field_problem as speculative_field_problem
 
 if TYPE_CHECKING:
+    from pyinfra.api.inventory import Inventory
+
     from fleet.facts.hostfacts import HostFacts
     from fleet.facts.runner import HostUnreachable
 
@@ -317,11 +321,28 @@ def load_for_planning(
     checks, so a missing model on one host is reported together with a bad value on another; and
     each host's ``vllm_extra_args`` against its pinned vLLM's surface (``fleet.plan.extra_args``).
     A ``hub`` source's planning files (``config.json``...) are read from the mirror when this
-    machine has no copy that matches it (``fleet.model.mirror.fetch_planning_files``)."""
+    machine has no copy that matches it (``fleet.model.mirror.fetch_planning_files``), a ``store``
+    source's from the store host (``fleet.model.store``)."""
     return load_inventory(
-        path, limit, overrides, model_check=load_model, host_check=extra_args_problems,
-        source_check=lambda spec: fetch_planning_files(spec.model_source, spec.model) if spec.model_source else None,
+        path, limit, overrides, model_check=load_model, host_check=extra_args_problems, source_check=planning_files,
     )  # fmt: skip
+
+
+def planning_files(source: ModelSource, model: str, inventory: Inventory) -> Path | None:
+    """``model``'s planning files from a ``hub`` or ``store`` source into ``source.planning_dir(model)``
+    on this machine (``SourceCheck``); a store host is reached with its own inventory SSH settings
+    and ``known_hosts``. ``FleetError`` says why not."""
+    if source.kind == "dir":
+        return None
+    if source.kind == "hub":
+        return fetch_planning_files(source, model)
+    assert source.host is not None, "a store source names its host"
+    store = inventory.get_host(source.host, None)
+    if store is None:  # refused before (``fleet.inventory.spec.store_problems``)
+        raise FleetError(f"model_source: store {source.host} is not a host of this inventory")
+    data = store.data.dict()  # type: ignore[no-untyped-call]
+    target = SshTarget.from_data(source.host, data)
+    return fetch_store_planning_files(target, source.path, model, Path(source.planning_dir(model)))
 
 
 def plan_file(path: str | Path, limit: list[str] | None = None) -> list[HostOutcome]:

@@ -27,10 +27,9 @@ from typing import Any
 from fleet.inventory.schema import StagingData
 from fleet.weights.manifest import Manifest
 from fleet.weights.peer import Seed, fleet_address
+from fleet.weights.stage import MIB as MIB
 from fleet.weights.stage import Progress, StageJob, StageResult, merge, repo_dir, stage, stage_all
 from fleet.weights.tree import SOURCE, Outcome, Send, advance, bound, next_round, start
-
-MIB = 1024 * 1024
 
 
 @dataclass
@@ -98,7 +97,9 @@ def _tree(
         "holders": len(holders), "rounds": bound(len(waiting), len(holders)),
     })  # fmt: skip
     addresses = {h: fleet_address(by_name[h].target) for h in by_name}
-    egress: dict[str, float | None] = {SOURCE: source_egress}
+    #: the root's limit: a store host's own (``staging.egress_mib_s`` in its entry), else this machine's
+    own = group[0].store.rate if group[0].store is not None else None
+    egress: dict[str, float | None] = {SOURCE: own if own is not None else source_egress}
     for h in by_name:
         mib = staging[h].egress_mib_s
         egress[h] = mib * MIB if mib is not None else None

@@ -21,7 +21,7 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.errors import FleetError
@@ -46,6 +46,9 @@ class FileEntry:
 class Manifest:
     model: str
     files: tuple[FileEntry, ...]  #: sorted by path
+    #: a ``hub`` source: the commit the mirror resolved the revision to (not part of ``revision``:
+    #: the same files from any source are the same snapshot)
+    commit: str | None = field(default=None, compare=False)
 
     @property
     def total_bytes(self) -> int:

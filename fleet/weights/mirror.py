@@ -26,7 +26,15 @@ from pathlib import Path
 
 from fleet.errors import FleetError
 from fleet.inventory.spec import ModelSource
-from fleet.model.mirror import RemoteFile, check, clear_downloads, fetch_file, locked, remote_snapshot
+from fleet.model.mirror import (
+    RemoteFile,
+    check,
+    clear_downloads,
+    fetch_file,
+    locked,
+    partial_bytes,
+    remote_snapshot,
+)
 from fleet.weights.manifest import FileEntry, Manifest, cached_hashes, remember_hashes
 from fleet.weights.verify import fmt_bytes, space_refusal
 
@@ -98,11 +106,14 @@ def mirror_manifest(
             note(f"{model}: fetching {len(todo)} file(s), {fmt_bytes(need)}, from {source.endpoint} "
                  f"(commit {snapshot.commit[:12]})")  # fmt: skip
         for want in todo:
+            have = partial_bytes(top, want)
+            resumed = f", resuming at {fmt_bytes(have)} (kept from an interrupted run)" if have else ""
+            note(f"{model}: fetching {want.path} ({fmt_bytes(want.size)}){resumed}")
             digests[want.path] = fetch_file(source, snapshot, want, top)
             if hashed is not None:
                 hashed.append(want.path)
         _remove_others(top, set(digests) | set(later))
-        clear_downloads(top)
+        clear_downloads(top, partials=not later)  # a dry run's partial files stay for the real one
         files: dict[str, list[object]] = {}
         for rel, sha in digests.items():
             st = (top / rel).stat()
@@ -110,4 +121,4 @@ def mirror_manifest(
         remember_hashes(top, files)
     digests.update(later)
     entries = tuple(sorted(FileEntry(f.path, f.size, digests[f.path]) for f in snapshot.files))
-    return Manifest(model, entries)
+    return Manifest(model, entries, snapshot.commit)

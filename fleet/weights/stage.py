@@ -30,9 +30,11 @@ stops answering mid-copy is closed and reported within ``SILENT_S``, its current
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,13 +43,14 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+from pydantic import ValidationError
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.hub import hub_dir as hub_dir  # the one definition, re-exported
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, Unreachable, connect
-from fleet.inventory.schema import ADAPTER_CONFIG, source_model_dir
+from fleet.inventory.schema import ADAPTER_CONFIG, StagingData, source_model_dir
 from fleet.inventory.spec import HostSpec, LoadedInventory, ModelSource
 from fleet.weights.copyfact import INCOMING, HostCopy, model_copy_command, parse_copy
 from fleet.weights.manifest import Manifest, build_manifest, model_dir
@@ -56,6 +59,7 @@ from fleet.weights.peer import Seed, SenderFailed, fleet_address, send_from_peer
 from fleet.weights.store import store_manifest
 from fleet.weights.verify import CopyVerdict, Rate, fmt_bytes, space_refusal, verdict
 
+MIB = 1024 * 1024
 #: How fast a host's ``python3`` hashes, for the listing's deadline (slower disks get the floor).
 HASH_BYTES_PER_S = 100 * 1024 * 1024
 LIST_FLOOR_S = 120.0
@@ -154,6 +158,9 @@ class StageResult:
     error: str | None = None
     sender: str | None = None  #: the host that sent the files (None: this machine)
     sender_fault: bool = False  #: failed because its sender stopped mid-copy (another may try)
+    #: when the files were sent (wall-clock seconds, first byte to last), for measuring a sender's egress
+    window: tuple[float, float] | None = None
+    commit: str | None = None  #: a ``hub`` source: the mirror's commit the files are of
 
     @property
     def ok(self) -> bool:
@@ -165,7 +172,8 @@ class StageResult:
             "host": self.host, "model": self.model, "status": self.status, "revision": self.revision,
             "sent_files": self.sent_files, "sent_bytes": self.sent_bytes, "repaired": self.repaired,
             "seconds": round(self.seconds, 3), "bytes_per_s": round(rate) if rate else None, "error": self.error,
-            "sender": self.sender,
+            "sender": self.sender, "commit": self.commit,
+            "send_window": [round(t, 3) for t in self.window] if self.window else None,
         }  # fmt: skip
 
 
@@ -232,7 +240,7 @@ def _root(link: Link, mode: str, job: dict[str, Any], timeout: float) -> None:
 
 def _stage_one(job: StageJob, manifest: Manifest, user: str, state_dir: str, progress: Progress) -> StageResult:
     name, t0 = job.target.name, time.monotonic()
-    result = StageResult(name, job.model, "failed", manifest.revision)
+    result = StageResult(name, job.model, "failed", manifest.revision, commit=manifest.commit)
     try:
         client = connect(job.target)
     except SshError as exc:
@@ -325,15 +333,25 @@ def _send(
     if rc != 0:
         raise FleetError(f"preparing {incoming} exited {rc}: {err.strip()[-300:]}")
     moves: list[tuple[str, str]] = [(f"{n:06d}.partial", f.path) for n, f in enumerate(before.to_send)]
-    seed = job.seed if job.seed is not None else replace(job.store, rate=job.rate) if job.store is not None else None
+    seed = job.seed
+    if seed is None and job.store is not None:  # the store's own limit, unless the fan-out gives one
+        seed = job.store if job.rate is None else replace(job.store, rate=job.rate)
     if seed is not None:
         result.sender = seed.sender.name
         sizes = [(tmp, rel, f.size) for (tmp, rel), f in zip(moves, before.to_send, strict=True)]
         watch = link.hold(math.inf)
+        turn = store_turn(seed.sender.name) if job.seed is None and seed.rate else None
+        held: contextlib.AbstractContextManager[None] = turn if turn is not None else contextlib.nullcontext()
         try:
-            result.sent_bytes = send_from_peer(
-                client, seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
-            )
+            if turn is not None and turn.busy():
+                progress(name, f"waiting for {seed.sender.name} (it sends one copy at a time at its egress limit)",
+                         0, total)  # fmt: skip
+            with held:
+                start = time.time()
+                result.sent_bytes = send_from_peer(
+                    client, seed, sizes, incoming, user, lambda done: progress(name, "sending", done, total)
+                )
+                result.window = (start, time.time())
         finally:
             link.release(watch)
         result.sent_files = len(moves)
@@ -343,6 +361,7 @@ def _send(
     pace = _Pace(job.rate)
     watch = link.hold(math.inf)  # a host that goes silent mid-copy is closed, not waited on
     sftp = _sftp_as(client, user)
+    start = time.time()
     try:
         for (tmp, _rel), f in zip(moves, before.to_send, strict=True):
             done_before = result.sent_bytes
@@ -354,10 +373,40 @@ def _send(
             sftp.put(str(source / f.path), f"{incoming}/{tmp}", callback=sent, confirm=True)
             result.sent_bytes += f.size
             result.sent_files += 1
+        result.window = (start, time.time())
     finally:
         sftp.close()
         link.release(watch)
     _root(link, "place", {"incoming": incoming, "snapshot": snapshot, "moves": moves, "user": user}, 600)
+
+
+class _Turn:
+    """One store host's turn to send: its copies to several hosts at once would add up past its
+    egress limit (``staging.egress_mib_s``, the most it sends in all), so with a limit it sends one
+    copy at a time, each at the whole limit (the hosts' listing, checks and verify still run in
+    parallel; the total time is the same as sharing the limit, and the first hosts are done sooner)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+
+
+_turns: dict[str, _Turn] = {}
+_turns_lock = threading.Lock()
+
+
+def store_turn(store: str) -> _Turn:
+    """The turn of the store host ``store``, shared by every copy this process makes from it."""
+    with _turns_lock:
+        return _turns.setdefault(store, _Turn())
 
 
 class _Pace:
@@ -402,27 +451,36 @@ def _sftp_as(client: paramiko.SSHClient, user: str) -> paramiko.SFTPClient:
         raise FleetError(f"could not start sftp-server as {user} ({why or exc}): sudo -n -u {user} must work") from None
 
 
+def _commit(r: StageResult) -> str:
+    return f" (mirror commit {r.commit[:12]})" if r.commit else ""
+
+
 def describe(r: StageResult) -> str:
     """One line for people."""
     if r.status == "current":
-        return f"{r.model} @ {r.revision[:12]}: already verified"
+        return f"{r.model} @ {r.revision[:12]}{_commit(r)}: already verified"
     if r.status == "staged":
         rate = Rate(r.sent_bytes, r.sent_bytes, r.seconds).per_second
         sent = f"sent {r.sent_files} file(s), {fmt_bytes(r.sent_bytes)}" if r.sent_files else "nothing to send"
         speed = f" at {fmt_bytes(rate)}/s" if rate else ""
         fixed = f"; replaced {', '.join(r.repaired)}" if r.repaired else ""
-        return f"{r.model} @ {r.revision[:12]}: {sent}{speed} in {r.seconds:.1f} s, verified{fixed}"
+        return f"{r.model} @ {r.revision[:12]}{_commit(r)}: {sent}{speed} in {r.seconds:.1f} s, verified{fixed}"
     return f"{r.model}: {r.status}: {r.error}"
 
 
 def draft_in_source(spec: HostSpec) -> str | None:
     """The ``speculative`` draft model (or EAGLE head) to stage with the host's model: named by id
-    and held by the host's ``model_source`` (``ORG/NAME/`` there). A draft given as a path, or one
-    the source does not hold (its ``model_config`` given elsewhere), is left to the operator as
-    before; the preflight still checks the host's cache."""
+    and held by the host's ``model_source``: a ``dir`` source's ``ORG/NAME/``; from a ``hub``
+    mirror or a ``store`` host when the draft has no ``model_config`` of its own (the planning
+    commands have then read its config from there: ``fleet.inventory.spec.from_source``; the
+    manifest says whether the source holds it, before any host is touched). A draft given as a
+    path, or one the source does not hold (its ``model_config`` given elsewhere), is left to the
+    operator as before; the preflight still checks the host's cache."""
     sp, source = spec.speculative, spec.model_source
-    if sp is None or sp.model is None or source is None or source.kind != "dir" or sp.model.startswith("/"):
+    if sp is None or sp.model is None or source is None or sp.model.startswith("/"):
         return None
+    if source.kind != "dir":
+        return sp.model if sp.model_config == source.planning_dir(sp.model) else None
     return sp.model if os.path.isdir(source_model_dir(source.path, sp.model)) else None
 
 
@@ -443,12 +501,11 @@ def jobs_for(loaded: LoadedInventory, names: Sequence[str] | None = None) -> lis
             for m in spec.model_specs:
                 for repo in (m.model, draft_in_source(m)):
                     if repo is not None and repo not in staged and not repo.startswith("/"):
-                        staged.append(repo)  # a hub source gives the models; drafts come from dir sources
+                        staged.append(repo)
                         root = spec.model_source.path
                         store = _store_seed(loaded, store_host, root, repo, spec, target) if store_host else None
                         source = f"{store_host}:{root}" if store_host else root  # (see StageJob.store)
-                        hub_of = hub if repo == m.model else None
-                        out.append(StageJob(target, repo, source, hub=hub_of, store=store))
+                        out.append(StageJob(target, repo, source, hub=hub, store=store))
         for a in spec.lora.adapters if spec.lora is not None else ():
             out.append(StageJob(target, a.repo, a.path, directory=a.path, marker=ADAPTER_CONFIG))
     return out
@@ -460,9 +517,33 @@ def _store_seed(loaded: LoadedInventory, store: str, root: str, model: str, spec
     data = loaded.pyinfra.get_host(store).data.dict()  # type: ignore[no-untyped-call]
     sender = SshTarget.from_data(store, data)
     return Seed(
-        sender, fleet_address(sender), fleet_address(target), spec.staging.port, None,
+        sender, fleet_address(sender), fleet_address(target), spec.staging.port, store_egress(loaded, store, data),
         str(model_dir(root, model)), as_login=True,
     )  # fmt: skip
+
+
+def store_egress(loaded: LoadedInventory, store: str, data: Mapping[str, Any]) -> float | None:
+    """The most the store host ``store`` sends in all, bytes/s: its own ``staging.egress_mib_s``
+    (None: not set). A store left out by ``--limit`` (or one that serves nothing) has its
+    ``staging`` read from its inventory ``data`` here, with the one validator's model; a bad value
+    is a ``FleetError`` naming the store and the field, before any host is touched."""
+    for spec in loaded.hosts:
+        if spec.name == store:
+            mib = spec.staging.egress_mib_s
+            return mib * MIB if mib is not None else None
+    raw = data.get("staging")
+    if raw is None:
+        return None
+    try:
+        mib = StagingData.model_validate(raw).egress_mib_s
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in ("staging", *first["loc"]))
+        raise FleetError(
+            f"{loaded.path}: host {store} (a model_source store): {where}={first.get('input')!r}: {first['msg']}; "
+            "staging.egress_mib_s is the most MiB/s the store sends in all (a number above 0)"
+        ) from None
+    return mib * MIB if mib is not None else None
 
 
 #: How bad each status is, when one host's model and adapters are told as one result.
@@ -486,6 +567,8 @@ def merge(results: Sequence[StageResult]) -> StageResult:
         [f"{r.model}/{p}" for r in results for p in r.repaired],
         sum(r.seconds for r in results),
         "; ".join(errors) or None,
+        window=first.window,
+        commit=first.commit,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import itertools
 import json
 import os
 import pprint
@@ -272,10 +273,10 @@ def test_fanout_sends_host_to_host_in_a_tree_at_the_link_limit(lab_fleet: LabFle
             on(lab_fleet, i, "sudo userdel -r vllm")
 
 
-def store_inventory(lab: LabFleet, path: Path, store: str, root: str) -> Path:
+def store_inventory(lab: LabFleet, path: Path, store: str, root: str, egress_mib_s: float | None = None) -> Path:
     """The lab's inventory with every host but ``store`` serving ``MODEL`` from ``model_source:
     {kind: store, host: store, path: root}``; the store host stays as it is (a host of the same
-    inventory, reached with its own settings)."""
+    inventory, reached with its own settings), with ``staging.egress_mib_s`` when given."""
     assert lab.opts.inventory is not None
     text = lab.opts.inventory.read_text()
     hosts = ast.literal_eval(text.split(f"\n{GROUP} = ", 1)[1])
@@ -283,24 +284,45 @@ def store_inventory(lab: LabFleet, path: Path, store: str, root: str) -> Path:
         if name != store:
             data["model"] = MODEL
             data["model_source"] = {"kind": "store", "host": store, "path": root}
+        elif egress_mib_s is not None:
+            data["staging"] = {"egress_mib_s": egress_mib_s}
     path.write_text(f"{GROUP} = {pprint.pformat(hosts, width=100, sort_dicts=False)}\n")
     return path
 
 
+def dry_deploy(inventory: Path, host: str, xdg: Path) -> tuple[int, dict[str, Any], str]:
+    """``fleet deploy --dry --json`` of ``host`` with this machine's cache in ``xdg`` (no copy of
+    any model here but what the command itself reads)."""
+    proc = subprocess.run(
+        [str(FLEET), "deploy", str(inventory), "--dry", "--limit", host, "--json"], cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "XDG_CACHE_HOME": str(xdg)},
+    )  # fmt: skip
+    try:
+        return proc.returncode, json.loads(proc.stdout), proc.stderr
+    except ValueError:
+        return proc.returncode, {}, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet, tmp_path: Path) -> None:
     """``model_source: {kind: store}`` (issue 22, part 1): the session lab's first host is the store.
+    ``fleet deploy --dry`` plans from the store's config.json (read over the store's SSH, this
+    machine holding no copy; issue 22 point 4), or names the store, path and model it lacks.
     Bad input is named before any host is changed; then the store's own manifest (computed there
     over SSH) is the one a ``dir`` source of the same files gives, the store sends each host its
-    copy directly (through the staging port, as its login user), each copy verifies on its host; a
-    copy damaged on a host is repaired from the store; ``--fanout`` roots its tree at the store; a
-    file changed on the store after its manifest was read is refused by the host's verify."""
+    copy directly (through the staging port, as its login user), each copy verifies on its host;
+    the store's own ``staging.egress_mib_s`` bounds what it sends in all (one copy at a time, each
+    at the limit: the copies' send windows do not overlap and the bytes over their span keep to the
+    limit); a copy damaged on a host is repaired from the store; ``--fanout`` roots its tree at the
+    store, at the store's limit; a file changed on the store after its manifest was read is refused
+    by the host's verify."""
     top = make_checkpoint(tmp_path / "src")
     want = sums_of(top)
     revision = build_manifest(str(tmp_path / "src"), MODEL).revision
     names = [h.name for h in lab_fleet.state.hosts]
     store = names[0]
     root = f"/srv/fleet-test-store-{os.getpid()}"
-    inventory = store_inventory(lab_fleet, tmp_path / "inventory.py", store, root)
+    inventory = store_inventory(lab_fleet, tmp_path / "inventory.py", store, root, egress_mib_s=LINK_MIB_S)
+    limit = LINK_MIB_S * 1024 * 1024
     created = []
     try:
         created = service_users(lab_fleet)
@@ -315,6 +337,9 @@ def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet
         assert rc == 0, err
         rc, body, err = stage_body(inventory)
         assert rc == 2 and f"{MODEL} is not there" in json.dumps(body), (body, err)
+        rc, body, err = dry_deploy(inventory, names[1], tmp_path / "xdg")
+        lacks = f"model_source.host='{store}': store {store}, path {root}: {MODEL}: the model is not on the store"
+        assert rc == 2 and lacks in json.dumps(body), (body, err)
         elsewhere = store_inventory(lab_fleet, tmp_path / "elsewhere.py", "no-such-store", root)
         rc, body, err = stage_body(elsewhere)
         said = json.dumps(body)
@@ -335,6 +360,17 @@ def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet
         finally:
             client.close()
 
+        # the plan reads the store's planning files (and only those) into this machine's cache
+        rc, body, err = dry_deploy(inventory, names[1], tmp_path / "xdg")
+        assert rc == 0, (body, err)
+        copies = [p for p in (tmp_path / "xdg").rglob("*") if p.is_file() and p.parent.name == MODEL.split("/")[1]]
+        assert sorted(p.name for p in copies) == ["config.json", "model.safetensors.index.json",
+                                                  "tokenizer_config.json"], copies  # fmt: skip
+        assert all(p.read_bytes() == (top / p.name).read_bytes() for p in copies)
+        for i in (1, 2):
+            rc, out, _err = on(lab_fleet, i, f"sudo test -e {REPO} && echo there || echo absent")
+            assert out.strip() == "absent", out  # a dry run stages nothing
+
         rc, hosts, err = stage(inventory)
         assert rc == 0, (hosts, err)
         assert sorted(hosts) == sorted(names[1:])  # the store stages nothing itself
@@ -348,6 +384,11 @@ def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet
             rc, out, err = on(lab_fleet, i, f"sudo cat {REPO}/refs/main; echo; sudo stat -c '%U %a' "
                               f"{REPO}/snapshots/{revision}/config.json; sudo ls -A {REPO}")  # fmt: skip
             assert rc == 0 and out.split() == [revision, "vllm", "644", "refs", "snapshots"], (out, err)
+        # the store's total egress: its copies one after another, the bytes over their span within its limit
+        windows = sorted((hosts[n]["send_window"], hosts[n]["sent_bytes"]) for n in names[1:])
+        assert all(w[0][1] <= v[0][0] for w, v in itertools.pairwise(windows)), windows
+        span = windows[-1][0][1] - windows[0][0][0]
+        assert sum(b for _w, b in windows) / span <= limit * 1.05, windows
         rc, out, err = on(lab_fleet, 0, "ls ~/.cache/fleet/store-manifests/")
         assert rc == 0 and len(out.split()) == 1, (out, err)  # the store's hash cache
 
@@ -367,7 +408,7 @@ def test_a_store_host_sends_the_model_to_the_others_verified(lab_fleet: LabFleet
         rc, body, err = stage_body(inventory, "--fanout")
         assert rc == 0 and body["ok"], (body, err)
         assert body["bounds"] == [{"model": MODEL, "revision": revision, "hosts": 2, "holders": 1, "rounds": 2}]
-        assert [(s["from"], s["status"]) for s in body["rounds"][0]] == [(store, "staged")], body["rounds"]
+        assert [(s["from"], s["status"], s["rate_limit"]) for s in body["rounds"][0]] == [(store, "staged", limit)]
         for i in (1, 2):
             assert host_sums(lab_fleet, i, revision) == want
 

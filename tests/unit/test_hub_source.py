@@ -405,3 +405,157 @@ def test_a_server_that_is_not_a_hub_mirror_is_named(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- an interrupted download, resumed ---------------------------------------------------------------
+
+SHARD = "model-00002-of-00002.safetensors"
+
+
+def test_the_stand_in_answers_a_range_as_the_hub_does(hub: HubStandIn) -> None:
+    """``Range: bytes=N-`` (what ``http_get`` sends with ``resume_size``): 206 with ``Content-Range``."""
+    import urllib.request
+
+    url = f"{hub.url}/{MODEL}/resolve/main/{SHARD}"
+    whole = urllib.request.urlopen(url, timeout=10).read()
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Range": "bytes=1000-"}), timeout=10) as r:
+        assert r.status == 206 and r.headers["Content-Range"] == f"bytes 1000-{len(whole) - 1}/{len(whole)}"
+        assert r.read() == whole[1000:]
+
+
+def test_an_interrupted_download_is_resumed_by_the_next_run_fetching_only_the_rest(tmp_path: Path) -> None:
+    """The connection closes 20 MiB into a 24 MiB shard and the mirror then fails (the run is
+    interrupted): the bytes written are kept (``http_get`` writes whole chunks of the library's
+    ``DOWNLOAD_CHUNK_SIZE``, 10 MiB, hence the size); the next run asks for the rest only
+    (``Range``), gets it (206), checks the whole file's SHA-256 against the mirror's LFS metadata
+    and renames it into place."""
+    checkpoint = make_checkpoint(tmp_path / "repo")
+    big = "model-big.safetensors"
+    (checkpoint / big).write_bytes(os.urandom(24 << 20))
+    size, cut = 24 << 20, 20 << 20
+    mirror.forget()
+    with HubStandIn() as hub:
+        hub.add(MODEL, checkpoint)
+        source = source_of(hub, tmp_path / "cache")
+        top = Path(source.model_dir(MODEL))
+        hub.cut[big] = cut
+        with pytest.raises(MirrorError, match=rf"HTTP 503 while downloading {big}"):
+            mirror_manifest(source, MODEL)
+        want = mirror.remote_snapshot(source, MODEL).file(big)
+        assert want is not None
+        kept = mirror.partial_path(top, want)
+        have = kept.stat().st_size
+        assert 0 < have <= cut and kept.read_bytes() == (checkpoint / big).read_bytes()[:have]
+        assert not (top / big).exists()  # never where a manifest would list it
+
+        hub.down.clear()
+        hub.served.clear()
+        mirror.forget()
+        notes: list[str] = []
+        manifest = mirror_manifest(source, MODEL, note=notes.append)
+        assert hub.served[big] == size - have  # only the rest
+        assert (big, f"bytes={have}-") in hub.ranges
+        assert SHARD not in hub.served  # done in the first run
+        assert sha256s(top) == sha256s(checkpoint)
+        assert manifest.by_path()[big].sha256 == hashlib.sha256((checkpoint / big).read_bytes()).hexdigest()
+        assert any(f"fetching {big}" in n and "resuming at" in n for n in notes), notes
+        assert not (top / ".fleet-download").exists()  # every file here: nothing kept
+    mirror.forget()
+
+
+def test_a_resumed_file_that_does_not_verify_is_refused_then_fetched_whole(
+    hub: HubStandIn, checkpoint: Path, tmp_path: Path
+) -> None:
+    """A kept partial file whose bytes are not the mirror's (damaged here meanwhile): the resumed
+    file fails the SHA-256 check, is removed and refused, never renamed into place; the next run
+    downloads it whole."""
+    source = source_of(hub, tmp_path / "cache")
+    top = Path(source.model_dir(MODEL))
+    want = mirror.remote_snapshot(source, MODEL).file(SHARD)
+    assert want is not None
+    kept = mirror.partial_path(top, want)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"\xff" * 1000)
+    with pytest.raises(MirrorError, match=rf"{SHARD} as downloaded \(commit \w+, resumed at byte 1000\) has sha256"):
+        mirror_manifest(source, MODEL)
+    assert not kept.exists() and not (top / SHARD).exists()
+    assert hub.served[SHARD] == want.size - 1000
+    hub.served.clear()
+    mirror.forget()
+    mirror_manifest(source, MODEL)
+    assert hub.served[SHARD] == want.size and sha256s(top) == sha256s(checkpoint)
+
+
+def test_the_manifest_and_the_stage_result_name_the_mirrors_commit(hub: HubStandIn, tmp_path: Path) -> None:
+    from fleet.deploy.staging import weights_data
+    from fleet.weights.stage import StageResult, describe
+
+    manifest = mirror_manifest(source_of(hub, tmp_path / "cache"), MODEL)
+    commit = hub.repos[MODEL].commit
+    assert manifest.commit == commit
+    result = StageResult("gpu-1", MODEL, "current", manifest.revision, commit=manifest.commit)
+    assert result.data()["commit"] == commit and f"(mirror commit {commit[:12]})" in describe(result)
+    (row,) = weights_data({("/cache", MODEL): manifest})
+    assert row == {"model": MODEL, "source": "/cache", "revision": manifest.revision, "commit": commit,
+                   "bytes": manifest.total_bytes}  # fmt: skip
+
+
+# -- a speculative draft from the mirror ------------------------------------------------------------
+
+DRAFT = "fleet-test/tiny-draft"
+LLAMA = Path(__file__).resolve().parents[2] / "fleet" / "data" / "models" / "meta-llama"
+
+
+def draft_inventory(tmp_path: Path, hub: HubStandIn, **speculative: object) -> Path:
+    sp = {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": 4, **speculative}
+    data = {**BASE, "gpu": {"sku": "h100-sxm-80gb", "count": 4}, "speculative": sp,
+            "model_source": {"kind": "hub", "endpoint": hub.url, "cache_dir": str(tmp_path / "cache")}}  # fmt: skip
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"gpus = [('h1', {data!r})]\n")
+    return inventory
+
+
+def test_a_speculative_draft_named_by_id_comes_from_the_mirror_too(tmp_path: Path) -> None:
+    """Issue 22 (draft models from a hub source): the plan reads the draft's config.json from the
+    mirror beside the model's, and the draft is staged after the model from the same mirror (its
+    own commit, checked against the mirror's metadata). A draft the mirror lacks is named on
+    ``speculative.model`` before any host; a draft with its own ``model_config`` is left to the
+    operator (not fetched, not staged), as for a ``dir`` source."""
+    from fleet.plan.outcomes import load_for_planning, plan_inventory
+    from fleet.weights.stage import jobs_for, manifests_for
+
+    target = make_checkpoint(tmp_path / "repo", MODEL, config=LLAMA / "Llama-3.1-70B-Instruct" / "config.json")
+    draft = make_checkpoint(tmp_path / "repo", DRAFT, config=LLAMA / "Llama-3.1-8B-Instruct" / "config.json")
+    mirror.forget()
+    with HubStandIn() as hub:
+        hub.add(MODEL, target)
+        with pytest.raises(InventoryError) as err:
+            load_for_planning(draft_inventory(tmp_path, hub))
+        (problem,) = err.value.problems
+        assert (problem.host, problem.field, problem.value) == ("h1", "speculative.model", DRAFT)
+        assert f"the mirror has no model {DRAFT}" in problem.allowed and "or give speculative.model_config" in (
+            problem.allowed
+        )
+
+        hub.add(DRAFT, draft)
+        mirror.forget()
+        loaded = load_for_planning(draft_inventory(tmp_path, hub))
+        spec = loaded.hosts[0]
+        assert spec.model_source is not None and spec.speculative is not None
+        assert spec.speculative.model_config == spec.model_source.planning_dir(DRAFT)
+        assert Path(spec.speculative.model_config, "config.json").read_bytes() == (draft / "config.json").read_bytes()
+        (outcome,) = plan_inventory(loaded)
+        assert outcome.plan is not None, outcome
+        jobs = jobs_for(loaded)
+        assert [(j.model, j.hub == spec.model_source) for j in jobs] == [(MODEL, True), (DRAFT, True)]
+        known = manifests_for(jobs)
+        drafted = known[(jobs[1].source, DRAFT)]
+        assert drafted.commit == hub.repos[DRAFT].commit
+        assert sha256s(Path(spec.model_source.model_dir(DRAFT))) == sha256s(draft)
+
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        (elsewhere / "config.json").write_bytes((draft / "config.json").read_bytes())
+        own = load_for_planning(draft_inventory(tmp_path, hub, model_config=str(elsewhere / "config.json")))
+        assert [j.model for j in jobs_for(own)] == [MODEL]
+    mirror.forget()

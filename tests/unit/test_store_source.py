@@ -44,7 +44,9 @@ def test_a_store_source_is_taken_without_reading_this_machine() -> None:
     assert (spec.model_source.kind, spec.model_source.host, spec.model_source.path) == (
         "store", "store-1", "/srv/models"
     )  # fmt: skip
-    assert spec.model_config is None  # the store's config.json is not on this machine
+    # the store's config.json is not on this machine: the planning commands copy it here first
+    # (tests/unit/test_store_planning.py)
+    assert spec.model_config == spec.model_source.planning_dir(MODEL) and "/srv/models" not in spec.model_config
 
 
 @pytest.mark.parametrize(
@@ -226,3 +228,31 @@ def test_a_store_may_be_a_host_that_serves_nothing(tmp_path: Path) -> None:
     ])  # fmt: skip
     (job,) = jobs_for(load_inventory(inv))
     assert job.store is not None and (job.store.sender.name, job.store.sender_address) == ("lb-1", "127.0.0.5")
+
+
+def test_the_store_sends_at_its_own_egress_limit(tmp_path: Path) -> None:
+    """The store host's own ``staging.egress_mib_s`` is the most it sends in all (``fleet.weights.stage``
+    gives its copies turns at that limit): read from its entry, also when ``--limit`` leaves it out or
+    it serves nothing; not set, no limit of its own (the hosts' settings are theirs, not the store's)."""
+    inv = write_inventory(tmp_path, [
+        ("gpu-1", host(2, model_source=STORE, staging={"egress_mib_s": 7})),
+        ("store-1", host(3, staging={"egress_mib_s": 12.5})),
+        ("gpu-2", host(4, model_source={**STORE, "host": "lb-1"})),
+        ("lb-1", {"role": "balancer", "ssh_hostname": "127.0.0.5"}),  # (a balancer host takes no staging key)
+        ("gpu-3", host(6, model_source={**STORE, "host": "gpu-4"})),
+        ("gpu-4", host(7, staging={"egress_mib_s": 3})),
+    ])  # fmt: skip
+    for limit in (None, ["gpu-1", "gpu-2", "gpu-3"]):
+        rates = {j.target.name: j.store.rate for j in jobs_for(load_inventory(inv, limit)) if j.store is not None}
+        assert rates == {"gpu-1": 12.5 * 1024 * 1024, "gpu-2": None, "gpu-3": 3 * 1024 * 1024}, (limit, rates)
+
+
+def test_a_bad_egress_limit_on_a_store_left_out_is_named(tmp_path: Path) -> None:
+    inv = write_inventory(tmp_path, [
+        ("gpu-1", host(2, model_source=STORE)),
+        ("store-1", host(3, staging={"egress_mib_s": -1})),
+    ])  # fmt: skip
+    with pytest.raises(FleetError) as err:
+        jobs_for(load_inventory(inv, ["gpu-1"]))  # the store's own problems are not reported: it is left out
+    said = str(err.value)
+    assert "host store-1 (a model_source store): staging.egress_mib_s=-1: Input should be greater than 0" in said, said
