@@ -124,6 +124,36 @@ def _text(blob):
     return zlib.decompress(base64.b64decode(blob)).decode("utf-8")
 
 
+class CarriedModules(object):
+    \"\"\"Finder and loader (PEP 451) of the modules sent with the probe, compiled in memory.\"\"\"
+
+    def __init__(self, modules):
+        self.modules = modules  # name -> (origin, blob)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.modules:
+            return None
+        return spec_from_loader(name, self, origin=self.modules[name][0])
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        origin, blob = self.modules[module.__name__]
+        exec(compile(_text(blob), origin, "exec"), module.__dict__)
+
+    def get_source(self, name):
+        return _text(self.modules[name][1])
+
+
+sys.meta_path.insert(0, CarriedModules(dict({"pynvml": (PYNVML_ORIGIN, PYNVML)}, **CARRIED)))
+exec(compile(_text(PROBE), PROGRAM_NAME, "exec"), {"__name__": "__main__"})
+"""
+
+#: The loader's code cache (``code_cache``, see the module's docstring): defined before the
+#: finder, whose two ``compile`` calls it takes over; a program without a cache (the GPU
+#: watcher's) is the loader alone, byte for byte as before the cache.
+_CACHE = """\
 def _root_only(st, kind):
     import stat
     return kind(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
@@ -210,33 +240,21 @@ def _compiled(origin, blob):
         except Exception:
             pass
     return code
-
-
-class CarriedModules(object):
-    \"\"\"Finder and loader (PEP 451) of the modules sent with the probe, compiled in memory.\"\"\"
-
-    def __init__(self, modules):
-        self.modules = modules  # name -> (origin, blob)
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in self.modules:
-            return None
-        return spec_from_loader(name, self, origin=self.modules[name][0])
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        origin, blob = self.modules[module.__name__]
-        exec(_compiled(origin, blob), module.__dict__)
-
-    def get_source(self, name):
-        return _text(self.modules[name][1])
-
-
-sys.meta_path.insert(0, CarriedModules(dict({"pynvml": (PYNVML_ORIGIN, PYNVML)}, **CARRIED)))
-exec(_compiled(PROGRAM_NAME, PROBE), {"__name__": "__main__"})
 """
+_COMPILES = (
+    ('compile(_text(blob), origin, "exec")', "_compiled(origin, blob)"),
+    ('compile(_text(PROBE), PROGRAM_NAME, "exec")', "_compiled(PROGRAM_NAME, PROBE)"),
+)
+
+
+def _loader(code_cache: str | None) -> str:
+    """The loader, with the code cache where there is one."""
+    if code_cache is None:
+        return _LOADER
+    loader = _LOADER
+    for plain, cached in _COMPILES:
+        loader = loader.replace(plain, cached)
+    return loader.replace("class CarriedModules(object):", _CACHE + "\n\nclass CarriedModules(object):")
 
 
 @dataclass(frozen=True)
@@ -322,9 +340,10 @@ def carried_program(
         f"SCHEMA = {SCHEMA!r}\nMIN_PYTHON = {MIN_PYTHON!r}\nTOO_OLD_EXIT = {too_old_exit!r}\n"
         f"PYNVML_ORIGIN = {pynvml.origin!r}\nPYNVML = {_blob(pynvml.text)!r}\nCARRIED = {carried!r}\n"
         f"PROGRAM_NAME = {name!r}\nPROBE = {_blob(script.encode())!r}\n"
-        f"CODE_CACHE = {code_cache!r}\nCODE_CACHE_KEEP = {CODE_CACHE_KEEP!r}\n"
     )
-    return constants + _LOADER
+    if code_cache is None:
+        return constants + _LOADER
+    return constants + f"CODE_CACHE = {code_cache!r}\nCODE_CACHE_KEEP = {CODE_CACHE_KEEP!r}\n" + _loader(code_cache)
 
 
 @cache

@@ -172,9 +172,9 @@ def test_a_marker_that_cannot_be_read_fails_the_first_round_as_the_marker_fact_a
     a failed ``Drained`` read, and reads its probe on its own."""
     ran = tmp_path / "ran"
     command = UnlessDrained().command([f": > {shlex.quote(str(ran))}"], str(tmp_path / "drained.json"))
-    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env={"PATH": str(tmp_path)},
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env={"PATH": str(tmp_path)},
                           check=False)  # fmt: skip
-    alone = subprocess.run(["sh", "-c", marker_command(str(tmp_path / "drained.json"))], capture_output=True,
+    alone = subprocess.run(["/bin/sh", "-c", marker_command(str(tmp_path / "drained.json"))], capture_output=True,
                            text=True, env={"PATH": str(tmp_path)}, check=False)  # fmt: skip
     assert done.returncode == alone.returncode != 0
     assert done.stdout == alone.stdout == ""

@@ -383,7 +383,9 @@ def test_a_probe_run_as_root_keeps_what_it_compiled_and_uses_only_whole_entries_
 
     untrusted(lambda: script.chmod(0o640))
     untrusted(lambda: os.chown(script, 65534, 65534))
-    untrusted(lambda: script.write_bytes(script.read_bytes()[:-1] + b"\0"))  # not whole
+    untrusted(
+        lambda: script.write_bytes(script.read_bytes()[:-1] + bytes([script.read_bytes()[-1] ^ 0xFF]))
+    )  # not whole
 
     def link() -> None:
         elsewhere = root_dir / "elsewhere"
