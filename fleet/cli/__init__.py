@@ -15,10 +15,12 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import importlib.util
 import json
 import os
 import sys
 import traceback
+import types
 from importlib import metadata
 from typing import Any, NoReturn
 
@@ -184,7 +186,40 @@ def run() -> None:
     the program does this, never ``main`` itself: tests call ``main`` in their own long-lived process.
     """
     atexit.register(gc.freeze)  # atexit runs last-in first-out: before logging's flush, which still runs
+    defer_import("invoke")
     main()
+
+
+def defer_import(name: str) -> None:
+    """Load the module ``name`` only when one of its attributes is first used; nothing when it is
+    imported already or not installed.
+
+    For ``invoke``: paramiko's ``paramiko/config.py`` imports it at its own import, for one thing
+    only, running an ssh_config ``Match exec`` command (``invoke.run``). Every command that
+    connects imports paramiko, and ``invoke`` (with the ``unittest.mock``, ``asyncio`` and YAML
+    modules it imports) was ~50 ms of a no-change ``fleet deploy``'s 0.6 s of imports
+    (``python -X importtime``). Deferred, ``import invoke`` gives paramiko a stand-in module at
+    once (its ``__spec__`` the real one's) whose first attribute read (PEP 562's module
+    ``__getattr__``) imports the real module in its place and answers from it: a ``Match exec``
+    line still runs ``invoke.run``; a broken install raises its error then, where paramiko would
+    have raised its import error. (The standard library's ``importlib.util.LazyLoader`` does not
+    serve here: Python 3.11's ``import`` statement reads the module's ``__spec__``, which loads
+    it.) Only the program does this (:func:`run`): tests call ``main`` in their own process."""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None:
+        return
+    stand_in = types.ModuleType(name)
+    stand_in.__spec__ = spec
+
+    def load(attribute: str) -> Any:
+        if sys.modules.get(name) is stand_in:
+            del sys.modules[name]
+        return getattr(importlib.import_module(name), attribute)
+
+    stand_in.__dict__["__getattr__"] = load  # PEP 562
+    sys.modules[name] = stand_in
 
 
 def fail(

@@ -7,9 +7,14 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 HEALTH_TIMEOUT_S = 300.0
+#: the waits between two polls of an instance that does not serve yet: doubling from the first to
+#: the last, which then repeats (an instance that starts in a second is seen within ~0.1 s of
+#: it; one that loads its model for minutes is asked once a second, as before)
+POLL_FIRST_S, POLL_LAST_S = 0.1, 1.0
 
 
 @dataclass
@@ -55,10 +60,20 @@ def probe_once(e: Endpoint, key: str | None) -> tuple[bool, str]:
     return True, "serving " + ", ".join(ids)
 
 
+def poll_waits() -> Iterator[float]:
+    """The waits between polls: :data:`POLL_FIRST_S`, doubling, then :data:`POLL_LAST_S` for ever."""
+    wait = POLL_FIRST_S
+    while True:
+        yield wait
+        wait = min(wait * 2, POLL_LAST_S)
+
+
 def wait_healthy(endpoints: list[Endpoint], key: str | None, timeout: float = HEALTH_TIMEOUT_S) -> None:
-    """Poll each endpoint until it passes :func:`probe_once`, or time out (``healthy`` stays False)."""
+    """Poll each endpoint until it passes :func:`probe_once`, or time out (``healthy`` stays False);
+    between two polls :data:`POLL_FIRST_S` doubling up to :data:`POLL_LAST_S`."""
     deadline = time.monotonic() + timeout
     for e in endpoints:
+        waits = poll_waits()
         while True:
             ok, seen = probe_once(e, key)
             if ok:
@@ -67,4 +82,4 @@ def wait_healthy(endpoints: list[Endpoint], key: str | None, timeout: float = HE
             if time.monotonic() > deadline:
                 e.healthy, e.detail = False, f"not serving within {timeout:.0f} s (last: {seen})"
                 break
-            time.sleep(1.0)
+            time.sleep(next(waits))

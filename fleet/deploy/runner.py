@@ -3,12 +3,12 @@
 Order: validate every selected host's data and plan (errors for all hosts at once, before any
 host is touched); connect (strict host keys, as the inventory says); skip the hosts drained for
 maintenance (``fleet drain``'s marker on the host, ``fleet.facts.drain``: reported ``skipped``,
-which is no failure); probe each host's GPUs
-(the ``NvmlProbe`` fact, once per host) and plan it from what it has (``fleet.plan.gpu_source``:
-an inventory ``gpu`` entry the probe contradicts refuses the host before anything is written; a
-host whose NVML does not answer yet and has no entry waits: its units are rendered once the
-driver answers, later in the same run when this run's release or reboot brings it, else by the
-next deploy); prepare the operations
+which is no failure); probe the GPUs of each host not drained (the ``NvmlProbe`` fact, once per
+host, in the same command as the marker: ``fleet.facts.drain.UnlessDrained``) and plan it from
+what it has (``fleet.plan.gpu_source``: an inventory ``gpu`` entry the probe contradicts refuses
+the host before anything is written; a host whose NVML does not answer yet and has no entry
+waits: its units are rendered once the driver answers, later in the same run when this run's
+release or reboot brings it, else by the next deploy); prepare the operations
 (pyinfra runs each generator up to its first command: that is ``--dry``'s answer, per host and
 operation); execute in pyinfra's lock-step mode; stage each host's model where the inventory names
 a ``model_source`` (``fleet.deploy.staging``: copied, verified against the source's manifest,
@@ -70,8 +70,10 @@ from fleet.deploy.preflight import run_preflight
 from fleet.deploy.reboot import reboot as reboot_host
 from fleet.errors import FleetError, ModelConfigError
 from fleet.escape import ssh_command
-from fleet.facts.drain import Drained, DrainMarker
+from fleet.facts.batch import NO_ANSWER, BatchAnswer, FactRequest, answer_of
+from fleet.facts.drain import DrainMarker, MarkerOrBatch, UnlessDrained
 from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
 from fleet.facts.packages import RebootRequired
 from fleet.facts.revisions import InstanceRevisionsAsRoot
 from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, run_command, run_fact_on_hosts
@@ -262,17 +264,22 @@ class ProbePlans:
         return [*self.waiting, *(n for n, p in self.plans.items() if p.gpus_source != "probe")]
 
 
-def _probe_plans(state: State, hosts: list[Host], loaded: LoadedInventory, ignored: Collection[str] = ()) -> ProbePlans:
+def _probe_plans(
+    state: State, hosts: list[Host], loaded: LoadedInventory, ignored: Collection[str] = (),
+    first: Mapping[str, MarkerOrBatch | None] | None = None,
+) -> ProbePlans:  # fmt: skip
     """Probe the hosts' GPUs, all at once (the ``NvmlProbe`` fact, which the deploy's operations
-    then read without a second round trip), and plan each from what it has (the fleet plan); then
-    the audit's gate (``fleet.audit.gate``, as a deploy: findings it fixes itself never refuse)
-    over the same probes and watcher records refuses a host with a critical finding, unless
-    ``ignored`` names its rule."""
+    then read without a second round trip; ``first``: what the first round already read, see
+    :func:`_first_round`), and plan each from what it has (the fleet plan); then the audit's gate
+    (``fleet.audit.gate``, as a deploy: findings it fixes itself never refuse) over the same
+    probes and watcher records refuses a host with a critical finding, unless ``ignored`` names
+    its rule."""
     import gevent
 
+    read = first or {}
     with ctx_state.use(state):
-        greenlets = [gevent.spawn(host_deploy.probe, h) for h in hosts]
-        watched = [gevent.spawn(h.get_fact, GpuWatchState) for h in hosts]  # quarantined GPUs
+        greenlets = [gevent.spawn(_probe_of, h, read.get(h.name)) for h in hosts]
+        watched = [gevent.spawn(_watch_of, h, read.get(h.name)) for h in hosts]  # quarantined GPUs
         gevent.joinall(greenlets + watched)
     probes = {h.name: g.get() for h, g in zip(hosts, greenlets, strict=True)}
     held = {h.name: quarantine_of(g.value) for h, g in zip(hosts, watched, strict=True) if g.successful()}
@@ -476,16 +483,17 @@ def deploy(
             for h in active:
                 results[h.name] = HostResult(h.name, "stopped", error="not deployed: the deploy stopped")
             return finish(budget.message())
-        for name, marker in _drained(state, active).items():
+        progress(f"reading the drain markers of {len(active)} host(s), probing the GPUs of those not drained")
+        for h in active:
+            step(h.name, "drain marker, probing GPUs")
+        first = _first_round(state, active)
+        for name, marker in _drained(first).items():
             results[name] = HostResult(name, "skipped", note=f"{marker.describe()}; `fleet undrain` puts it back")
             step(name, "skipped: drained")
         active = [h for h in active if h.name not in results]
         if not active:
             return finish()
-        progress(f"probing the GPUs of {len(active)} host(s)")
-        for h in active:
-            step(h.name, "probing GPUs")
-        probed = _probe_plans(state, active, loaded, ignore_findings)
+        probed = _probe_plans(state, active, loaded, ignore_findings, first)
         plans.update(probed.plans)
         waiting, unprobed = probed.waiting, probed.unprobed
         for name, why in probed.refused.items():
@@ -1236,23 +1244,63 @@ def _unit_states_now(state: State, hosts: list[Host], plans: dict[str, HostPlan]
     return {h.name: a for h, g in zip(hosts, greenlets, strict=True) if (a := g.get()) is not None}
 
 
-def _drained(state: State, hosts: list[Host]) -> dict[str, DrainMarker]:
-    """The drain marker of every host that has one (``fleet drain``), read through the deploy's own
-    connections, all at once. A host that cannot be asked is not taken for drained here: the step
-    that needs it reports it."""
+#: what the first round reads on a host that is not drained (``_first_round``): the NVML probe
+#: and the GPU watcher's record, the index of each its place here
+FIRST_ROUND = (FactRequest(NvmlProbe), FactRequest(GpuWatchState))
+
+
+def _first_round(state: State, hosts: list[Host]) -> dict[str, MarkerOrBatch | None]:
+    """Each host's drain marker (``fleet drain``) and, only on a host that has none, its NVML probe
+    and GPU watcher record (:data:`FIRST_ROUND`): one command per host
+    (``fleet.facts.drain.UnlessDrained``), through the deploy's own connections, all at once. A
+    drained host is not probed: it is often drained because a GPU is broken, and a broken GPU can
+    hang NVML. None: the host could not be asked; it is not taken for drained here (the step that
+    needs it reports it), and what it did not answer is read on its own (:func:`_probe_of`,
+    :func:`_watch_of`)."""
     import gevent
 
-    def read(h: Host) -> DrainMarker | None:
+    commands = [r.shell() for r in FIRST_ROUND]
+
+    def read(h: Host) -> MarkerOrBatch | None:
         try:
-            marker = h.get_fact(Drained)
+            answer = h.get_fact(UnlessDrained, commands=commands)
         except (FleetError, PyinfraError, paramiko.SSHException, OSError, EOFError):
             return None
-        return marker if isinstance(marker, DrainMarker) else None
+        return answer if isinstance(answer, MarkerOrBatch) else None
 
     with ctx_state.use(state):
         greenlets = [gevent.spawn(read, h) for h in hosts]
         gevent.joinall(greenlets)
-    return {h.name: m for h, g in zip(hosts, greenlets, strict=True) if (m := g.get()) is not None}
+    return {h.name: g.get() for h, g in zip(hosts, greenlets, strict=True)}
+
+
+def _drained(first: Mapping[str, MarkerOrBatch | None]) -> dict[str, DrainMarker]:
+    """The drain marker of every host that has one, from the first round (pure)."""
+    return {name: a.marker for name, a in first.items() if a is not None and a.marker is not None}
+
+
+def _batched(first: MarkerOrBatch | None, index: int) -> Any:
+    """The first round's value of ``FIRST_ROUND[index]``, or ``NO_ANSWER``: read it on its own."""
+    answer: BatchAnswer | None = first.answers.get(index) if first is not None else None
+    return answer_of(FIRST_ROUND[index], answer) if answer is not None else NO_ANSWER
+
+
+def _probe_of(h: Host, first: MarkerOrBatch | None) -> HostFacts | str:
+    """The host's NVML probe: the first round's answer, else read on its own (``host_deploy.probe``)."""
+    if first is None or 0 not in first.answers:
+        return host_deploy.probe(h)
+
+    def read() -> HostFacts | None:
+        value = _batched(first, 0)
+        return h.get_fact(NvmlProbe) if value is NO_ANSWER else value
+
+    return host_deploy.remember_probe(h, read)
+
+
+def _watch_of(h: Host, first: MarkerOrBatch | None) -> WatchState:
+    """The host's GPU watcher record: the first round's answer, else read on its own."""
+    value = _batched(first, 1)
+    return h.get_fact(GpuWatchState) if value is NO_ANSWER else value
 
 
 def _check_serving(

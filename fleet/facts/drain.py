@@ -31,12 +31,15 @@ from typing import Any
 from pyinfra.api.facts import FactBase
 from typing_extensions import override
 
+from fleet.facts.batch import BatchAnswer, FactBatch
 from fleet.facts.runner import HostUnreachable, SshTarget, run_fact_on_hosts
 
 #: The marker's path on a host (fleet's state directory on the host).
 MARKER_PATH = "/var/lib/fleet/drained.json"
 #: the fact's first line when the host has a marker
 MARKER_PRESENT = "FLEET-DRAINED"
+#: :class:`UnlessDrained`'s first line when the host has none (the batch's answers follow)
+NOT_DRAINED = "FLEET-NOT-DRAINED"
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,43 @@ class Drained(FactBase[DrainMarker | None]):
     @override
     def process(self, output: list[str]) -> DrainMarker | None:
         return parse_marker(output)
+
+
+@dataclass(frozen=True)
+class MarkerOrBatch:
+    """:class:`UnlessDrained`'s answer: the host's marker (then nothing else ran), or, on a host
+    that has none, the answers of the batch (``fleet.facts.batch.FactBatch``: index -> answer)."""
+
+    marker: DrainMarker | None
+    answers: Mapping[int, BatchAnswer] = field(default_factory=dict)
+
+
+class UnlessDrained(FactBase[MarkerOrBatch | None]):
+    """
+    The host's drain marker and, only on a host that has none, a batch of fact commands, in one
+    round trip: a drained host runs none of them (a host is often drained because a GPU is broken,
+    and a broken GPU can hang NVML, so a deploy must not probe it). The marker is read as the
+    :class:`Drained` fact reads it (the same command): when that command fails, so does this one,
+    with its status and output (nothing else ran). None: no output.
+
+    + commands: the facts' shell commands (``fleet.facts.batch.FactRequest.shell``)
+    + path: the marker's path
+    """
+
+    @override
+    def command(self, commands: Sequence[str], path: str = MARKER_PATH) -> str:
+        return (
+            f"m=$({marker_command(path)}); r=$?\n"
+            'if [ "$r" != 0 ] || [ -n "$m" ]; then [ -z "$m" ] || printf \'%s\\n\' "$m"; exit "$r"; fi\n'
+            f"echo {NOT_DRAINED}\n{FactBatch().command(commands)}"
+        )
+
+    @override
+    def process(self, output: list[str]) -> MarkerOrBatch | None:
+        if output and output[0] == NOT_DRAINED:
+            return MarkerOrBatch(None, FactBatch().process(output[1:]))
+        marker = parse_marker(output)
+        return MarkerOrBatch(marker) if marker is not None else None
 
 
 MarkerAnswer = DrainMarker | None | HostUnreachable

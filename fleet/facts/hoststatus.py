@@ -20,7 +20,7 @@ from typing_extensions import override
 from fleet.errors import FleetError
 from fleet.facts.hostfacts import HostFacts, parse_probe_output
 from fleet.facts.hub import HubListing, listing_command, parse_listing
-from fleet.facts.nvml import probe_command
+from fleet.facts.nvml import CODE_CACHE, probe_command
 from fleet.facts.output import answer_line
 from fleet.facts.units import DEFAULT_ROOT, UnitsDict, process_units, units_command
 
@@ -81,7 +81,7 @@ class HostStatusProbe(FactBase[HostStatus]):
 
     @override
     def command(self, root: str = DEFAULT_ROOT, python: str | None = None, hub: str | None = None) -> str:
-        command = f"{{ {units_command(root)}; }}; echo {SEPARATOR}; {probe_command(python)}"
+        command = f"{{ {units_command(root)}; }}; echo {SEPARATOR}; {probe_command(python, CODE_CACHE)}"
         if hub is None:
             return command
         listing = listing_command(hub, revisions="", units="", errors_to_stdout=True)

@@ -14,7 +14,7 @@ not refused: its units wait for the driver (``vllm_units`` renders nothing for i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary, WeakSet
 
@@ -61,13 +61,22 @@ def probe(target: Host | None = None) -> HostFacts | str:
     h: Host = target if target is not None else ctx_host.get()  # type: ignore[no-untyped-call]
     answer = _PROBES.get(h)
     if answer is None:
-        try:
-            facts = h.get_fact(NvmlProbe)
-        except FleetError as exc:  # ProbeOutputError: an answer this fleet does not understand
-            answer = f"the probe's output was not understood: {exc}"
-        else:  # pyinfra gives the fact's default (None) when its command could not run
-            answer = facts if facts is not None else "the probe could not run on the host"
-        _PROBES[h] = answer
+        answer = remember_probe(h, lambda: h.get_fact(NvmlProbe))
+    return answer
+
+
+def remember_probe(h: Host, read: Callable[[], HostFacts | None]) -> HostFacts | str:
+    """The probe's answer as ``read`` gives the ``NvmlProbe`` fact's value (pyinfra's
+    ``get_fact``, or the deploy's first round, ``fleet.facts.drain.UnlessDrained``), kept as
+    :func:`probe`'s answer for the host. A string: why there is no answer."""
+    answer: HostFacts | str
+    try:
+        facts = read()
+    except FleetError as exc:  # ProbeOutputError: an answer this fleet does not understand
+        answer = f"the probe's output was not understood: {exc}"
+    else:  # pyinfra gives the fact's default (None) when its command could not run
+        answer = facts if facts is not None else "the probe could not run on the host"
+    _PROBES[h] = answer
     return answer
 
 

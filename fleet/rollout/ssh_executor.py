@@ -55,7 +55,7 @@ from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts import sshlink
 from fleet.facts.hostfacts import parse_probe_output
-from fleet.facts.nvml import probe_command
+from fleet.facts.nvml import CODE_CACHE, probe_command
 from fleet.facts.releases import MARKER, main_exe_sh, release_of, running_release
 from fleet.facts.runner import DEFAULT_TIMEOUT, HostUnreachable, SshTarget, fact_answer
 from fleet.facts.systemctl_show import show_properties, shown_unit
@@ -520,7 +520,9 @@ class SshExecutor:
         s = self.spec(ref)
         python = f"{self.root}/current/bin/python"
         rc, out, err = self._conns[ref.host].run(
-            ssh_command(["sudo", "-n", "sh", "-c", probe_command(python)]), self.ssh_timeout_s, label="the NVML probe"
+            ssh_command(["sudo", "-n", "sh", "-c", probe_command(python, CODE_CACHE)]),
+            self.ssh_timeout_s,
+            label="the NVML probe",
         )
         if rc != 0:
             raise ExecutorError(f"host {ref.host}: the NVML probe exited {rc}: {err.strip()[-300:]}")

@@ -14,7 +14,20 @@ from typing import Any
 
 import pytest
 
-from fleet.facts.drain import MARKER_PATH, Drained, DrainMarker, marker_command, parse_marker
+from fleet.facts.batch import FactRequest, answer_of
+from fleet.facts.drain import (
+    MARKER_PATH,
+    NOT_DRAINED,
+    Drained,
+    DrainMarker,
+    MarkerOrBatch,
+    UnlessDrained,
+    marker_command,
+    parse_marker,
+)
+from fleet.facts.hostfacts import HostFacts
+from fleet.facts.nvml import NvmlProbe
+from fleet.gpuwatch.state import GpuWatchState, WatchState
 from fleet.inventory.schema import DRAIN_REASON_RULE, drain_reason
 from fleet.lb.runtime import AdminState, ServerView
 from fleet.monitor.status import Health, InstanceStatus, State, UnitFacts, attach_host_state, state_of, status_data
@@ -75,6 +88,117 @@ def test_the_fact_reads_the_file_fleet_writes(tmp_path: Path) -> None:
     path.unlink()
     out = subprocess.run(argv[2:], capture_output=True, text=True, check=True).stdout
     assert out == "" and Drained().process([]) is None
+
+
+def _write_marker(path: Path) -> None:
+    command = write_command(str(path), MARKER.to_json().encode(), 0o600, str(os.getuid()), str(os.getgid()))
+    stdin = str(command.connector_arguments.get("_stdin"))
+    subprocess.run(command.get_raw_value(), shell=True, input=stdin, text=True, check=True)
+
+
+def _shim(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def local_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """pyinfra's ``@local`` host, with ``sudo`` on the PATH: this machine has none (and the tests
+    run as the user the marker belongs to), so ``sudo -n CMD`` runs CMD."""
+    from pyinfra.api.config import Config
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.inventory import Inventory
+    from pyinfra.api.state import State as PyinfraState
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if not any(Path(d, "sudo").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
+        _shim(bin_dir / "sudo", '[ "$1" = -n ] && shift\nexec "$@"')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    inventory = Inventory((["@local"], {}))
+    state = PyinfraState(inventory, Config())  # type: ignore[no-untyped-call]
+    connect_all(state)
+    yield state, inventory.get_host("@local"), bin_dir
+    for h in inventory:
+        h.disconnect()  # type: ignore[no-untyped-call]
+
+
+def test_the_first_round_never_probes_a_drained_host_and_reads_the_rest_as_on_their_own(
+    local_host: Any, tmp_path: Path
+) -> None:
+    """The deploy's first round (``fleet.deploy.runner._first_round``: ``UnlessDrained`` over the
+    NVML probe and the GPU watcher record) through pyinfra's ``get_fact`` in a real shell: with a
+    marker, the marker and nothing else (the probe's Python never starts); without one, the
+    probe and the record, each the value the fact read on its own gives."""
+    from pyinfra.api.facts import get_fact
+
+    state, host, bin_dir = local_host
+    probed = tmp_path / "probed"
+    python = _shim(bin_dir / "probe-python", f'echo run >> {shlex.quote(str(probed))}\nexec {sys.executable} "$@"')
+    requests = [
+        FactRequest(NvmlProbe, {"python": python, "code_cache": None}),
+        FactRequest(GpuWatchState, {"state_dir": str(tmp_path / "watch")}),
+    ]
+    commands = [r.shell() for r in requests]
+    path = tmp_path / "state" / "drained.json"
+    _write_marker(path)
+
+    answer = get_fact(state, host, UnlessDrained, kwargs={"commands": commands, "path": str(path)})
+    assert answer == MarkerOrBatch(MARKER)
+    assert not probed.exists()  # drained: the probe did not run
+
+    path.unlink()
+    answer = get_fact(state, host, UnlessDrained, kwargs={"commands": commands, "path": str(path)})
+    assert isinstance(answer, MarkerOrBatch) and answer.marker is None and sorted(answer.answers) == [0, 1]
+    assert probed.read_text() == "run\n"
+    probe = answer_of(requests[0], answer.answers[0])
+    assert isinstance(probe, HostFacts) and probe.pynvml is not None and probe.pynvml.startswith("fleet:")
+    alone = get_fact(state, host, NvmlProbe, kwargs=dict(requests[0].kwargs))
+    assert isinstance(alone, HostFacts) and (probe.status, probe.gpus, probe.pynvml) == (
+        alone.status, alone.gpus, alone.pynvml,
+    )  # fmt: skip
+    watch = answer_of(requests[1], answer.answers[1])
+    assert isinstance(watch, WatchState) and watch.status == "none"
+    assert watch == get_fact(state, host, GpuWatchState, kwargs=dict(requests[1].kwargs))
+    assert state.failed_hosts == set()
+
+
+def test_a_marker_that_cannot_be_read_fails_the_first_round_as_the_marker_fact_and_runs_nothing(
+    tmp_path: Path,
+) -> None:
+    """When the marker's command fails (here: no ``sudo`` at all), so does ``UnlessDrained``, with
+    its status and nothing after it: the deploy then takes the host for not drained, as it took
+    a failed ``Drained`` read, and reads its probe on its own."""
+    ran = tmp_path / "ran"
+    command = UnlessDrained().command([f": > {shlex.quote(str(ran))}"], str(tmp_path / "drained.json"))
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env={"PATH": str(tmp_path)},
+                          check=False)  # fmt: skip
+    alone = subprocess.run(["/bin/sh", "-c", marker_command(str(tmp_path / "drained.json"))], capture_output=True,
+                           text=True, env={"PATH": str(tmp_path)}, check=False)  # fmt: skip
+    assert done.returncode == alone.returncode != 0
+    assert done.stdout == alone.stdout == ""
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize(
+    ("lines", "expect"),
+    [
+        ([], None),
+        (["FLEET-DRAINED", MARKER.to_json()], MarkerOrBatch(MARKER)),
+        ([NOT_DRAINED], MarkerOrBatch(None, {})),
+        (["something else"], None),
+    ],
+)
+def test_unless_drained_process(lines: list[str], expect: MarkerOrBatch | None) -> None:
+    assert UnlessDrained().process(lines) == expect
+
+
+def test_the_deploys_first_round_reads_the_probe_and_the_watcher_record() -> None:
+    from fleet.deploy.runner import FIRST_ROUND, _drained
+
+    assert [r.fact for r in FIRST_ROUND] == [NvmlProbe, GpuWatchState]
+    assert _drained({"a": MarkerOrBatch(MARKER), "b": MarkerOrBatch(None, {}), "c": None}) == {"a": MARKER}
 
 
 def test_marker_for_people_and_json() -> None:

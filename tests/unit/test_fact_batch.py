@@ -241,3 +241,34 @@ def test_the_remembered_connector_arguments_follow_the_operation_and_the_call(lo
             seen.add(executor)
     host.current_op_global_arguments = None
     assert len(seen) >= 4  # sudo, sudo as vllm, another shell, none: each its own key
+
+
+def test_pyinfras_global_arguments_are_resolved_once(local: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a deploy's fact cache is installed, pyinfra's ``pop_global_arguments`` (each operation
+    of each host, each ``add_deploy``) and ``_handle_fact_kwargs`` (each fact read) no longer
+    resolve ``AllArguments``' annotations each time; what they get is what pyinfra computed."""
+    import typing
+
+    import pyinfra.api.arguments
+    import pyinfra.api.facts
+    from pyinfra.api.arguments import AllArguments, pop_global_arguments
+
+    state, host = local
+    factcache.install(state, [host], lambda _h: [])
+    expected = list(typing.get_type_hints(AllArguments).items())
+    calls = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return typing.get_type_hints(*args, **kwargs)
+
+    monkeypatch.setattr(pyinfra.api.arguments, "get_type_hints", counted)
+    for _ in range(5):
+        arguments, _found = pop_global_arguments(state, host, {"_sudo": True})
+        assert arguments["_sudo"] is True
+    assert calls == []
+    for lookup in (pyinfra.api.arguments.all_global_arguments, pyinfra.api.facts.all_global_arguments):
+        got = lookup()
+        assert got == expected and got is not lookup()  # a new list each time, as pyinfra's
+    assert pyinfra_get_fact(state, host, Arch) == subprocess.run(["uname", "-m"], capture_output=True, text=True,
+                                                                check=True).stdout.strip()  # fmt: skip

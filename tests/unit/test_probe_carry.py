@@ -13,15 +13,19 @@ import base64
 import glob
 import hashlib
 import json
+import marshal
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -298,3 +302,131 @@ def test_judging_a_recorded_output_off_line(tmp_path: Path, capsys: pytest.Captu
     )
     assert main([str(out), "--count", "8"]) == 1  # gpu-missing is critical
     assert "gpu-missing" in capsys.readouterr().out
+
+
+# ---- the code cache (root's own: fleet.facts.nvml, "The code cache") -------------------------------
+
+
+@pytest.fixture
+def root_dir() -> Iterator[Path]:
+    """A directory whose every parent is root's own and writable by no one else (the cache is
+    used only in such a place, and only by root): under /run, removed after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("the probe's code cache is root's: run as root (as the lab tests are)")
+    path = Path(tempfile.mkdtemp(prefix="fleet-code-cache-", dir="/run"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def _entry(cache: Path, program: str, name: str, python: str) -> Path:
+    """The cache's file for the carried text ``name`` (``PYNVML``, ``PROBE``) under ``python``."""
+    values = constants(program)
+    origin = str(values["PYNVML_ORIGIN"] if name == "PYNVML" else values["PROGRAM_NAME"])
+    asked = "import importlib.util, sys; print(importlib.util.MAGIC_NUMBER.hex(), sys.implementation.cache_tag)"
+    magic, tag = subprocess.run([python, "-c", asked], capture_output=True, text=True, check=True).stdout.split()
+    key = hashlib.sha256(bytes.fromhex(magic) + origin.encode() + b"\0" + str(values[name]).encode()).hexdigest()
+    return cache / f"{tag}-{key}"
+
+
+def _whole(path: Path) -> bytes:
+    """The entry's code (marshal), checked against the sha256 in front of it."""
+    data = path.read_bytes()
+    assert hashlib.sha256(data[32:]).digest() == data[:32]
+    return data[32:]
+
+
+def _plant(path: Path, source: str, origin: str) -> None:
+    """A whole entry of root's holding ``source`` compiled by this Python (as the loader writes one)."""
+    code = marshal.dumps(compile(source, origin, "exec"))
+    path.write_bytes(hashlib.sha256(code).digest() + code)
+    path.chmod(0o600)
+
+
+CACHED = 'import json, sys\nsys.stdout.write(json.dumps({"schema": 1, "status": "from-the-cache"}) + "\\n")\n'
+
+
+def test_a_probe_run_as_root_keeps_what_it_compiled_and_uses_only_whole_entries_of_roots(
+    root_dir: Path, nvml: dict[str, str]
+) -> None:
+    """The first run compiles and keeps pynvml and the probe script (files 0600 in directories
+    0700 it creates); the next loads them: an entry planted there runs instead of the script. An
+    entry that is not root's own (readable by others, another owner, a link), not whole, or in a
+    directory others can write is not used: the probe compiles the carried text and answers as
+    before (and writes the entry anew, except in the directory it does not trust)."""
+    cache = root_dir / "fleet" / "probe-code"
+    python = sys.executable
+    command = probe_command(python, str(cache))
+    program = probe_program(str(cache))
+    first = run(command, env=nvml)
+    assert first["status"] == "ok" and first["pynvml"] == carried_pynvml().origin, first
+    for folder in (root_dir / "fleet", cache):
+        assert (folder.stat().st_mode & 0o777, folder.stat().st_uid) == (0o700, 0)
+    pynvml_entry, script = _entry(cache, program, "PYNVML", python), _entry(cache, program, "PROBE", python)
+    assert sorted(cache.iterdir()) == sorted([pynvml_entry, script])
+    for entry, origin in ((pynvml_entry, carried_pynvml().origin), (script, "fleet-nvml-probe")):
+        assert (entry.stat().st_mode & 0o777, entry.stat().st_uid) == (0o600, 0)
+        assert marshal.loads(_whole(entry)).co_filename == origin
+    kept = _whole(script)
+    assert run(command, env=nvml) == first  # from the cache: the same answer
+
+    _plant(script, CACHED, "fleet-nvml-probe")
+    assert run(command, env=nvml)["status"] == "from-the-cache"  # the entry is what runs
+
+    def untrusted(change: Any) -> None:
+        _plant(script, CACHED, "fleet-nvml-probe")
+        change()
+        assert run(command, env=nvml) == first
+        assert not script.is_symlink() and _whole(script) == kept  # written anew
+        assert (script.stat().st_mode & 0o777, script.stat().st_uid) == (0o600, 0)
+
+    untrusted(lambda: script.chmod(0o640))
+    untrusted(lambda: os.chown(script, 65534, 65534))
+    untrusted(
+        lambda: script.write_bytes(script.read_bytes()[:-1] + bytes([script.read_bytes()[-1] ^ 0xFF]))
+    )  # not whole
+
+    def link() -> None:
+        elsewhere = root_dir / "elsewhere"
+        os.replace(script, elsewhere)
+        script.symlink_to(elsewhere)
+
+    untrusted(link)
+    _plant(script, CACHED, "fleet-nvml-probe")
+    cache.chmod(0o777)
+    assert run(command, env=nvml) == first  # not used, and not written: the directory is not root's own
+    assert _whole(script) != kept
+
+
+def test_a_probe_not_run_as_root_neither_reads_nor_writes_the_cache(root_dir: Path) -> None:
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux) to run the probe as another user")
+    cache = root_dir / "cache"
+    cache.mkdir(mode=0o755)
+    root_dir.chmod(0o755)
+    python = "/usr/bin/python3"
+    program = probe_program(str(cache))
+    _plant(_entry(cache, program, "PROBE", python), CACHED, "fleet-nvml-probe")
+
+    def as_nobody(command: str) -> dict[str, object]:
+        return run(f"setpriv --reuid=65534 --regid=65534 --clear-groups sh -c {shlex.quote(command)}")
+
+    answer = as_nobody(probe_command(python, str(cache)))
+    assert answer["status"] != "from-the-cache" and answer["pynvml"] == carried_pynvml().origin, answer
+    assert answer == as_nobody(probe_command(python))  # as without the cache
+    assert len(list(cache.iterdir())) == 1  # nothing written
+
+
+@pytest.mark.parametrize("version", ["3.6", "3.11", "3.13"])
+def test_the_cache_on_the_oldest_and_newest_pythons(
+    version: str, root_dir: Path, nvml: dict[str, str], reference: dict[str, object]
+) -> None:
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    command = probe_command(python, str(root_dir / "cache"))
+    for _ in range(2):  # compiled and kept, then loaded
+        assert _without_python(run(command, env=nvml)) == reference
+    program = probe_program(str(root_dir / "cache"))
+    assert _entry(root_dir / "cache", program, "PYNVML", python).is_file()
