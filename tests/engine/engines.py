@@ -403,8 +403,17 @@ class RealEngine(Engine):
 
 
 def real_cache_root() -> Path:
-    """The real engine's ``VLLM_CACHE_ROOT`` here: one per machine (its compile and registry caches)."""
-    return Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "vllm")
+    """The real engine's ``VLLM_CACHE_ROOT`` here: one per machine (its compile and registry caches),
+    ``$VLLM_CACHE_ROOT`` where that is set.
+
+    Not vLLM's default ``~/.cache/vllm``: the oracle's vLLM 0.33.0 (``tests/oracle``) uses that one,
+    and the two releases write the same model-registry entry
+    (``modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json``) under the same hash
+    (``llama.py`` is the same file in both) with different fields (0.33.0's ``_ModelInfo`` has
+    ``supports_lora`` and ``supports_kv_cache_grouping``, 0.32.0's ``supports_mamba_prefix_caching``):
+    each release's entry fails to load in the other (``_load_modelinfo_from_cache``), so a real start
+    after an oracle test inspected the model again (19-57 s), and the other way round."""
+    return Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "fleet" / "vllm-cpu")
 
 
 #: vLLM's own model-registry inspection of one architecture (``sys.argv[1]``), which reads its cache

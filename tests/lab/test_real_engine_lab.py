@@ -105,7 +105,7 @@ def real_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LabFlee
         rc, _out, err = on_host(lab, cache_seed_command(seed))
         assert rc == 0, err
         paths = " ".join(f"{VLLM_CACHE}/{name}" for name in seed)
-        rc, out, err = on_host(lab, f"stat -c '%n %i %U:%G' {paths}")
+        rc, out, err = on_host(lab, f"sudo -n stat -c '%n %i %U:%G' {paths}")
         assert rc == 0, err
         SEEDED.update((line.split()[0], " ".join(line.split()[1:])) for line in out.splitlines())
         t0 = time.monotonic()
@@ -154,12 +154,16 @@ def test_the_seeded_model_registry_cache_was_read_not_remade(real_lab: tuple[Lab
     cache stays the unit's: the service user owns it and the unit wrote its compile cache there."""
     lab, _url = real_lab
     assert SEEDED, "the fixture seeded nothing"
-    rc, out, err = on_host(lab, f"stat -c '%n %i %U:%G' {' '.join(SEEDED)}")
+    rc, out, err = on_host(lab, f"sudo -n stat -c '%n %i %U:%G' {' '.join(SEEDED)}")
     assert rc == 0, err
     now = {line.split()[0]: " ".join(line.split()[1:]) for line in out.splitlines()}
     assert now == SEEDED and all(v.endswith(" vllm:vllm") for v in now.values()), (SEEDED, now)
-    rc, out, err = on_host(lab, f"stat -c '%U:%G' {VLLM_CACHE} {VLLM_CACHE}/torch_compile_cache")
+    rc, out, err = on_host(lab, f"sudo -n stat -c '%U:%G' {VLLM_CACHE} {VLLM_CACHE}/torch_compile_cache")
     assert rc == 0 and out.split() == ["vllm:vllm", "vllm:vllm"], (out, err)
+    # for the record (-s): the first start's lines around the lookup (a miss adds the inspection between them)
+    lines = "API server version|Resolved architecture|Initializing a V1"
+    _rc, out, _err = on_host(lab, f"sudo -n journalctl -u fleet-vllm-0 --no-pager -o cat | grep -m3 -E '{lines}'")
+    print("\n" + out)
 
 
 def test_status_shows_it_ready_on_the_cpu_builds_release(real_lab: tuple[LabFleet, str]) -> None:
