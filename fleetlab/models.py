@@ -71,13 +71,6 @@ def cache_seed_command(files: Mapping[str, bytes]) -> str:
     return " && ".join(steps)
 
 
-def seed_vllm_cache(client: paramiko.SSHClient, host: str, files: Mapping[str, bytes]) -> None:
-    """:func:`cache_seed_command` on one host (idempotent); ``LabError`` names the host and what failed."""
-    rc, _out, err = ssh.run(client, cache_seed_command(files), timeout=60)
-    if rc != 0:
-        raise LabError(f"{host}: seeding the vLLM cache {VLLM_CACHE} failed: {err.strip()[-500:]}")
-
-
 def staging_command(model: str) -> str:
     """The shell command (run as the login user, with sudo) that stages ``model``'s config.json."""
     config = BUNDLED_MODELS / model / "config.json"

@@ -9,8 +9,8 @@ nothing is mounted under the directory before it asks for the removal, so nothin
 filesystem: the lab's own path is free at once, and never holds a half-deleted tree) and starts
 ``rm -rf --one-file-system`` on that in a process of its own. :meth:`BackgroundRemoval.wait` waits
 for every one and says what is still there; whoever started them calls it before it ends (the
-tests: ``pytest_sessionfinish`` in ``tests/lab/conftest.py``). The ``rm`` is not in this process's
-process group's way: should the caller die first, it still runs to the end.
+tests: ``pytest_sessionfinish`` in ``tests/lab/conftest.py``). The ``rm`` runs in a session of its
+own: should the caller be killed first, it still runs to the end.
 """
 
 from __future__ import annotations
