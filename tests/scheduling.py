@@ -110,7 +110,7 @@ def refreshed(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/test-seconds", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="scripts/test-seconds", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("report", type=Path, help="a JUnit XML report (pytest --junitxml=FILE)")
     parser.add_argument("--table", type=Path, default=TABLE, help=f"the table to rewrite (default {TABLE})")
     parser.add_argument("--min-seconds", type=float, default=MIN_SECONDS, help="files shorter are left out")
