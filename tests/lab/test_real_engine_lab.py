@@ -161,7 +161,7 @@ def test_the_seeded_model_registry_cache_was_read_not_remade(real_lab: tuple[Lab
     rc, out, err = on_host(lab, f"sudo -n stat -c '%U:%G' {VLLM_CACHE} {VLLM_CACHE}/torch_compile_cache")
     assert rc == 0 and out.split() == ["vllm:vllm", "vllm:vllm"], (out, err)
     # for the record (-s): the first start's lines around the lookup (a miss adds the inspection between them)
-    lines = "API server version|Resolved architecture|Initializing a V1"
+    lines = "version 0|Resolved architecture|Initializing a V1"
     _rc, out, _err = on_host(lab, f"sudo -n journalctl -u fleet-vllm-0 --no-pager -o cat | grep -m3 -E '{lines}'")
     print("\n" + out)
 
