@@ -389,9 +389,15 @@ def restart_host(
 
 
 def down(
-    name: str = DEFAULT_LAB_NAME, state_root: Path = DEFAULT_STATE_ROOT, progress: Progress = lambda _m: None
+    name: str = DEFAULT_LAB_NAME,
+    state_root: Path = DEFAULT_STATE_ROOT,
+    progress: Progress = lambda _m: None,
+    remove: Callable[[Path], None] = shutil.rmtree,
 ) -> list[str]:
-    """Stop every host of the lab and remove what ``up`` made; return the hosts stopped."""
+    """Stop every host of the lab and remove what ``up`` made; return the hosts stopped.
+
+    ``remove`` deletes the lab's directory once its hosts are down and nothing is mounted under it
+    (``fleetlab.removal.BackgroundRemoval``: renamed aside at once, deleted while the caller goes on)."""
     lab = LabDir(name, state_root)
     if not lab.root.exists():
         return []
@@ -414,7 +420,7 @@ def down(
     left = mounts_under(lab.root)
     if left:
         raise LabError(f"not removing {lab.root}: still mounted: {', '.join(map(str, left))}")
-    shutil.rmtree(lab.root)
+    remove(lab.root)
     return stopped
 
 

@@ -28,6 +28,7 @@ from types import FrameType
 import pytest
 
 from fleetlab import netguard
+from tests import scheduling
 
 _GUARD = pytest.StashKey[netguard.Guard]()
 _WHY_NOT = pytest.StashKey[str]()
@@ -59,6 +60,13 @@ GEVENT_PATCHED = (
 def _gevent_patched() -> bool:
     monkey = sys.modules.get("gevent.monkey")
     return monkey is not None and bool(monkey.is_anything_patched())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first (``tests/scheduling.py``: the measured seconds in
+    ``tests/file_seconds.json``), the rest in collection order, each file's tests in their order."""
+    order = scheduling.lpt_order([scheduling.file_of(item.nodeid) for item in items], scheduling.load_table())
+    items[:] = [items[i] for i in order]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -398,8 +398,58 @@ class RealEngine(Engine):
             "VLLM_HOST_IP": "127.0.0.1",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
-            "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT") or str(Path.home() / ".cache" / "vllm"),
+            "VLLM_CACHE_ROOT": str(real_cache_root()),
         }
+
+
+def real_cache_root() -> Path:
+    """The real engine's ``VLLM_CACHE_ROOT`` here: one per machine (its compile and registry caches),
+    ``$VLLM_CACHE_ROOT`` where that is set.
+
+    Not vLLM's default ``~/.cache/vllm``: the oracle's vLLM 0.33.0 (``tests/oracle``) uses that one,
+    and the two releases write the same model-registry entry
+    (``modelinfos/vllm-model_executor-models-llama-LlamaForCausalLM.json``) under the same hash
+    (``llama.py`` is the same file in both) with different fields (0.33.0's ``_ModelInfo`` has
+    ``supports_lora`` and ``supports_kv_cache_grouping``, 0.32.0's ``supports_mamba_prefix_caching``):
+    each release's entry fails to load in the other (``_load_modelinfo_from_cache``), so a real start
+    after an oracle test inspected the model again (19-57 s), and the other way round."""
+    return Path(os.environ.get("VLLM_CACHE_ROOT") or Path.home() / ".cache" / "fleet" / "vllm-cpu")
+
+
+#: vLLM's own model-registry inspection of one architecture (``sys.argv[1]``), which reads its cache
+#: entry while the entry's hash matches the model module's source, and otherwise inspects the class
+#: in a subprocess and writes the entry (``_LazyRegisteredModel.inspect_model_cls``,
+#: ``vllm/model_executor/models/registry.py``).
+_INSPECT = (
+    "import sys\n"
+    "from vllm.model_executor.models.registry import ModelRegistry\n"
+    "ModelRegistry.models[sys.argv[1]].inspect_model_cls()\n"
+)
+
+
+def shared_modelinfos(model: Path) -> dict[str, bytes]:
+    """vLLM's model-registry cache entry for ``model``'s architecture (``VLLM_CACHE_ROOT/modelinfos``,
+    what each real start here reads or writes first: 19-57 s when it is missing), as
+    ``{"modelinfos/<name>.json": contents}``: the one the suite's servers left, or made now by
+    vLLM's own inspection in the real engine's venv (into the same cache, so the suite's servers
+    find it too). Empty without the real engine's venv."""
+    python = REAL_VENV / "bin" / "python"
+    if not python.is_file():
+        return {}
+    (arch,) = json.loads((model / "config.json").read_text())["architectures"]
+    cache = real_cache_root() / "modelinfos"
+
+    def found() -> dict[str, bytes]:
+        return {f"modelinfos/{p.name}": p.read_bytes() for p in sorted(cache.glob(f"*-{arch}.json"))}
+
+    if not found():
+        offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+        env = {**os.environ, **offline, "VLLM_CACHE_ROOT": str(real_cache_root())}
+        proc = subprocess.run([str(python), "-c", _INSPECT, arch], env=env, capture_output=True, text=True,
+                              timeout=900, check=False)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"vLLM's registry inspection of {arch} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return found()
 
 
 def real_engine_missing() -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 from fleetlab import lab as lab_ops
 from fleetlab.ports import _listeners
 from fleetlab.prereqs import check_prereqs, describe_missing
+from fleetlab.removal import BackgroundRemoval
 from fleetlab.state import LabDir, LabState
 
 #: Octets this process holds (an open file with an exclusive ``flock`` on it, released by the kernel
@@ -69,6 +71,16 @@ TEST_PROFILES = ("h100-sxm-8-link-down", "rtx4090-2", "h100-pcie-8-bridged")
 
 #: (lab name, state root) of every lab this session brought up, for the safety net.
 _STARTED: list[tuple[str, Path]] = []
+#: Lab directories being deleted while the session goes on (``take_down``); waited for at its end.
+REMOVALS = BackgroundRemoval()
+
+
+def take_down(opts: lab_ops.UpOptions) -> None:
+    """``lab down`` whose last step, deleting the lab's directory (a real-engine host's overlay is
+    2.5 GB in 62,562 files), goes on in the background while the next test runs: the hosts are
+    stopped and nothing is mounted there any more before it starts (``fleetlab.removal``); the
+    session waits for it at its end (``pytest_sessionfinish``) and fails if anything is left."""
+    lab_ops.down(opts.name, opts.state_root, remove=REMOVALS)
 
 
 def lab_unavailable() -> str | None:
@@ -151,6 +163,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             lab_ops.down(name, state_root)
         except Exception as exc:  # report and go on to the next lab
             print(f"\nfleet lab: could not take down test lab {name} under {state_root}: {exc}")
+    waiting = REMOVALS.pending
+    t0 = time.monotonic()
+    left = REMOVALS.wait()
+    if waiting:
+        print(f"\nfleet lab: waited {time.monotonic() - t0:.1f} s for the removal of {', '.join(map(str, waiting))}")
+    if left:
+        print("\nfleet lab: test lab directories left behind: " + "; ".join(left))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
