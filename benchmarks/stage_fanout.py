@@ -46,6 +46,23 @@ the receiver and the sender (SSH, sudo, python3), then places, lists again (SHA-
 received: the verify) and points ``refs/main`` (about 2-4 s at load 12), and each round waits for
 its slowest copy. The fixed part shrinks relative to the transfer as the model grows; the verify's
 hashing grows with it (``HASH_BYTES_PER_S``), at rates near the hash rate it is a second pass.
+
+The issue's size, 2 GiB, at 64 MiB/s per sender (32 s a copy), 16 hosts, 2026-11-27 (the first
+row at d343755, the second with 0ce5b5d's fan-out, the same code path; the baseline's 32 GiB of
+copies now go to the hosts' disk, not their tmpfs):
+
+    hosts rounds fleet --fanout pyinfra sync log2 bound fleet/bound one source n*s/r
+       16      5         194.9s            -     160.0s        1.22           512.0s  (load 2-3, quiet)
+       16      5         255.3s       543.9s     160.0s        1.60           512.0s  (load 9-16)
+
+On the quiet machine the rounds took 35.0, 35.2, 37.5, 48.6 and 35.3 s: the fourth round's eight
+copies at once (512 MiB/s through this machine's two cores, each receiver hashing as well) are
+where the time above the bound goes; with other work running (second row) the control machine's
+copy in that round took 86 s where the hosts' took 61-63 s, and the round waits for its slowest
+copy (a holder does not start its next copy before the round ends). A first quiet run of the same
+(04:37, load ~3) gave the same rounds (38, 35, 37, 51 and 35 s, about 1.22-1.25x) but the
+benchmark was then killed by the OOM killer while the baseline filled the hosts' tmpfs, so its
+table was never printed.
 """
 
 from __future__ import annotations
