@@ -75,6 +75,18 @@ fleet re-run under ~1.9 s; it is 2.2 s. The fleet process's CPU per no-change re
 (``/usr/bin/time``, the two checkouts alternating on one lab at load ~5): 5efb1eb 1.23-1.89 s
 (median 1.41), c472434 0.99-1.21 s (median 1.12).
 
+After the next cuts (d14d8dd: paramiko's ``invoke`` loaded only when used, pyinfra's global
+arguments resolved once per process, the drain markers, NVML probe and watcher record in one
+round trip per host, the probe's compiled code kept on the hosts, the first health poll after
+0.1 s), 2026-11-27 05:35, quiet but for one helper reading code:
+
+    hosts  fleet first  ansible first  ratio  fleet re-run  ansible re-run  ratio
+        4        28.1s          36.3s   0.77          2.2s           18.7s   0.12  (d14d8dd, load 2.4-5.4)
+
+The CPU those cuts saved (fleet process plus hosts per no-change re-run of 4, ``rerun_cpu.py``,
+medians of two loaded runs: 2.51 -> 2.25 s and 3.06 -> 2.68 s) did not show in the re-run's wall
+time here: 2.2 s again, where <= 0.10x needs ~1.9 s.
+
 The lab's hosts and fleet share the same two cores, so on a quiet machine the re-run's wall time
 follows that sum; the breakdown of where a re-run's seconds go is in docs/deploy.md ("A
 no-change re-run: where its seconds go").
