@@ -270,11 +270,18 @@ def test_stays_on_loopback():
 """
 
 
+def _outer_env() -> dict[str, str]:
+    """This session's environment for a nested pytest session, less ``PYTEST_ADDOPTS``: the outer
+    run's options (``--junitxml=REPORT`` for ``scripts/test-seconds``) are not the inner one's (a
+    session run as nobody could not write that report)."""
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+
+
 def test_a_test_whose_subprocess_was_refused_fails(net_guard: netguard.Guard, tmp_path: Path) -> None:
     """A pytest session (nested in this one's guard) fails the test whose subprocess connected
     elsewhere, although the subprocess swallowed the error, and passes the other."""
     (tmp_path / "test_inner.py").write_text(INNER_TEST)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**_outer_env(), "PYTHONPATH": str(REPO)}
     inner = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-v",
          "--allow-hosts=127.0.0.0/8,::1,localhost", str(tmp_path / "test_inner.py")],
@@ -304,7 +311,7 @@ def test_in_process_guard_still_refuses():
 
 def _without_nft_on_path() -> dict[str, str]:
     path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nft").exists()]
-    return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), *path])}
+    return {**_outer_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), *path])}
 
 
 @pytest.mark.parametrize("how", ["no nft", "not root"])
@@ -317,7 +324,7 @@ def test_without_nft_or_root_the_guard_is_in_process_only_and_says_so(how: str) 
         if os.geteuid() != 0 or shutil.which("setpriv") is None:
             pytest.skip("needs root and setpriv to run a session as nobody")
         prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": "/tmp"}
+        env = {**_outer_env(), "PYTHONPATH": str(REPO), "HOME": "/tmp"}
     work = Path(tempfile.mkdtemp(prefix="netguard-inner-"))  # readable by nobody, unlike tmp_path
     try:
         work.chmod(0o755)
@@ -361,7 +368,7 @@ def test_a_gevent_patched_session_is_refused_at_collection(tmp_path: Path) -> No
     (tmp_path / "test_imports_pyinfra_cli.py").write_text(
         "from pyinfra_cli.util import parse_cli_arg\n\ndef test_x():\n    assert parse_cli_arg('1') == 1\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**_outer_env(), "PYTHONPATH": str(REPO)}
     inner = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q",
          "--allow-hosts=127.0.0.0/8,::1,localhost", str(tmp_path / "test_imports_pyinfra_cli.py")],
