@@ -26,6 +26,7 @@ import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
@@ -84,17 +85,27 @@ def _where(store: str, root: str, model: str) -> str:
     return f"model_source: store {store}, path {root}: {model}"
 
 
+def store_answer(
+    text: str, where: str, files_type: type[dict[str, object]] | type[list[object]]
+) -> tuple[str, str, Any]:
+    """A store script's JSON line (this module's ``SCRIPT`` and ``fleet.weights.store.SCRIPT``
+    both answer ``{"status", "why", "files"}``) as ``(status, why, files)``, ``files`` of
+    ``files_type``; ``FleetError`` after ``where`` when it is not one."""
+    try:
+        raw = json.loads(text)
+        status, why, files = str(raw["status"]), str(raw["why"]), raw["files"]
+        if not isinstance(files, files_type):
+            raise TypeError(f"files is not a {files_type.__name__}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise FleetError(f"{where}: unreadable answer from the store {text[-200:]!r} ({exc})") from None
+    return status, why, files
+
+
 def parse_planning(store: str, root: str, model: str, text: str) -> dict[str, bytes | None]:
     """The script's JSON line as ``{file name: its bytes, or None where the store has no such file}``;
     ``FleetError`` naming the store, the path, the model and the way out when it is not there."""
     where = _where(store, root, model)
-    try:
-        raw = json.loads(text)
-        status, why, files = str(raw["status"]), str(raw["why"]), raw["files"]
-        if not isinstance(files, dict):
-            raise TypeError("files is not an object")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise FleetError(f"{where}: unreadable answer from the store {text[-200:]!r} ({exc})") from None
+    status, why, files = store_answer(text, where, dict)
     if status == "no-root":
         raise FleetError(
             f"{where}: the store's directory {root}: {why} on {store}: create it there and copy the models into it "

@@ -26,13 +26,13 @@ the damaged bytes'), as for a ``dir`` source.
 
 from __future__ import annotations
 
-import json
 import re
 
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, connect
+from fleet.model.store import store_answer
 from fleet.weights.copyfact import CACHED_DIGEST
 from fleet.weights.manifest import FileEntry, Manifest, safe_relpath
 
@@ -111,11 +111,7 @@ def parse_store_manifest(store: str, root: str, model: str, text: str) -> Manife
     """The script's JSON line as a ``Manifest``; ``FleetError`` naming the store, the path and
     the way out when the store has no such directory or model, or its answer is not one."""
     where = f"model_source: store {store}, path {root}"
-    try:
-        raw = json.loads(text)
-        status, why, rows = str(raw["status"]), str(raw["why"]), list(raw["files"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise FleetError(f"{where}: unreadable answer from the store {text[-200:]!r} ({exc})") from None
+    status, why, rows = store_answer(text, where, list)
     if status == "no-root":
         raise FleetError(
             f"{where}: {why} on {store}: create it there, copy the models into it as ORG/NAME/, or point "
