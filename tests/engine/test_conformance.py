@@ -297,22 +297,34 @@ def _drain_with_open_streams(engine: Engine, faults: list[dict[str, Any] | None]
     streams = [[open_stream(server.url, DRAIN_STREAM_TOKENS) for _ in range(2)] for server in servers]
     for s in (s for group in streams for s in group):
         assert s.first.wait(60) and s.status == 200
+    signalled = []
     for server in servers:
         server.proc.send_signal(signal.SIGTERM)
+        signalled.append(time.monotonic())
     time.sleep(0.3)
     # each server's late request at once, inside its 1 s deadline: one after the other, the second
     # was sent after its engine core had been killed at the deadline (seen on idle cores: the dead
     # engine's 500, not the drain's)
-    lates: dict[int, tuple[int, bytes] | str] = {}
-    askers = [
-        threading.Thread(target=lambda i=i, s=s: lates.__setitem__(i, late_reply(s))) for i, s in enumerate(servers)
-    ]
+    lates: dict[int, tuple[tuple[int, bytes] | str, float]] = {}
+
+    def ask(i: int, server: Server) -> None:
+        reply = late_reply(server)
+        lates[i] = (reply, time.monotonic() - signalled[i])
+
+    askers = [threading.Thread(target=ask, args=(i, s)) for i, s in enumerate(servers)]
     for asker in askers:
         asker.start()
     for asker in askers:
         asker.join(60)
     for i in range(len(servers)):
-        assert lates.get(i) in ((500, LATE_500), "connection closed"), lates.get(i)
+        assert i in lates, f"server {i}: the late request got no answer in 60 s"
+        reply, answered_s = lates[i]
+        # on a loaded machine the request can reach the server after the deadline has killed its
+        # engine core (seen in CI on 2 cores): then the dead engine's 500 is the right answer, and
+        # only then
+        dead = [(500, LATE_500.replace(b"cannot schedule new futures after shutdown", m.encode()))
+                for m in (DEAD_033, DEAD_032)] if answered_s >= 1.0 else []  # fmt: skip
+        assert reply in [(500, LATE_500), "connection closed", *dead], (reply, f"{answered_s:.2f}s after SIGTERM")
     outcomes = [drain_outcome(server, group, 10) for server, group in zip(servers, streams, strict=True)]
     engine.stop_all()
     return outcomes
