@@ -10,6 +10,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,103 @@ def test_another_failure_is_not_called_a_full_disk_and_is_cleaned_up(tmp_path: P
     rc, err, releases_dir = _build(tmp_path, 1, "exit 0", VENV_FAILS="1")
     assert rc == 1 and "ensurepip" in err and "python3 -m venv (ensurepip) failed" in err, err
     assert list(releases_dir.iterdir()) == []
+
+
+#: An interpreter whose ensurepip has bundled wheels (``WHEELS`` names them; empty: none): it
+#: answers the build's question about them, makes a venv without pip where asked, and that venv's
+#: python records how it was run and then runs ``$PIP`` (exit status and output, as pip would).
+FAKE_PYTHON_BUNDLED = """#!/bin/sh
+if [ "$1" = -I ] && [ "$2" = - ]; then cat >/dev/null; [ -n "$WHEELS" ] && printf '%s\\n' "$WHEELS"; exit 0; fi
+[ "$1" = -m ] && [ "$2" = venv ] || exit 2
+if [ "$3" = --without-pip ]; then t=$5; else t=$4; fi
+mkdir -p "$t/bin" || exit 1
+[ -z "${VENV_FAILS:-}" ] || { echo "venv failed" >&2; exit 1; }
+printf '#!/bin/sh\\nfor a in "$@"; do printf "%%s\\\\n" "$a"; done > "$RAN"\\n%s\\n' "$PIP" > "$t/bin/python"
+cp "$t/bin/python" "$t/bin/pip"; chmod +x "$t/bin/python" "$t/bin/pip"
+"""
+
+
+def _build_bundled(tmp_path: Path, wheels: str, pip: str = "exit 0", **extra: str) -> tuple[int, str, Path, list[str]]:
+    root = tmp_path / "vllm"
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON_BUNDLED)
+    python.chmod(0o755)
+    ran = tmp_path / "ran"
+    argv = ["sh", "-s", "--", str(root), "r2", str(python), "1", "110", MARKER, '{"id": "r2"}',
+            "install", "--index-url", "http://127.0.0.1:9/simple/", "vllm==0.33.0"]  # fmt: skip
+    env = {**os.environ, "PIP": pip, "WHEELS": wheels, "RAN": str(ran), "TMPDIR": str(tmp_path), **extra}
+    done = subprocess.run(argv, input=vllm.BUILD, capture_output=True, text=True, env=env, check=False)
+    return done.returncode, done.stderr, root / "releases", ran.read_text().splitlines() if ran.exists() else []
+
+
+def test_with_ensurepips_wheels_the_venv_and_its_pip_come_from_one_pip_run(tmp_path: Path) -> None:
+    """Where the interpreter's ensurepip has its wheels (pip's and, before Python 3.12,
+    setuptools'), the venv is made without pip and one pip run, pip itself run from its wheel,
+    installs the requirements and pip and setuptools from those wheels: one pip start instead of
+    two (``python3 -m venv`` runs pip once for its own ensurepip)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pip_whl, st_whl = wheels / "pip-23.0.1-py3-none-any.whl", wheels / "setuptools-66.1.1-py3-none-any.whl"
+    pip_whl.write_bytes(b"")
+    st_whl.write_bytes(b"")
+    rc, err, releases_dir, ran = _build_bundled(tmp_path, f"setuptools pip\n{st_whl}\n{pip_whl}")
+    assert rc == 0, err
+    assert ran[0] == f"{pip_whl}/pip"  # pip run from its wheel by the venv's python
+    links = ran[ran.index("--find-links") + 1]
+    assert ran[1:4] == ["install", "--index-url", "http://127.0.0.1:9/simple/"] and "vllm==0.33.0" in ran
+    assert ran[-2:] == ["setuptools", "pip"], ran
+    assert not Path(links).exists()  # the directory of links to the wheels is gone after the build
+    assert json.loads((releases_dir / "r2" / MARKER).read_text()) == {"id": "r2"}
+    # Python 3.12 and later: ensurepip installs pip only
+    rc, err, releases_dir, ran = _build_bundled(tmp_path, f"pip\n{pip_whl}")
+    assert rc == 0 and ran[0] == f"{pip_whl}/pip" and ran[-2] != "setuptools" and ran[-1] == "pip", (err, ran)
+
+
+def test_without_ensurepips_wheels_the_venv_is_made_as_before(tmp_path: Path) -> None:
+    """No bundled wheels found (no ensurepip, a distribution that removed them): ``python3 -m venv``
+    with its own ensurepip, then the venv's pip, as before."""
+    rc, err, _releases_dir, ran = _build_bundled(tmp_path, "")
+    assert rc == 0, err
+    assert ran[:1] == ["install"] and "--find-links" not in ran
+
+
+def test_a_failed_pip_run_from_the_wheel_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    pip_whl = wheels / "pip-23.0.1-py3-none-any.whl"
+    pip_whl.write_bytes(b"")
+    pip = 'echo "ERROR: No matching distribution found for vllm" >&2; exit 1'
+    rc, err, releases_dir, ran = _build_bundled(tmp_path, f"pip\n{pip_whl}", pip)
+    assert rc == 1 and "No matching distribution found for vllm" in err, err
+    assert err.strip().splitlines()[-1] == "release r2: pip install failed; the half-built release was removed"
+    assert list(releases_dir.iterdir()) == [] and not Path(ran[ran.index("--find-links") + 1]).exists()
+    rc, err, releases_dir, _ran = _build_bundled(tmp_path, f"pip\n{pip_whl}", VENV_FAILS="1")
+    assert rc == 1 and err.strip().splitlines()[-1] == (
+        "release r2: python3 -m venv failed; the half-built release was removed"
+    ), err
+    assert list(releases_dir.iterdir()) == [] and [p for p in tmp_path.iterdir() if p.name.startswith("tmp.")] == []
+
+
+def test_the_real_build_with_this_pythons_own_wheels(tmp_path: Path) -> None:
+    """The build run for real with this machine's Python, no index (``--no-index``): the venv is
+    made without pip and the one pip run, pip from ensurepip's own wheel, puts pip and (before
+    Python 3.12) setuptools into it from those wheels, as ``python3 -m venv`` would have."""
+    python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    root = tmp_path / "vllm"
+    argv = ["sh", "-x", "-s", "--", str(root), "r1", str(python), "1", "110", MARKER, '{"id": "r1"}',
+            "install", "--no-input", "--disable-pip-version-check", "--no-cache-dir", "--no-index"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))} | {"TMPDIR": str(tmp_path)}
+    done = subprocess.run(argv, input=vllm.BUILD, capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trace = [line for line in done.stderr.splitlines() if line.startswith("+")]  # sh -x: what ran
+    assert any(" -m venv --without-pip -- " in line for line in trace), trace
+    assert any("-py3-none-any.whl/pip install " in line and " --find-links " in line for line in trace), trace
+    venv = root / "releases" / "r1"
+    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    names = {line.split("==")[0] for line in listed.split()}
+    assert names == ({"pip", "setuptools"} if sys.version_info < (3, 12) else {"pip"}), listed
+    assert (venv / MARKER).is_file() and [p.name for p in tmp_path.iterdir()] == ["vllm"]  # no links left
 
 
 def test_activate_flips_current_under_the_hosts_switch_lock() -> None:
