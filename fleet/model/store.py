@@ -32,6 +32,7 @@ from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.output import answer_line
 from fleet.facts.sshlink import Link, SshError, SshTarget, connect
+from fleet.localfs import atomic_write
 
 #: What ``fleet plan`` reads beside each other (the same three a ``hub`` source fetches).
 PLANNING_FILES = ("config.json", "tokenizer_config.json", "model.safetensors.index.json")
@@ -136,8 +137,8 @@ def parse_planning(store: str, root: str, model: str, text: str) -> dict[str, by
 
 
 def write_planning(dest: Path, files: Mapping[str, bytes | None]) -> None:
-    """The store's planning files into ``dest``, each written to a temporary name and renamed
-    (a plan read at the same time sees the old file or the new one); one the store lacks is
+    """The store's planning files into ``dest``, each written atomically (``atomic_write``: a
+    plan read at the same time sees the old file or the new one); one the store lacks is
     removed. Unchanged files are left as they are."""
     dest.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
@@ -150,12 +151,7 @@ def write_planning(dest: Path, files: Mapping[str, bytes | None]) -> None:
                 continue
         except OSError:
             pass
-        tmp = dest / f".{name}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, data)
 
 
 _read: set[tuple[SshTarget, str, str, Path]] = set()
