@@ -44,6 +44,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 import fleet
+from fleet.localfs import atomic_write
 from fleet.operations.layout import NVML_PY_REQUIREMENT
 from fleetlab.errors import LabError
 from fleetlab.locks import file_lock
@@ -217,9 +218,7 @@ def _requires_python(wheel: Path) -> str | None:
 
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
 
 
 def write_simple_tree(root: Path) -> None:

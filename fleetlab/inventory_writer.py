@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleet.localfs import atomic_write
 from fleetlab.base import LOGIN_USER
 from fleetlab.profiles import load_profile
 from fleetlab.state import HostRecord, LabDir, LabState
@@ -175,6 +176,4 @@ def written_by_lab(path: Path, lab_name: str) -> bool:
 def write_inventory(path: Path, text: str) -> None:
     """Write atomically, creating the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)

@@ -18,6 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fleet.localfs import atomic_write
 from fleetlab.errors import LabError
 
 DEFAULT_STATE_ROOT = Path(os.environ.get("FLEET_LAB_STATE", "/var/lib/fleet-lab"))
@@ -127,9 +128,7 @@ class LabDir:
     def save(self, state: LabState) -> None:
         """Write ``lab.json`` atomically (a reader never sees half of it)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
-        os.replace(tmp, self.state_file)
+        atomic_write(self.state_file, json.dumps(asdict(state), indent=2) + "\n")
 
 
 def octets_in_use(state_root: Path, except_lab: str | None = None) -> set[int]:

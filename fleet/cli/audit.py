@@ -16,6 +16,7 @@ from fleet.cli import console, fail
 from fleet.errors import FleetError
 from fleet.facts.runner import HostUnreachable, targets_from_inventory
 from fleet.inventory.spec import load_inventory
+from fleet.localfs import atomic_write
 
 
 @click.command()
@@ -63,6 +64,9 @@ def audit(
         targets_from_inventory(loaded.pyinfra, [h.name for h in loaded.hosts])  # SSH settings checked up front
     except FleetError as exc:
         fail(str(exc), as_json)
+    if html_file and not Path(html_file).absolute().parent.is_dir():
+        fail(f"--html {html_file}: no directory {Path(html_file).absolute().parent} to write the report in: "
+             "create it or name a file in one that exists (no host was probed)", as_json)  # fmt: skip
     started = time.monotonic()
     if as_json:
         results = probe(loaded, python=python, timeout=timeout)
@@ -88,7 +92,10 @@ def audit(
         spanning = MultiNode(instances, unplanned, releases, net)
     report = judge(loaded, results, time.monotonic() - started, acs=acs, watch=watch, spanning=spanning)
     if html_file:
-        Path(html_file).write_text(report.to_html())
+        try:
+            atomic_write(html_file, report.to_html())
+        except OSError as exc:
+            fail(f"--html {html_file}: cannot write the report: {exc.strerror or exc}; name a writable file", as_json)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

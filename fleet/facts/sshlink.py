@@ -499,11 +499,13 @@ def run_once(
     sock: socket.socket | None = None,
     silent_s: float = SILENT_S,
     heartbeat_s: float = HEARTBEAT_S,
+    label: str = "",
 ) -> tuple[int, str, str]:
-    """Connect (or log in over ``sock``), run one command with its deadline, close."""
+    """Connect (or log in over ``sock``), run one command with its deadline, close. ``label``
+    names the command in errors (``Link.run``)."""
     link = Link(target.name, connect(target, min(timeout, CONNECT_TIMEOUT_S), sock), silent_s, heartbeat_s)
     try:
-        return link.run(command, timeout)
+        return link.run(command, timeout, label=label)
     finally:
         link.close()
 

@@ -1,8 +1,9 @@
 """A balancer on this machine (``on: local``): its configuration written and HAProxy reloaded in place.
 
 ``fleet deploy`` (and ``fleet lab up --lb``) write the configuration the way a reload must find it:
-to a temporary file beside it, checked with ``haproxy -c`` (a configuration HAProxy refuses never
-replaces the one it runs), then renamed over it (``os.replace``: one ``rename(2)``).
+to a scratch file beside it (unique, removed after), checked with ``haproxy -c`` (a configuration
+HAProxy refuses never replaces the one it runs), then written atomically over it
+(``fleet.localfs.atomic_write``: a temporary renamed over it, one ``rename(2)``).
 
 A reload keeps every server's runtime state (fleet's ``set server ... state`` and its health):
 ``show servers state`` is written to the configuration's ``server-state-file`` first (atomically),
@@ -19,11 +20,13 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 from fleet.lb.config import BalancerConfig
 from fleet.lb.transport import BalancerDown, BalancerError, BalancerMisconfigured, LocalSocket
+from fleet.localfs import atomic_write
 
 #: How long a reload may take until the new worker answers with every server.
 RELOAD_TIMEOUT_S = 15.0
@@ -36,24 +39,20 @@ def haproxy_binary() -> str:
     return found
 
 
-def _atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(f".{path.name}.fleet-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
-
-
 def check_config(text: str, where: Path) -> None:
     """``haproxy -c`` of ``text`` (written beside ``where``); ``BalancerMisconfigured`` with
-    HAProxy's own words when it refuses it."""
-    tmp = where.with_name(f".{where.name}.fleet-check")
-    tmp.write_text(text)
-    try:
-        done = subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(tmp)], capture_output=True, text=True,
+    HAProxy's own words when it refuses it.
+
+    The text goes to a scratch file, not through ``atomic_write``: it replaces nothing and
+    nothing else reads it. ``tempfile.NamedTemporaryFile`` gives it a unique name (``O_EXCL``:
+    two fleet runs never check each other's text, a symlink at the name is never written
+    through) and removes it after."""
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=where.parent, prefix=f".{where.name}.",
+                                     suffix=".fleet-check") as scratch:  # fmt: skip
+        scratch.write(text)
+        scratch.flush()
+        done = subprocess.run([haproxy_binary(), "-c", "-q", "-f", scratch.name], capture_output=True, text=True,
                               timeout=60, check=False)  # fmt: skip
-    finally:
-        tmp.unlink(missing_ok=True)
     if done.returncode != 0:
         raise BalancerMisconfigured(
             f"haproxy -c refused the configuration for {where}: {(done.stderr or done.stdout).strip()[-800:]}"
@@ -70,7 +69,7 @@ def write_config(config: BalancerConfig, text: str) -> bool:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     check_config(text, path)
-    _atomic_write(path, text)
+    atomic_write(path, text)
     return True
 
 
@@ -97,7 +96,7 @@ def master_pid(socket_path: str, timeout_s: float = 5.0) -> int:
 def save_state(config: BalancerConfig) -> None:
     """``show servers state`` into the configuration's ``server-state-file`` (atomically)."""
     text = LocalSocket(config.spec.admin_socket, config.spec.timeout_s).send("show servers state")
-    _atomic_write(Path(config.state_file), text)
+    atomic_write(config.state_file, text)
 
 
 def reload(config: BalancerConfig) -> None:

@@ -31,7 +31,8 @@ from typing import Any
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.output import answer_line
-from fleet.facts.sshlink import Link, SshError, SshTarget, connect
+from fleet.facts.sshlink import SshError, SshTarget, run_once
+from fleet.localfs import atomic_write
 
 #: What ``fleet plan`` reads beside each other (the same three a ``hub`` source fetches).
 PLANNING_FILES = ("config.json", "tokenizer_config.json", "model.safetensors.index.json")
@@ -136,8 +137,8 @@ def parse_planning(store: str, root: str, model: str, text: str) -> dict[str, by
 
 
 def write_planning(dest: Path, files: Mapping[str, bytes | None]) -> None:
-    """The store's planning files into ``dest``, each written to a temporary name and renamed
-    (a plan read at the same time sees the old file or the new one); one the store lacks is
+    """The store's planning files into ``dest``, each written atomically (``atomic_write``: a
+    plan read at the same time sees the old file or the new one); one the store lacks is
     removed. Unchanged files are left as they are."""
     dest.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
@@ -150,12 +151,7 @@ def write_planning(dest: Path, files: Mapping[str, bytes | None]) -> None:
                 continue
         except OSError:
             pass
-        tmp = dest / f".{name}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write(path, data)
 
 
 _read: set[tuple[SshTarget, str, str, Path]] = set()
@@ -180,19 +176,12 @@ def fetch_store_planning_files(target: SshTarget, root: str, model: str, dest: P
     top = os.path.join(root, *model.split("/"))
     where = _where(target.name, root, model)
     try:
-        client = connect(target)
+        rc, out, err = run_once(target, planning_command(root, top), READ_S, label="reading the planning files")
     except SshError as exc:
         raise FleetError(
             f"{where}: cannot read its config.json from the store ({exc.reason}): check the store host's SSH "
             "settings and known_hosts in the inventory, or set model_config to a copy of its config.json here"
         ) from None
-    link = Link(target.name, client)
-    try:
-        rc, out, err = link.run(planning_command(root, top), READ_S, label="reading the planning files")
-    except SshError as exc:
-        raise FleetError(f"{where}: reading its config.json on the store: {exc.reason}") from None
-    finally:
-        link.close()
     if rc != 0:
         raise FleetError(f"{where}: reading its config.json on the store exited {rc}: {err.strip()[-300:]}")
     files = parse_planning(target.name, root, model, answer_line(out.splitlines()))

@@ -31,6 +31,7 @@ from fleet.escape import (
     systemd_word,
 )
 from fleet.inventory.schema import host_name_problem
+from fleet.localfs import atomic_write
 from fleet.plan.planner import HostPlan, Instance
 
 __all__ = [
@@ -220,17 +221,17 @@ def write_tree(root: Path, files: list[RenderedFile]) -> list[Path]:
     """Write rendered files under ``root`` (their host paths made relative), with their modes.
 
     Every file lands inside ``root``: paths are normalized (no ``..``), no directory on the way
-    may lead out of ``root`` (a symlink), and the file itself is never followed if it is a
-    symlink. Files are created with their final mode from the start (no window where a secret
-    is world-readable).
+    may lead out of ``root`` (a symlink), and a symlink at the file itself is replaced, never
+    followed. Each file is written atomically (``fleet.localfs.atomic_write``: a tree written
+    again over an older one, as ``fleet monitor export`` does under a running Prometheus, never
+    shows a half-written file) with its final mode from the first byte, also over an older file
+    that had a wider one (no window where a secret is world-readable). Not fsync-ed: the tree is
+    made again by running the command again.
     """
     written = []
     root.mkdir(parents=True, exist_ok=True)
     for f in files:
         target = _confined(root, f.path)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, f.mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(f.content)
-        os.chmod(target, f.mode, follow_symlinks=False)
+        atomic_write(target, f.content, mode=f.mode, fsync=False)
         written.append(target)
     return written

@@ -20,12 +20,12 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.errors import FleetError
 from fleet.inventory.schema import source_model_dir
+from fleet.localfs import atomic_write
 
 CACHE_NAME = ".fleet-manifest.json"
 CHUNK = 1 << 20
@@ -123,18 +123,16 @@ def _read_cache(paths: list[Path]) -> dict[str, list[object]]:
 
 
 def _write_cache(paths: list[Path], files: dict[str, list[object]]) -> None:
+    """The cache in the first of ``paths`` that can be written (atomically, owner-only as
+    before); none: fine."""
     text = json.dumps({"version": _VERSION, "files": files}, sort_keys=True)
     for p in paths:
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".fleet-manifest.", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, p)
+            atomic_write(p, text, mode=0o600)
             return
         except OSError:
-            with contextlib.suppress(OSError, UnboundLocalError):
-                os.unlink(tmp)
+            continue
     # no cache anywhere: the manifest is still right, computed again next time
 
 

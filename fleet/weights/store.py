@@ -31,7 +31,7 @@ import re
 from fleet.errors import FleetError
 from fleet.escape import ssh_command
 from fleet.facts.output import answer_line
-from fleet.facts.sshlink import Link, SshError, SshTarget, connect
+from fleet.facts.sshlink import SshError, SshTarget, run_once
 from fleet.model.store import store_answer
 from fleet.weights.copyfact import CACHED_DIGEST
 from fleet.weights.manifest import FileEntry, Manifest, safe_relpath
@@ -141,16 +141,9 @@ def parse_store_manifest(store: str, root: str, model: str, text: str) -> Manife
 def store_manifest(target: SshTarget, root: str, top: str, model: str, marker: str = "config.json") -> Manifest:
     """``model``'s manifest computed on the store host ``target`` (``top``: its directory there)."""
     try:
-        client = connect(target)
+        rc, out, err = run_once(target, store_manifest_command(root, top, marker), LIST_S, label="the store's manifest")
     except SshError as exc:
         raise FleetError(f"model_source: store {target.name}: {exc.reason}") from None
-    link = Link(target.name, client)
-    try:
-        rc, out, err = link.run(store_manifest_command(root, top, marker), LIST_S, label="the store's manifest")
-    except SshError as exc:
-        raise FleetError(f"model_source: store {target.name}: {exc.reason}") from None
-    finally:
-        link.close()
     if rc != 0:
         raise FleetError(f"model_source: store {target.name}: the manifest script exited {rc}: {err.strip()[-300:]}")
     return parse_store_manifest(target.name, root, model, answer_line(out.splitlines()))

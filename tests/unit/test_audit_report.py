@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import stat
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from fleet.audit.findings import Severity
@@ -73,3 +75,40 @@ def test_svg_marks_links() -> None:
     assert "PCIe only" in pcie and "class='nvlink" not in pcie
     pairs = topology_svg("e", facts("h100-pcie-8-bridged"), [])
     assert pairs.count("<path class='nvlink'") == 4 and pairs.count(">NV12<") == 4
+
+
+def test_audit_html_is_written_atomically_and_a_missing_directory_refused_before_any_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fleet audit --html FILE``: the report replaces FILE whole (fleet.localfs.atomic_write,
+    0644, no temporary left); a FILE in a directory that does not exist is refused with exit 2
+    before any host is probed (before: the hosts were probed, then a FileNotFoundError traceback)."""
+    from click.testing import CliRunner
+
+    from fleet.cli import audit as audit_cli
+    from tests.unit.test_audit_gate import _inventory
+
+    probed: list[str] = []
+    made = report("h100-sxm-8")
+    monkeypatch.setattr(audit_cli, "probe", lambda loaded, **_: probed.append("nvml") or {})
+    monkeypatch.setattr(audit_cli, "probe_acs", lambda loaded, **_: {})
+    monkeypatch.setattr(audit_cli, "probe_watch", lambda loaded, **_: {})
+    monkeypatch.setattr(audit_cli, "plan_multi_node", lambda loaded, results: ([], []))
+    monkeypatch.setattr(audit_cli, "judge", lambda *a, **k: made)
+    inventory = str(_inventory(tmp_path))
+    missing = tmp_path / "no-such-dir" / "audit.html"
+    out = CliRunner().invoke(audit_cli.audit, [inventory, "--json", "--html", str(missing)])
+    assert out.exit_code == 2, out.output
+    error = json.loads(out.stdout)["error"]
+    assert str(missing) in error and "no host was probed" in error
+    assert probed == [] and not missing.parent.exists()
+
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    html = reports / "audit.html"
+    html.write_text("an older report")
+    out = CliRunner().invoke(audit_cli.audit, [inventory, "--json", "--html", str(html)])
+    assert probed == ["nvml"] and out.exit_code == 1, out.output  # the report's unreachable host fails it
+    assert html.read_text(encoding="utf-8") == made.to_html()
+    assert stat.S_IMODE(html.stat().st_mode) == 0o644
+    assert [p.name for p in reports.iterdir()] == ["audit.html"]

@@ -8,6 +8,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -224,6 +225,78 @@ def test_write_tree_stays_inside_root(plan: HostPlan, tmp_path: Path) -> None:
     with pytest.raises(RenderError, match="symlink"):
         write_tree(root, render_host(plan))
     assert not any(outside.iterdir())
+
+
+def test_write_tree_replaces_a_symlink_at_a_file_without_following_it(plan: HostPlan, tmp_path: Path) -> None:
+    """A link left at a rendered file's own name (not a directory on the way) is replaced by the
+    file: nothing is written where it points (before fleet.localfs: OSError ELOOP, a traceback)."""
+    root = tmp_path / "render"
+    written = write_tree(root, render_host(plan, api_key="k"))
+    env = next(p for p in written if p.suffix == ".env")
+    outside = tmp_path / "outside.env"
+    outside.write_text("untouched")
+    env.unlink()
+    env.symlink_to(outside)
+    write_tree(root, render_host(plan, api_key="k"))
+    assert not env.is_symlink() and stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert outside.read_text() == "untouched"
+
+
+def test_write_tree_over_an_older_wider_file_never_shows_the_secret_wider_than_0600(
+    plan: HostPlan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An env file rendered again over an older copy someone made world-readable: the secret is
+    never in a file anyone else can read, at any moment (before: O_TRUNC wrote it into the old
+    0644 inode, then chmod narrowed it), and no reader sees half a file."""
+    root = tmp_path / "render"
+    written = write_tree(root, render_host(plan, api_key="old-key"))
+    env = next(p for p in written if p.suffix == ".env")
+    env.chmod(0o644)
+    seen: list[tuple[int, bool]] = []
+
+    def look() -> None:  # the env file's name as any other process would see it now
+        seen.append((stat.S_IMODE(env.stat().st_mode), b"new-key" in env.read_bytes()))
+
+    real_fdopen, real_replace, real_chmod = os.fdopen, os.replace, os.chmod
+
+    class Watched:
+        """The file object the writer writes through, looked at after every write and close."""
+
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.f, name)
+
+        def __enter__(self) -> Watched:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+            look()
+
+        def write(self, data: Any) -> int:
+            n = int(self.f.write(data))
+            self.f.flush()
+            look()
+            return n
+
+    def replace(src: Any, dst: Any) -> None:
+        real_replace(src, dst)
+        look()
+
+    def chmod(*args: Any, **kwargs: Any) -> None:
+        real_chmod(*args, **kwargs)
+        look()
+
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: Watched(real_fdopen(*a, **k)))
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "chmod", chmod)
+    write_tree(root, render_host(plan, api_key="new-key"))
+    monkeypatch.undo()
+    assert "new-key" in env.read_text() and stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert any(has_secret for _, has_secret in seen), seen  # the new secret was seen landing
+    assert all(mode == 0o600 for mode, has_secret in seen if has_secret), seen
 
 
 def test_host_render_dir_is_one_component(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 
 The store-side script (``fleet.model.store.SCRIPT``) is run here, through ``bash -c`` on the very
 command line fleet sends over SSH, on a real directory laid out as a store's; only the SSH hop is
-left out (``Link`` replaced by a local shell). The lab test (``tests/lab/test_stage_lab.py``)
+left out (``sshlink.run_once`` replaced by a local shell). The lab test (``tests/lab/test_stage_lab.py``)
 does the same over the lab's real sshd. A store that does not answer is a real closed port on
 127.0.0.1."""
 
@@ -50,8 +50,10 @@ class LocalLink:
 
 @pytest.fixture
 def local_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_mod, "connect", lambda target: object())
-    monkeypatch.setattr(store_mod, "Link", LocalLink)
+    def run_once(target: SshTarget, command: str, timeout: float, **kw: Any) -> tuple[int, str, str]:
+        return LocalLink(target.name, object()).run(command, timeout, **kw)  # the SSH hop left out
+
+    monkeypatch.setattr(store_mod, "run_once", run_once)
     LocalLink.commands = []
     store_mod.forget()
 
