@@ -61,12 +61,17 @@ def running_release(exe: str | None, current: str | None, root: str) -> str | No
     return release_from_exe(exe or "", root) or current
 
 
+#: Shell that prints the first word of the command line of process ``$pid`` (its interpreter),
+#: nothing when there is no such process.
+PID_EXE_SH = 'tr "\\000" "\\n" < /proc/$pid/cmdline 2>/dev/null | head -n 1'
+
+
 def main_exe_sh(unit: str) -> str:
     """Shell that prints the first word of the command line of ``unit``'s main process (its
     interpreter), nothing when it has none. ``unit`` is a shell word (quoted, or ``"$1"``)."""
     return (
         f"pid=$(systemctl show -p MainPID --value -- {unit} 2>/dev/null); "
-        'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then tr "\\000" "\\n" < /proc/$pid/cmdline 2>/dev/null | head -n 1; fi'
+        f'if [ "${{pid:-0}}" -gt 0 ] 2>/dev/null; then {PID_EXE_SH}; fi'
     )
 
 

@@ -32,55 +32,70 @@ class UnitState:
 
 
 def unit_states_command(units: Sequence[tuple[str, Sequence[str]]]) -> str:
-    """Per unit: ``begin <unit>``, its ``systemctl show`` lines, the newest file mtime, ``end``;
-    the host's clocks first (for systemd without ``--timestamp=unix``)."""
-    parts = ['echo "now $(date +%s.%N) $(cut -d" " -f1 /proc/uptime)"']
-    for unit, files in units:
-        show = ["systemctl", "show", "-p", _PROPS, "--", unit]
+    """The host's clocks (``now``, for systemd without ``--timestamp=unix``); one ``systemctl
+    show`` for every unit (``show``, its blocks in the units' order, ``end``); then per unit
+    ``begin <unit>``, the mtime of each of its files that exists, ``end``."""
+    parts = ['read -r up _ </proc/uptime; echo "now $(date +%s.%N) $up"']
+    if units:
+        show = ["systemctl", "show", "-p", _PROPS, "--", *(unit for unit, _files in units)]
         unix = ssh_command([*show[:2], "--timestamp=unix", *show[2:]])
-        stat = ssh_command(["stat", "-c", "%Y", *files])
-        parts.append(
-            f"echo begin {ssh_command([unit])}; {{ {unix} 2>/dev/null || {ssh_command(show)}; }}; "
-            f'echo "mtime $({stat} 2>/dev/null | sort -n | tail -1)"; echo end'
-        )
+        parts.append(f"echo show; {{ {unix} 2>/dev/null || {ssh_command(show)}; }}; echo end")
+    for unit, files in units:
+        stat = ssh_command(["stat", "-c", "mtime %Y", "--", *files])
+        parts.append(f"echo begin {ssh_command([unit])}; {stat} 2>/dev/null; echo end")
     return "; ".join(parts) + "; true"
 
 
 def unit_states(output: Sequence[str]) -> list[UnitState]:
-    """The command's output -> one ``UnitState`` per unit (pure); garbage is an error."""
+    """The command's output -> one ``UnitState`` per unit (pure); garbage is an error. Each unit's
+    ``systemctl show`` lines come from the one ``show`` section for all units (in their order) or,
+    as before it, from the unit's own ``begin``/``end`` section."""
     out: list[UnitState] = []
     now_unix = now_mono = None
+    shown: list[dict[str, str]] = []  # the one show section's blocks, one per unit in order
+    showing: list[str] | None = None
     unit: str | None = None
     lines: list[str] = []
     mtime: int | None = None
     for line in output:
         word, _, rest = line.partition(" ")
-        if unit is None:
+        if showing is not None:
+            if line == "end":
+                shown, showing = show_blocks(showing), None
+            else:
+                showing.append(line)
+        elif unit is None:
             if word == "now":
                 clocks = rest.split()
                 try:
                     now_unix, now_mono = float(clocks[0]), float(clocks[1])
                 except (IndexError, ValueError):
                     now_unix = now_mono = None
+            elif line == "show":
+                showing = []
             elif word == "begin" and rest:
                 unit, lines, mtime = rest, [], None
             elif line.strip():
                 raise FleetError(f"unit states: unreadable line {line[:200]!r}")
         elif line == "end":
-            props = show_blocks(lines)
-            shown = shown_unit(props[0]) if props else None
-            if shown is None:
+            props = show_blocks(lines) if lines else shown[len(out) : len(out) + 1]
+            found = shown_unit(props[0]) if props else None
+            if found is None:
                 raise FleetError(f"unit states: systemctl show said nothing about {unit[:200]!r}")
-            started = started_unix(shown.props, "ActiveEnter", now_unix, now_mono)
-            stale = shown.active and started is not None and mtime is not None and mtime > started
-            out.append(UnitState(unit, shown.active, stale))
+            started = started_unix(found.props, "ActiveEnter", now_unix, now_mono)
+            stale = found.active and started is not None and mtime is not None and mtime > started
+            out.append(UnitState(unit, found.active, stale))
             unit = None
         elif word == "mtime":
-            mtime = show_int(rest)
+            got = show_int(rest)
+            if got is not None:
+                mtime = got if mtime is None else max(mtime, got)
         else:
             lines.append(line)
-    if unit is not None:
-        raise FleetError(f"unit states: the answer for {unit[:200]!r} is cut short")
+    if unit is not None or showing is not None:
+        raise FleetError(f"unit states: the answer for {(unit or 'the units')[:200]!r} is cut short")
+    if shown and len(shown) != len(out):
+        raise FleetError(f"unit states: systemctl show answered for {len(shown)} of {len(out)} units")
     return out
 
 
