@@ -32,14 +32,18 @@ class UnitState:
 
 
 def unit_states_command(units: Sequence[tuple[str, Sequence[str]]]) -> str:
-    """The host's clocks (``now``, for systemd without ``--timestamp=unix``); one ``systemctl
-    show`` for every unit (``show``, its blocks in the units' order, ``end``); then per unit
-    ``begin <unit>``, the mtime of each of its files that exists, ``end``."""
-    parts = ['read -r up _ </proc/uptime; echo "now $(date +%s.%N) $up"']
-    if units:
-        show = ["systemctl", "show", "-p", _PROPS, "--", *(unit for unit, _files in units)]
-        unix = ssh_command([*show[:2], "--timestamp=unix", *show[2:]])
-        parts.append(f"echo show; {{ {unix} 2>/dev/null || {ssh_command(show)}; }}; echo end")
+    """One ``systemctl show`` for every unit (``show``, its blocks in the units' order, ``end``),
+    the host's clocks first (``now``) only where systemd has no ``--timestamp=unix``; then per
+    unit ``begin <unit>``, the mtime of each of its files that exists, ``end``."""
+    if not units:
+        return "echo show; echo end"
+    show = ["systemctl", "show", "-p", _PROPS, "--", *(unit for unit, _files in units)]
+    unix = ssh_command([*show[:2], "--timestamp=unix", *show[2:]])
+    parts = [
+        f"s=$({unix} 2>/dev/null) || "
+        f'{{ read -r up _ </proc/uptime; echo "now $(date +%s.%N) $up"; s=$({ssh_command(show)}); }}',
+        "printf '%s\\n' show \"$s\" end",
+    ]
     for unit, files in units:
         stat = ssh_command(["stat", "-c", "mtime %Y", "--", *files])
         parts.append(f"echo begin {ssh_command([unit])}; {stat} 2>/dev/null; echo end")

@@ -234,3 +234,7 @@ def test_the_unit_states_command_runs_one_systemctl_and_one_stat_per_unit() -> N
     command = unit_states_command([("a.service", ["/a", "/b"]), ("b.service", ["/c"])])
     assert command.count("systemctl show --timestamp=unix") == 1 and "a.service b.service" in command
     assert command.count("stat -c") == 2 and "sort" not in command and "cut" not in command
+    # the clocks are read only where systemd cannot print unix timestamps
+    assert command.index("date") > command.index("||") > command.index("--timestamp=unix")
+    empty = subprocess.run(["sh", "-c", unit_states_command([])], capture_output=True, text=True, check=True)
+    assert empty.stdout.splitlines() == ["show", "end"] and unit_states(empty.stdout.splitlines()) == []
