@@ -9,10 +9,11 @@ What release an *instance* runs is one definition here, read the same way by the
 (``fleet.rollout.ssh_executor``), ``fleet status`` (``fleet.facts.units``) and ``fleet deploy``
 (``fleet.facts.revisions``): a running instance runs the release its process was started from,
 the interpreter in ``/proc/<MainPID>/cmdline`` (the ``vllm`` console script's shebang names the
-release's own venv, ``<root>/releases/<id>/bin/python``, as pip writes it: ``main_exe_sh``,
-``release_from_exe``); a stopped one will run what ``current`` names (``running_release``). The
-``current`` link alone cannot say it: it is one per host, so after a canary (or a halted
-rollout) it names a release some of the host's instances do not run.
+release's own venv, ``<root>/releases/<id>/bin/python``, as pip writes it: ``main_exe_sh`` for one
+unit, ``PID_EXE_SH`` for a ``MainPID`` already read, ``release_from_exe``); a stopped one will run
+what ``current`` names (``running_release``). The ``current`` link alone cannot say it: it is one
+per host, so after a canary (or a halted rollout) it names a release some of the host's
+instances do not run.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ active unit whose ``ActiveEnterTimestamp`` (systemd, ``systemctl show --timestam
 than the newest modification time (``stat -c %Y``, of a link itself) of the files given is stale.
 (``fleet deploy`` gives each unit its unit and env file; the host's ``current`` link is not one
 instance's file, and the release each instance runs is read from its process instead:
-``fleet.facts.releases``.)
+``fleet.facts.releases``.) One ``systemctl show`` answers for every unit (its blocks come in the
+order the units were named, systemctl(1) "show"), one ``stat`` per unit for its files.
 """
 
 from __future__ import annotations
