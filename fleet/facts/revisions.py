@@ -32,8 +32,12 @@ META = "revision.json"
 UNIT = "unit"
 ENV = "env"
 ID_LENGTH = 16
-#: Prints the id of the live pair ``$U`` ``$E`` (shell variables set by the caller).
-LIVE_ID_SH = f'cat -- "$U" "$E" | sha256sum | cut -c1-{ID_LENGTH}'
+#: Prints the id of the live pair ``$U`` ``$E`` (shell variables set by the caller): the first
+#: ``ID_LENGTH`` characters of their sha256, cut by the shell itself (POSIX ``${h%"$t"}``, ``$t``
+#: what follows them) rather than by one more process (``cut``).
+LIVE_ID_SH = (
+    f'cat -- "$U" "$E" | sha256sum | {{ read -r h _; t=${{h#{"?" * ID_LENGTH}}}; printf \'%s\\n\' "${{h%"$t"}}"; }}'
+)
 
 
 class _File(Protocol):
