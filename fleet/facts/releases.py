@@ -9,10 +9,11 @@ What release an *instance* runs is one definition here, read the same way by the
 (``fleet.rollout.ssh_executor``), ``fleet status`` (``fleet.facts.units``) and ``fleet deploy``
 (``fleet.facts.revisions``): a running instance runs the release its process was started from,
 the interpreter in ``/proc/<MainPID>/cmdline`` (the ``vllm`` console script's shebang names the
-release's own venv, ``<root>/releases/<id>/bin/python``, as pip writes it: ``main_exe_sh``,
-``release_from_exe``); a stopped one will run what ``current`` names (``running_release``). The
-``current`` link alone cannot say it: it is one per host, so after a canary (or a halted
-rollout) it names a release some of the host's instances do not run.
+release's own venv, ``<root>/releases/<id>/bin/python``, as pip writes it: ``main_exe_sh`` for one
+unit, ``PID_EXE_SH`` for a ``MainPID`` already read, ``release_from_exe``); a stopped one will run
+what ``current`` names (``running_release``). The ``current`` link alone cannot say it: it is one
+per host, so after a canary (or a halted rollout) it names a release some of the host's
+instances do not run.
 """
 
 from __future__ import annotations
@@ -61,12 +62,17 @@ def running_release(exe: str | None, current: str | None, root: str) -> str | No
     return release_from_exe(exe or "", root) or current
 
 
+#: Shell that prints the first word of the command line of process ``$pid`` (its interpreter),
+#: nothing when there is no such process.
+PID_EXE_SH = 'tr "\\000" "\\n" < /proc/$pid/cmdline 2>/dev/null | head -n 1'
+
+
 def main_exe_sh(unit: str) -> str:
     """Shell that prints the first word of the command line of ``unit``'s main process (its
     interpreter), nothing when it has none. ``unit`` is a shell word (quoted, or ``"$1"``)."""
     return (
         f"pid=$(systemctl show -p MainPID --value -- {unit} 2>/dev/null); "
-        'if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then tr "\\000" "\\n" < /proc/$pid/cmdline 2>/dev/null | head -n 1; fi'
+        f'if [ "${{pid:-0}}" -gt 0 ] 2>/dev/null; then {PID_EXE_SH}; fi'
     )
 
 

@@ -7,7 +7,8 @@ active unit whose ``ActiveEnterTimestamp`` (systemd, ``systemctl show --timestam
 than the newest modification time (``stat -c %Y``, of a link itself) of the files given is stale.
 (``fleet deploy`` gives each unit its unit and env file; the host's ``current`` link is not one
 instance's file, and the release each instance runs is read from its process instead:
-``fleet.facts.releases``.)
+``fleet.facts.releases``.) One ``systemctl show`` answers for every unit (its blocks come in the
+order the units were named, systemctl(1) "show"), one ``stat`` per unit for its files.
 """
 
 from __future__ import annotations
@@ -32,55 +33,74 @@ class UnitState:
 
 
 def unit_states_command(units: Sequence[tuple[str, Sequence[str]]]) -> str:
-    """Per unit: ``begin <unit>``, its ``systemctl show`` lines, the newest file mtime, ``end``;
-    the host's clocks first (for systemd without ``--timestamp=unix``)."""
-    parts = ['echo "now $(date +%s.%N) $(cut -d" " -f1 /proc/uptime)"']
+    """One ``systemctl show`` for every unit (``show``, its blocks in the units' order, ``end``),
+    the host's clocks first (``now``) only where systemd has no ``--timestamp=unix``; then per
+    unit ``begin <unit>``, the mtime of each of its files that exists, ``end``."""
+    if not units:
+        return "echo show; echo end"
+    show = ["systemctl", "show", "-p", _PROPS, "--", *(unit for unit, _files in units)]
+    unix = ssh_command([*show[:2], "--timestamp=unix", *show[2:]])
+    parts = [
+        f"s=$({unix} 2>/dev/null) || "
+        f'{{ read -r up _ </proc/uptime; echo "now $(date +%s.%N) $up"; s=$({ssh_command(show)}); }}',
+        "printf '%s\\n' show \"$s\" end",
+    ]
     for unit, files in units:
-        show = ["systemctl", "show", "-p", _PROPS, "--", unit]
-        unix = ssh_command([*show[:2], "--timestamp=unix", *show[2:]])
-        stat = ssh_command(["stat", "-c", "%Y", *files])
-        parts.append(
-            f"echo begin {ssh_command([unit])}; {{ {unix} 2>/dev/null || {ssh_command(show)}; }}; "
-            f'echo "mtime $({stat} 2>/dev/null | sort -n | tail -1)"; echo end'
-        )
+        stat = ssh_command(["stat", "-c", "mtime %Y", "--", *files])
+        parts.append(f"echo begin {ssh_command([unit])}; {stat} 2>/dev/null; echo end")
     return "; ".join(parts) + "; true"
 
 
 def unit_states(output: Sequence[str]) -> list[UnitState]:
-    """The command's output -> one ``UnitState`` per unit (pure); garbage is an error."""
+    """The command's output -> one ``UnitState`` per unit (pure); garbage is an error. Each unit's
+    ``systemctl show`` lines come from the one ``show`` section for all units (in their order) or,
+    as before it, from the unit's own ``begin``/``end`` section."""
     out: list[UnitState] = []
     now_unix = now_mono = None
+    shown: list[dict[str, str]] = []  # the one show section's blocks, one per unit in order
+    showing: list[str] | None = None
     unit: str | None = None
     lines: list[str] = []
     mtime: int | None = None
     for line in output:
         word, _, rest = line.partition(" ")
-        if unit is None:
+        if showing is not None:
+            if line == "end":
+                shown, showing = show_blocks(showing), None
+            else:
+                showing.append(line)
+        elif unit is None:
             if word == "now":
                 clocks = rest.split()
                 try:
                     now_unix, now_mono = float(clocks[0]), float(clocks[1])
                 except (IndexError, ValueError):
                     now_unix = now_mono = None
+            elif line == "show":
+                showing = []
             elif word == "begin" and rest:
                 unit, lines, mtime = rest, [], None
             elif line.strip():
                 raise FleetError(f"unit states: unreadable line {line[:200]!r}")
         elif line == "end":
-            props = show_blocks(lines)
-            shown = shown_unit(props[0]) if props else None
-            if shown is None:
+            props = show_blocks(lines) if lines else shown[len(out) : len(out) + 1]
+            found = shown_unit(props[0]) if props else None
+            if found is None:
                 raise FleetError(f"unit states: systemctl show said nothing about {unit[:200]!r}")
-            started = started_unix(shown.props, "ActiveEnter", now_unix, now_mono)
-            stale = shown.active and started is not None and mtime is not None and mtime > started
-            out.append(UnitState(unit, shown.active, stale))
+            started = started_unix(found.props, "ActiveEnter", now_unix, now_mono)
+            stale = found.active and started is not None and mtime is not None and mtime > started
+            out.append(UnitState(unit, found.active, stale))
             unit = None
         elif word == "mtime":
-            mtime = show_int(rest)
+            got = show_int(rest)
+            if got is not None:
+                mtime = got if mtime is None else max(mtime, got)
         else:
             lines.append(line)
-    if unit is not None:
-        raise FleetError(f"unit states: the answer for {unit[:200]!r} is cut short")
+    if unit is not None or showing is not None:
+        raise FleetError(f"unit states: the answer for {(unit or 'the units')[:200]!r} is cut short")
+    if shown and len(shown) != len(out):
+        raise FleetError(f"unit states: systemctl show answered for {len(shown)} of {len(out)} units")
     return out
 
 

@@ -498,6 +498,43 @@ def test_a_second_run_changes_nothing_and_restarts_nothing(fleet3: LabFleet) -> 
     assert unit_pids(fleet3) == before
 
 
+def test_the_units_facts_read_what_systemd_and_proc_say(fleet3: LabFleet) -> None:
+    """``InstanceRevisions`` and ``UnitStates`` ask systemd once for all of a host's units: each
+    unit's state is what ``systemctl is-active`` says of it alone, its interpreter what the
+    per-unit command (``releases.main_exe_sh``) reads, a unit that does not exist is inactive; a
+    file newer than the unit's start makes it stale, the unit's own files do not."""
+    from fleet.escape import ssh_command
+    from fleet.facts.releases import main_exe_sh
+    from fleet.facts.revisions import parse_revisions, revisions_command
+    from fleet.facts.unit_states import UnitState, unit_states, unit_states_command
+    from fleet.operations.host import PATHS
+
+    units = [*sorted(u for i, u in unit_pids(fleet3) if i == 0), "fleet-vllm-absent.service"]
+    names = [u.removeprefix("fleet-").removesuffix(".service") for u in units]
+    files = {u: (f"{PATHS.unit_dir}/{u}", f"{PATHS.env_dir}/{n}.env") for u, n in zip(units, names, strict=True)}
+    rc, out, err = on(fleet3, 0, ssh_command(["sudo", "sh", "-c", revisions_command(
+        [(n, u, *files[u]) for u, n in zip(units, names, strict=True)])]))  # fmt: skip
+    assert rc == 0, err
+    found = parse_revisions(out.splitlines())
+    for unit, name in zip(units, names, strict=True):
+        _rc, state, _err = on(fleet3, 0, f"systemctl is-active {unit}")
+        _rc, exe, _err = on(fleet3, 0, f"sudo sh -c {ssh_command([main_exe_sh(unit)])}")
+        assert (found[name]["state"], found[name]["exe"]) == (state.strip(), exe.strip() or None), (unit, out)
+    assert found["vllm-absent"]["state"] == "inactive" and found["vllm-absent"]["exe"] is None
+    assert sum(f["state"] == "active" and f["exe"] is not None for f in found.values()) >= 1
+
+    rc, newer, err = on(fleet3, 0, 'f=$(mktemp) && touch -d "@$(($(date +%s) + 3600))" "$f" && echo "$f"')
+    assert rc == 0, err
+    try:
+        checked = [(u, files[u]) for u in units] + [(units[0], (files[units[0]][0], newer.strip()))]
+        rc, out, err = on(fleet3, 0, ssh_command(["sudo", "sh", "-c", unit_states_command(checked)]))
+        assert rc == 0, err
+        states = unit_states(out.splitlines())
+    finally:
+        on(fleet3, 0, ssh_command(["rm", "-f", newer.strip()]))
+    assert states == [UnitState(u, u != units[-1], False) for u in units] + [UnitState(units[0], True, True)], out
+
+
 def test_a_changed_service_user_is_seen_and_put_back_without_a_restart(fleet3: LabFleet) -> None:
     """The service user is read alone (``fleet.facts.users.UserEntry``, not pyinfra's ``Users``
     of every user): a shell changed by hand is still seen by a re-run and put back."""

@@ -5,7 +5,10 @@ the cache."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,17 @@ from typing_extensions import override
 
 from fleet.deploy import factcache
 from fleet.errors import FleetError
-from fleet.facts.batch import MISSING, NO_ANSWER, BatchAnswer, FactBatch, FactRequest, answer_of, lines_of
+from fleet.facts.batch import (
+    HEADER,
+    MISSING,
+    NO_ANSWER,
+    BatchAnswer,
+    FactBatch,
+    FactRequest,
+    answer_of,
+    batch_answers,
+    lines_of,
+)
 from fleet.facts.releases import VllmReleases
 
 
@@ -122,9 +135,119 @@ def test_failed_or_missing_commands_are_left_to_pyinfra(local: Any) -> None:
     assert answer_of(requests[2], None) is NO_ANSWER
 
 
-def test_unreadable_batch_lines_are_no_answer() -> None:
-    answers = FactBatch().process(["0 !!notbase64", "x YQo=", "1 YQow", "2 YQ=="])
-    assert answers == {1: BatchAnswer(0, ["a"])}  # "a\n0": output "a", status 0; "a" alone has no status
+def _framed(statuses: list[str], outputs: list[bytes]) -> list[str]:
+    return [
+        " ".join([HEADER, *statuses]),
+        *[str(len(o)) for o in outputs],
+        base64.b64encode(b"".join(outputs)).decode(),
+    ]
+
+
+def test_the_batch_answer_is_read_by_its_sizes() -> None:
+    outputs = [b"a\n", b"", b"no newline", b"x\n\ny\n"]
+    assert batch_answers(["ignored", *_framed(["0", "3", "0", "1"], outputs)]) == {
+        0: BatchAnswer(0, ["a"]),
+        1: BatchAnswer(3, []),
+        2: BatchAnswer(0, ["no newline"]),
+        3: BatchAnswer(1, ["x", "", "y"]),
+    }
+    assert batch_answers(_framed([], [])) == {}
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        [],
+        ["0 YQo="],  # the format before this one
+        _framed(["0", "0"], [b"a", b"b"])[:-1],  # cut short: no outputs
+        [*_framed(["0", "0"], [b"a", b"b"])[:2], _framed(["0"], [b"ab"])[-1]],  # a size missing
+        [*_framed(["0", "x"], [b"a", b"b"])],  # a status that is not a number
+        [*_framed(["0", "0"], [b"a", b"b"])[:-1], "!!notbase64"],
+        [*_framed(["0", "0"], [b"a", b"b"])[:-1], base64.b64encode(b"abc").decode()],  # more than the sizes
+        [*_framed(["0", "0"], [b"a", b"b"])[:-1], base64.b64encode(b"a").decode()],  # less
+    ],
+)
+def test_an_answer_that_is_not_whole_is_no_answer_for_every_fact(output: list[str]) -> None:
+    assert batch_answers(output) == {}
+
+
+class Raw(FactBase[list[str]]):
+    """Prints the bytes ``octal`` spells (``printf`` escapes): output that is not UTF-8."""
+
+    @override
+    def command(self, octal: str) -> str:
+        return f"printf '{octal}'"
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
+class Exits(FactBase[list[str]]):
+    @override
+    def command(self) -> str:
+        return "echo before; exit 0; echo after"
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
+def test_edge_outputs_come_back_as_the_connector_splits_them(local: Any) -> None:
+    """No trailing newline, empty output, lines that look like the batch's own header and size
+    lines, a fact that ends with ``exit``, a fact that lists the batch's own command line: each
+    answer as the fact read alone; bytes that are not UTF-8 (which the connector cannot decode:
+    the fact alone fails) replaced, the other facts' answers intact."""
+    state, host = local
+    texts = ["", "x", "x\n\n", "\n", f"{HEADER} 0 0\n3\n3\nYWJj\n", f"{HEADER}", "12\n"]
+    requests = [
+        *[FactRequest(Printed, {"text": t}) for t in texts],
+        FactRequest(Exits),
+        FactRequest(Fails),
+        FactRequest(Raw, {"octal": "\\377\\376ok\\n\\300"}),
+        FactRequest(Arch),
+    ]
+    answers = batch(state, host, requests)
+    assert sorted(answers) == list(range(len(requests)))
+    for i, r in enumerate(requests[: len(texts) + 1]):
+        alone = pyinfra_get_fact(state, host, r.fact, kwargs=dict(r.kwargs))
+        assert answer_of(r, answers[i]) == alone, (r, answers[i])
+    assert answers[len(texts)] == BatchAnswer(0, ["before"])
+    assert answers[len(texts) + 1] == BatchAnswer(3, ["partial"])
+    assert answers[len(texts) + 2] == BatchAnswer(0, ["\ufffd\ufffdok", "\ufffd"])
+    assert answer_of(requests[-1], answers[len(requests) - 1]) == platform.machine()
+
+
+class CommandLines(FactBase[list[str]]):
+    """Every process's command line, in full (as ``ps -ww`` would list them)."""
+
+    @override
+    def command(self) -> str:
+        return "ps -e -ww -o args="
+
+    @override
+    def process(self, output: list[str]) -> list[str]:
+        return output
+
+
+def test_a_fact_listing_processes_sees_no_answer_of_another_in_the_command_line(local: Any) -> None:
+    """The batch's command line holds every fact's command; a fact that prints it (``ps``) must not
+    be read as another fact's answer."""
+    state, host = local
+    requests = [FactRequest(Printed, {"text": "unique-mark-7f3a"}), FactRequest(CommandLines)]
+    answers = batch(state, host, requests)
+    assert answers[0] == BatchAnswer(0, ["unique-mark-7f3a"])
+    assert any(HEADER in line for line in answers[1].lines)  # it did see the batch itself
+    assert len(answers) == 2
+
+
+def test_without_a_private_directory_the_batch_answers_nothing(tmp_path: Path) -> None:
+    """``mktemp -d`` fails (here: ``TMPDIR`` is not a directory): no answer, every fact is read on its own."""
+    command = FactBatch().command([FactRequest(Arch).shell(), "echo x"])
+    env = {**os.environ, "TMPDIR": str(tmp_path / "absent")}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0 and done.stdout == ""
+    assert FactBatch().process(lines_of(done.stdout)) == {}
 
 
 def test_the_cache_serves_batched_facts_until_the_host_runs_a_command(local: Any, tmp_path: Path) -> None:
@@ -208,7 +331,7 @@ def test_the_batch_runs_its_facts_side_by_side_and_answers_in_order(local: Any, 
         FactRequest(Meets, {"where": str(tmp_path), "mine": "b", "theirs": "a", "patience": 5}),
     ]
     command = FactBatch().command([r.shell() for r in requests])
-    assert command.index('"$d/0" "$d/1" "$d/2"') > command.index("wait")  # printed in order, after all finished
+    assert command.index('cat -- "$d/0" "$d/1" "$d/2"') > command.rindex("wait")  # printed in order, after all finished
     answers = batch(state, host, requests)
     assert [answer_of(r, answers[i]) for i, r in enumerate(requests)] == ["met", ["x" * 20_000], "met"]
 

@@ -106,3 +106,23 @@ def test_python_version_and_releases() -> None:
         "current": "b",
         "previous": None,
     }
+
+
+def test_the_python_version_is_what_the_interpreter_says_of_itself() -> None:
+    """Without its site module, user site and PYTHON* variables (``-E -s -S``), the interpreter
+    still says its own version: the same as ``python -c`` with all of them."""
+    import subprocess
+    import sys
+
+    command = PythonVersion().command(python=sys.executable)
+    assert "-E -s -S" in command
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    plain = [sys.executable, "-c", 'import sys; print("%d.%d.%d" % sys.version_info[:3])']
+    assert (
+        PythonVersion().process(out.splitlines())
+        == subprocess.run(plain, capture_output=True, text=True).stdout.strip()
+    )
+    assert PythonVersion().process(out.splitlines()) == ".".join(str(n) for n in sys.version_info[:3])
+    missing = PythonVersion().command(python="/nonexistent/python3")
+    gone = subprocess.run(["sh", "-c", missing], capture_output=True, text=True, check=True).stdout
+    assert PythonVersion().process(gone.splitlines()) is None

@@ -77,9 +77,49 @@ def test_parse_revisions(lines: list[str], expected: dict[str, object]) -> None:
     assert parse_revisions(lines) == expected
 
 
+#: ``systemctl show -p Id,ActiveState,MainPID`` of two units (from a lab host's recorded blocks,
+#: tests/fixtures/status/lab-rtx4090-2-one-stopped.txt)
+SHOWN = ["MainPID=901", "Id=fleet-vllm-0.service", "ActiveState=active", "",
+         "MainPID=0", "Id=fleet-vllm-1.service", "ActiveState=inactive"]  # fmt: skip
+EXE = "/opt/fleet/vllm/releases/r1/bin/python"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        # one systemctl show for both units, the interpreter of each main process by its pid
+        (["show vllm-0 vllm-1", *SHOWN, "end", f"exe 901 {EXE}", "live vllm-0 aaaa", "stored vllm-0 10 aaaa"],
+         {"vllm-0": {"state": "active", "live": "aaaa", "stored": [{"id": "aaaa", "mtime": 10}], "exe": EXE},
+          "vllm-1": {"state": "inactive", "live": None, "stored": [], "exe": None}}),
+        # the main process is gone by the time its command line is read
+        (["show vllm-0", *SHOWN[:3], "end", "exe 901 "],
+         {"vllm-0": {"state": "active", "live": None, "stored": [], "exe": None}}),
+        # systemctl said nothing (or not one block per unit): as `systemctl is-active` printing nothing
+        (["show vllm-0 vllm-1", "", "end"],
+         {"vllm-0": {"state": "unknown", "live": None, "stored": [], "exe": None},
+          "vllm-1": {"state": "unknown", "live": None, "stored": [], "exe": None}}),
+        (["show vllm-0 vllm-1", *SHOWN[:3], "end", f"exe 901 {EXE}"],
+         {"vllm-0": {"state": "unknown", "live": None, "stored": [], "exe": None},
+          "vllm-1": {"state": "unknown", "live": None, "stored": [], "exe": None}}),
+    ],
+)  # fmt: skip
+def test_parse_revisions_with_one_systemctl_show(lines: list[str], expected: dict[str, object]) -> None:
+    assert parse_revisions(lines) == expected
+
+
+def test_the_fact_command_asks_systemd_once_for_every_unit() -> None:
+    command = revisions_command(
+        [("vllm-0", "fleet-vllm-0.service", "/u0", "/e0"), ("vllm-1", "fleet-vllm-1.service", "/u1", "/e1")]
+    )
+    assert command.count("systemctl") == 1 and "fleet-vllm-0.service fleet-vllm-1.service" in command
+    assert "is-active" not in command
+
+
 def test_an_unreadable_line_is_an_error_not_a_guess() -> None:
     with pytest.raises(FleetError, match="unreadable"):
         parse_revisions(["stored vllm-0 notanumber aaaa"])
+    with pytest.raises(FleetError, match="cut short"):
+        parse_revisions(["show vllm-0", "ActiveState=active"])
 
 
 def test_the_fact_command_quotes_every_path() -> None:

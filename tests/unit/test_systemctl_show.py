@@ -183,3 +183,58 @@ def test_the_unit_states_command_is_valid_shell_and_quotes() -> None:
     command = unit_states_command([("u;reboot", ["/etc/a b", "/x"]), ("fleet-vllm-0.service", ["/y"])])
     assert "'u;reboot'" in command and "'/etc/a b'" in command and "; reboot" not in command
     assert subprocess.run(["bash", "-n"], input=command, text=True, check=False).returncode == 0
+
+
+def _one_show(blocks: list[tuple[str, str, list[str]]], now: str = "now 1795384974.12 4394.21") -> list[str]:
+    """The unit-states fact's output with one ``systemctl show`` for all units (its command today)."""
+    lines = [now, "show"]
+    for _unit, shown, _mtimes in blocks:
+        lines += [*shown.splitlines(), ""]
+    lines.append("end")
+    for unit, _shown, mtimes in blocks:
+        lines += [f"begin {unit}", *(f"mtime {m}" for m in mtimes), "end"]
+    return lines
+
+
+def test_one_show_for_all_units_reads_as_one_show_per_unit() -> None:
+    """The recording's blocks, as one ``systemctl show u0 u1`` prints them: the same states as the
+    format of one ``systemctl show`` per unit; each file's mtime on its own line, the newest counts."""
+    first, second = RECORDED_TEXT.split("\n\n")
+    for mtimes, stale in ((["1795384000", "1795384970"], True), (["1795384969"], False), ([], False)):
+        got = unit_states(_one_show([("fleet-vllm-0.service", first, mtimes), ("fleet-vllm-1.service", second, [])]))
+        old = _states([("fleet-vllm-0.service", first, max(mtimes, default="")), ("fleet-vllm-1.service", second, "")])
+        assert (
+            got
+            == old
+            == [UnitState("fleet-vllm-0.service", True, stale), UnitState("fleet-vllm-1.service", False, False)]
+        )
+    recorded = [line for line in UNIT_STATES_252 if line.startswith(("now", "begin", "mtime", "end"))]
+    shown = [line for line in UNIT_STATES_252 if "=" in line]
+    one = [recorded[0], "show", *shown[:4], "", *shown[4:], "end", *recorded[1:]]
+    assert unit_states(one) == unit_states(UNIT_STATES_252)
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (["show", "Id=u.service", "ActiveState=active"], "cut short"),
+        (["show", "end", "begin u.service", "end"], "said nothing"),
+        (["show", "Id=a.service", "ActiveState=active", "", "Id=b.service", "ActiveState=active", "end",
+          "begin a.service", "end"], "answered for 2 of 1 units"),
+    ],
+)  # fmt: skip
+def test_one_show_that_does_not_match_the_units_is_an_error(lines: list[str], message: str) -> None:
+    from fleet.errors import FleetError
+
+    with pytest.raises(FleetError, match=message):
+        unit_states(lines)
+
+
+def test_the_unit_states_command_runs_one_systemctl_and_one_stat_per_unit() -> None:
+    command = unit_states_command([("a.service", ["/a", "/b"]), ("b.service", ["/c"])])
+    assert command.count("systemctl show --timestamp=unix") == 1 and "a.service b.service" in command
+    assert command.count("stat -c") == 2 and "sort" not in command and "cut" not in command
+    # the clocks are read only where systemd cannot print unix timestamps
+    assert command.index("date") > command.index("||") > command.index("--timestamp=unix")
+    empty = subprocess.run(["sh", "-c", unit_states_command([])], capture_output=True, text=True, check=True)
+    assert empty.stdout.splitlines() == ["show", "end"] and unit_states(empty.stdout.splitlines()) == []
