@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +50,7 @@ Key = tuple[type[FactBase[Any]], str, str]
 
 @dataclass
 class Stats:
-    batched: int = 0  #: facts brought by the batch
+    batched: int = 0  #: facts brought by the batch (the first one, and the operations' own: ``get_facts``)
     hits: int = 0  #: reads answered from the cache
     misses: int = 0  #: reads that went to the host on their own
     invalidations: int = 0  #: times a command emptied the cache
@@ -116,22 +116,9 @@ class FactCache:
         except FleetError as exc:  # the host's data: the operation that reads it reports it, in its place
             logger.debug("%s: no fact batch (%s)", self.host.name, exc)
             return
-        if not requests:
-            return
-        self._reading = True
-        try:
-            answers = pyinfra_get_fact(
-                self.state, self.host, FactBatch, kwargs={"commands": [r.shell() for r in requests]},
-                apply_failed_hosts=False,
-            )  # fmt: skip
-        finally:
-            self._reading = False
-        for i, request in enumerate(requests):
-            value = answer_of(request, answers.get(i))
-            key = self._key(request.fact, (), dict(request.kwargs))
-            if value is not NO_ANSWER and key is not None:
-                self._values[key] = value
-                self.stats.batched += 1
+        wanted = [(key, r) for r in requests if (key := self._key(r.fact, (), dict(r.kwargs))) is not None]
+        if wanted:
+            self._bring(wanted)
 
     def get_fact(self, fact: type[FactBase[Any]], *args: Any, **kwargs: Any) -> Any:
         if issubclass(fact, ShortFactBase):
@@ -152,6 +139,40 @@ class FactCache:
         if key is not None and self.host not in self.state.failed_hosts:
             self._values[key] = copy.deepcopy(value)
         return value
+
+    def get_facts(self, requests: Sequence[FactRequest]) -> list[Any]:
+        """Each request's value, as :meth:`get_fact` gives it; those the cache does not hold are
+        brought in one command (a ``FactBatch``, as the first batch), not one round trip each.
+
+        An operation that reads several facts before its first command (``fleet.operations.files
+        .read_together``) asks here: after an earlier operation's command emptied the cache, its
+        facts would otherwise each be read on their own."""
+        if not self._prefetched:
+            self._prefetch()
+        keys = [self._key(r.fact, (), dict(r.kwargs)) for r in requests]
+        wanted: dict[Key, FactRequest] = {}
+        for k, r in zip(keys, requests, strict=True):
+            if k is not None and k not in self._values and not issubclass(r.fact, ShortFactBase):
+                wanted.setdefault(k, r)
+        if len(wanted) > 1:  # one alone is read by get_fact, as pyinfra reads it
+            self._bring(list(wanted.items()))
+        return [self.get_fact(r.fact, **r.kwargs) for r in requests]
+
+    def _bring(self, wanted: list[tuple[Key, FactRequest]]) -> None:
+        """Read ``wanted`` in one ``FactBatch`` command; keep the answers pyinfra would give as values."""
+        self._reading = True
+        try:
+            answers = pyinfra_get_fact(
+                self.state, self.host, FactBatch, kwargs={"commands": [r.shell() for _k, r in wanted]},
+                apply_failed_hosts=False,
+            )  # fmt: skip
+        finally:
+            self._reading = False
+        for i, (key, request) in enumerate(wanted):
+            value = answer_of(request, answers.get(i))
+            if value is not NO_ANSWER:
+                self._values[key] = value
+                self.stats.batched += 1
 
     def changed(self) -> None:
         """The host ran something: what was read may be out of date."""
@@ -208,6 +229,7 @@ def install(state: State, hosts: Iterable[Host], requests: Requests) -> dict[str
         for name in ("run_shell_command", "put_file", "get_file"):
             setattr(host, name, cache.guard(getattr(host, name)))
         setattr(host, "get_fact", cache.get_fact)  # noqa: B010 (a method of this one object)
+        setattr(host, "get_facts", cache.get_facts)  # noqa: B010 (read by fleet.operations.files.read_together)
         caches[host.name] = cache
     return caches
 

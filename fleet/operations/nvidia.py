@@ -23,7 +23,7 @@ from pyinfra.facts.systemd import SystemdEnabled
 from fleet.facts.driver import NvidiaKernelModule
 from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.operations import layout
-from fleet.operations.files import Commands, atomic_file
+from fleet.operations.files import Commands, Wanted, atomic_file, file_requests, files_plan, joined, read_together
 
 KEYRING_PATH = f"{layout.KEYRING_DIR}/{layout.REPO_NAME}.gpg"
 SOURCES_PATH = f"{layout.SOURCES_DIR}/{layout.REPO_NAME}.sources"
@@ -64,8 +64,16 @@ def repository(mirror: str, keyring: str) -> Commands:
     + keyring: path on the control machine of the repository's public key (binary keyring)
     """
     url = layout.repo_url(mirror, host_distro(), host.get_fact(Arch))
-    yield from atomic_file._inner(path=KEYRING_PATH, content=Path(keyring).read_bytes(), mode=0o644)
-    yield from atomic_file._inner(path=SOURCES_PATH, content=layout.deb822_source(url, KEYRING_PATH), mode=0o644)
+    wanted = [
+        Wanted(KEYRING_PATH, Path(keyring).read_bytes(), 0o644),  # first: the source names it
+        Wanted(SOURCES_PATH, layout.deb822_source(url, KEYRING_PATH), 0o644),
+    ]
+    plan = files_plan(wanted, read_together(file_requests(wanted)))  # both files' facts before either is written
+    parts = plan.parts()
+    if parts:
+        yield joined(parts, plan.stdin)
+    else:
+        host.noop("NVIDIA apt repository in place")
 
 
 @operation()

@@ -17,7 +17,7 @@ from pyinfra.context import host
 
 from fleet.facts.revisions import InstanceRevision, InstanceRevisions, fact_instances
 from fleet.operations import layout
-from fleet.operations.files import Commands, atomic_file
+from fleet.operations.files import Commands, Wanted, joined, write_many
 from fleet.render.revision import ENV, META, ROOT, UNIT, Revision
 
 
@@ -38,22 +38,34 @@ def stored(
     """
     if found is None:
         found = host.get_fact(InstanceRevisions, instances=fact_instances(revisions), root=root)
-    changed = False
+    dirs: list[str] = []
+    writes: list[Wanted] = []
+    prune: list[str] = []
     for rev in revisions:
         none: InstanceRevision = {"state": "unknown", "live": None, "stored": [], "exe": None}
         have = found.get(rev.instance) or none
         names = [s["id"] for s in have["stored"]]
         if rev.id not in names:
+            # not stored (a revision counts once its revision.json is there): its files are written
+            # whatever a store cut short left of them, revision.json last
             d = rev.directory(root)
-            yield shlex.join(["install", "-d", "-m", "0700", "--", root, f"{root}/{rev.instance}", d])
-            yield from atomic_file._inner(path=f"{d}/{UNIT}", content=rev.unit.content, mode=0o600)
-            yield from atomic_file._inner(path=f"{d}/{ENV}", content=rev.env.content, mode=0o600)
-            yield from atomic_file._inner(path=f"{d}/{META}", content=rev.meta(), mode=0o600)
+            dirs += [f"{root}/{rev.instance}", d]
+            writes += [
+                Wanted(f"{d}/{UNIT}", rev.unit.content, 0o600),
+                Wanted(f"{d}/{ENV}", rev.env.content, 0o600),
+                Wanted(f"{d}/{META}", rev.meta(), 0o600),
+            ]
             names.append(rev.id)
-            changed = True
-        victims = layout.releases_to_prune(names, have["live"], rev.id, keep)
-        if victims:
-            yield shlex.join(["rm", "-rf", "--", *[f"{root}/{rev.instance}/{v}" for v in victims]])
-            changed = True
-    if not changed:
+        prune += [f"{root}/{rev.instance}/{v}" for v in layout.releases_to_prune(names, have["live"], rev.id, keep)]
+    parts = []
+    stdin = None
+    if writes:
+        write, stdin = write_many(writes)
+        parts += [shlex.join(["install", "-d", "-m", "0700", "--", root, *dirs]), write]
+    if prune:
+        parts.append(shlex.join(["rm", "-rf", "--", *prune]))
+    if not parts:
         host.noop(f"{len(revisions)} configuration revision(s) stored")
+        return
+    # one command: the stores, then the pruning (each part only once the one before succeeded)
+    yield joined(parts, stdin)

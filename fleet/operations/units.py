@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.systemd import SystemdEnabled
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from fleet.operations.files import Commands, atomic_file
+from fleet.facts.batch import FactRequest
+from fleet.operations.files import Commands, Wanted, file_requests, files_plan, joined, read_together
 from fleet.render.units import RenderedFile
 
 UNIT_SUFFIXES = (".service", ".socket", ".timer", ".target", ".path", ".mount")
@@ -29,26 +30,49 @@ def unit_names(files: Sequence[RenderedFile]) -> list[str]:
 
 
 @operation()
-def installed(files: Sequence[RenderedFile], enable: bool = True) -> Commands:
+def installed(files: Sequence[RenderedFile], enable: bool = True, restart: Sequence[str] = ()) -> Commands:
     """
     Write ``files`` (root-owned, their own modes), reload systemd if a unit changed, enable units.
 
     + files: the host's rendered files
     + enable: enable the units (``WantedBy=``) so they start at boot
+    + restart: units to restart when any of ``files`` changed, else to start unless running
     """
-    unit_changed = file_changed = False
-    for f in files:
-        commands = list(atomic_file._inner(path=f.path, content=f.content, mode=f.mode))
-        file_changed = file_changed or bool(commands)
-        unit_changed = unit_changed or (bool(commands) and f.path.endswith(UNIT_SUFFIXES))
-        yield from commands
-    if unit_changed:
-        yield "systemctl daemon-reload"
-    todo = _not_enabled(unit_names(files)) if enable else []
+    wanted = [Wanted(f.path, f.content, f.mode) for f in files]
+    names = unit_names(files)
+    asked = file_requests(wanted)
+    if enable and names:
+        asked.append(FactRequest(SystemdEnabled, {"services": names}))
+    if restart:
+        asked.append(FactRequest(SystemdStatus, {"services": list(restart)}))
+    values = read_together(asked)  # every fact before the first command: each read after one is a round trip
+    n_files = 2 * len(wanted)
+    plan = files_plan(wanted, values[:n_files])
+    changed_units = [n for f, n in zip(_units(files), names, strict=True) if f.path in plan.changed]
+    parts = plan.parts()
+    todo: list[str] = []
+    if enable:
+        is_enabled: dict[str, bool] = values[n_files] if names else {}
+        # a changed unit is enabled (again): ``systemctl enable`` reloads systemd itself
+        todo = [n for n in names if n in changed_units or not is_enabled.get(n)]
     if todo:
-        yield shlex.join(["systemctl", "enable", *todo])
-    elif not file_changed:
-        host.noop("units up to date" + (" and enabled" if enable else ""))
+        parts.append(shlex.join(["systemctl", "enable", *todo]))
+    elif changed_units:
+        parts.append("systemctl daemon-reload")
+    if restart:
+        running = values[-1]
+        if plan.changed:
+            parts.append(shlex.join(["systemctl", "restart", *restart]))
+        elif any(not running.get(u) for u in restart):
+            parts.append(shlex.join(["systemctl", "start", *[u for u in restart if not running.get(u)]]))
+    if not parts:
+        host.noop("units up to date" + (" and enabled" if enable else "") + (" and running" if restart else ""))
+        return
+    yield joined(parts, plan.stdin)
+
+
+def _units(files: Sequence[RenderedFile]) -> list[RenderedFile]:
+    return [f for f in files if f.path.endswith(UNIT_SUFFIXES)]
 
 
 def _not_enabled(units: Sequence[str]) -> list[str]:

@@ -4,11 +4,16 @@
 lines, fed through the fact's own ``process()``; ``[]`` = no output, the fact's ``default()``), or
 to ``Value(x)`` for a value already processed (pyinfra's own facts, whose commands are theirs).
 The operation's generator runs exactly as pyinfra runs it, with no host and no SSH; the test
-reads the commands it yields.
+reads the commands it yields, and the fact reads it made (``Run.reads``): in ``fleet deploy``
+every command empties the host's fact cache, so a read after the operation's first command is a
+round trip of its own, and facts asked together (``host.get_facts``, as the deploy's cache offers
+it) are one round trip.
 """
 
 from __future__ import annotations
 
+import base64
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +44,22 @@ class RecordedHost:
     in_op: bool = True
     in_callback_op: bool = False
     current_op_global_arguments: Any = None
+    #: each read: (fact name, commands the operation had yielded before it, read together with others)
+    reads: list[tuple[str, int, bool]] = field(default_factory=list)
+    yielded: int = 0
+
+    def get_facts(self, requests: Any) -> list[Any]:
+        """As ``fleet.deploy.factcache.FactCache.get_facts``: the requests' values, read together."""
+        values = [self._value(r.fact, **r.kwargs) for r in requests]
+        self.reads += [(r.fact.__name__, self.yielded, True) for r in requests]
+        return values
 
     def get_fact(self, fact_cls: type, *args: Any, **kwargs: Any) -> Any:
+        value = self._value(fact_cls, **kwargs)
+        self.reads.append((fact_cls.__name__, self.yielded, False))
+        return value
+
+    def _value(self, fact_cls: type, **kwargs: Any) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if k not in all_argument_meta}
         recorded = self.facts[key(fact_cls, **kwargs)]  # KeyError: the test forgot a fact
         if isinstance(recorded, Value):
@@ -65,6 +84,20 @@ class Command:
 class Run:
     commands: list[Command]
     noops: list[str]
+    reads: list[tuple[str, int, bool]] = field(default_factory=list)
+
+    @property
+    def round_trips(self) -> int:
+        """Commands plus fact reads a deploy sends for this operation once an earlier operation
+        changed the host (nothing cached): each read on its own is one, reads together are one."""
+        alone = sum(1 for _f, _n, together in self.reads if not together)
+        together = len({n for _f, n, t in self.reads if t})
+        return len(self.commands) + alone + together
+
+    @property
+    def late_reads(self) -> list[str]:
+        """Facts read after the operation's first command (in a deploy each is a round trip)."""
+        return [f for f, n, _t in self.reads if n > 0]
 
     @property
     def texts(self) -> list[str]:
@@ -81,9 +114,31 @@ def run_op(op: Any, facts: Mapping[FactKey, list[str] | Value], **kwargs: Any) -
     out = []
     with ctx_state.use(_State()), ctx_host.use(host):
         for cmd in op._inner(**kwargs):
+            host.yielded += 1
             if isinstance(cmd, StringCommand):
                 stdin = cmd.connector_arguments.get("_stdin")
                 out.append(Command(cmd.get_raw_value(), stdin))
             else:
                 out.append(Command(str(cmd), None))
-    return Run(out, host.noops)
+    return Run(out, host.noops, host.reads)
+
+
+def written(command: Command) -> dict[str, tuple[bytes, str, str]]:
+    """What a ``fleet.operations.files.write_many_command`` writes: path -> (content, owner, mode)."""
+    argv = shlex.split(_write_part(command.text))
+    args = argv[argv.index("fleet-write") + 1 :]
+    stdin = command.stdin or ""
+    out = {}
+    for i in range(0, len(args), 4):
+        directory, name, owner, mode = args[i : i + 4]
+        head, stdin = stdin.split("\n", 1)
+        n, size = (int(x) for x in head.split())
+        data, stdin = base64.b64decode(stdin[:n]), stdin[n:]
+        assert len(data) == size
+        out[f"{directory}/{name}"] = (data, owner, mode)
+    assert stdin == ""
+    return out
+
+
+def _write_part(text: str) -> str:
+    return next(p for p in text.split(" && ") if "fleet-write" in p)

@@ -395,3 +395,38 @@ def test_pyinfras_global_arguments_are_resolved_once(local: Any, monkeypatch: py
         assert got == expected and got is not lookup()  # a new list each time, as pyinfra's
     assert pyinfra_get_fact(state, host, Arch) == subprocess.run(["uname", "-m"], capture_output=True, text=True,
                                                                 check=True).stdout.strip()  # fmt: skip
+
+
+def test_facts_asked_together_after_a_command_are_one_round_trip(local: Any, tmp_path: Path) -> None:
+    # what an operation reads before its first command (fleet.operations.files.read_together),
+    # once an earlier operation's command emptied the cache: one command, not one per fact
+    state, host = local
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.write_text("1\n")
+    caches = factcache.install(state, [host], lambda _h: [FactRequest(Arch)])
+    cache = caches[host.name]
+    host.get_fact(Arch)
+    commands: list[str] = []
+    run = host.run_shell_command
+
+    def counted(command: Any, *args: Any, **kwargs: Any) -> Any:
+        commands.append(str(command))
+        return run(command, *args, **kwargs)
+
+    host.run_shell_command = counted
+    ok, _out = host.run_shell_command("true")  # an operation's change
+    assert ok and commands == ["true"]
+    asked = [
+        FactRequest(Sha1File, {"path": str(one)}),
+        FactRequest(Sha1File, {"path": str(two)}),
+        FactRequest(Arch),
+        FactRequest(NeedsMissingCommand),  # no answer in a batch: read on its own, as pyinfra reads it
+    ]
+    values = host.get_facts(asked)
+    assert len(commands) == 3  # the change, the batch, the missing command's fact on its own
+    assert values[:3] == [hashlib.sha1(b"1\n").hexdigest(), None, host.get_fact(Arch)]
+    assert (cache.stats.batched, cache.stats.misses) == (1 + 3, 1)
+    before = len(commands)
+    assert host.get_facts(asked[:3]) == values[:3] and commands[before:] == []  # all cached now
+    # each equals the fact read on its own (the host's shell counts that as a change: last)
+    assert values[:3] == [pyinfra_get_fact(state, host, r.fact, kwargs=dict(r.kwargs)) for r in asked[:3]]

@@ -17,7 +17,7 @@ from fleet.facts.driver import NvidiaKernelModule
 from fleet.facts.packages import DebPackageStates, RebootRequired
 from fleet.operations import layout, nvidia
 
-from .opharness import Value, key, run_op
+from .opharness import Value, key, run_op, written
 
 DEBIAN12 = Value({"name": "Debian", "major": 12, "release_meta": {"ID": "debian", "VERSION_ID": "12"}})
 UBUNTU2404 = Value({"name": "Ubuntu", "major": 24, "release_meta": {"ID": "ubuntu", "VERSION_ID": "24.04"}})
@@ -129,11 +129,16 @@ def test_repository_writes_keyring_and_deb822_source_once(tmp_path: Path) -> Non
         key(Arch): Value("x86_64"),
         key(Sha1File, path=nvidia.KEYRING_PATH): [],
         key(Sha1File, path=nvidia.SOURCES_PATH): [],
+        key(File, path=nvidia.KEYRING_PATH): [],
+        key(File, path=nvidia.SOURCES_PATH): [],
     }
     run = run_op(nvidia.repository, fresh, mirror="http://127.0.0.1:8080/apt", keyring=str(keyring))
-    assert len(run.commands) == 2
-    assert base64.b64decode(run.commands[0].stdin or "") == keyring.read_bytes()
-    assert base64.b64decode(run.commands[1].stdin or "").decode() == source
+    assert len(run.commands) == 1  # both files, the keyring first (before: a write, a read, a write)
+    assert written(run.commands[0]) == {
+        nvidia.KEYRING_PATH: (keyring.read_bytes(), "root:root", "644"),
+        nvidia.SOURCES_PATH: (source.encode(), "root:root", "644"),
+    }
+    assert run.late_reads == []
     assert source == (
         "Types: deb\nURIs: http://127.0.0.1:8080/apt/debian12/x86_64/\nSuites: /\n"
         "Signed-By: /etc/apt/keyrings/fleet-nvidia.gpg\n"

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 from pyinfra.facts.files import File, Sha1File
-from pyinfra.facts.systemd import SystemdEnabled
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from fleet.facts.releases import MARKER, VllmReleases
 from fleet.operations import layout, units, vllm
 from fleet.operations.files import atomic_file
 from fleet.render.units import RenderedFile
 
-from .opharness import Command, Value, key, run_op
+from .opharness import Command, Value, key, run_op, written
 
 ROOT = "/opt/fleet/vllm"
 SPEC = layout.ReleaseSpec("0.33.0", "3.11.2", "http://127.0.0.1:9000/simple/", (), (layout.NVML_PY_REQUIREMENT,))
@@ -390,25 +390,68 @@ def _unit_facts(unit_sha: bool, env_sha: bool, enabled: bool) -> dict:
     return {
         key(Sha1File, path=UNIT.path): sha(UNIT, unit_sha),
         key(Sha1File, path=ENV.path): sha(ENV, env_sha),
-        key(File, path=UNIT.path): _file_stat("-rw-r--r--"),
-        key(File, path=ENV.path): _file_stat("-rw-------"),
+        key(File, path=UNIT.path): _file_stat("-rw-r--r--") if unit_sha else [],
+        key(File, path=ENV.path): _file_stat("-rw-------") if env_sha else [],
         key(SystemdEnabled, services=["fleet-vllm-0.service"]): Value({"fleet-vllm-0.service": enabled}),
     }
 
 
-def test_units_first_run_writes_reloads_and_enables() -> None:
+def test_units_first_run_writes_and_enables_in_one_command() -> None:
+    # one round trip: both files written (each its own rename), then ``systemctl enable``, which
+    # reloads systemd itself (systemctl(1), --no-reload): no daemon-reload of its own
     run = run_op(units.installed, _unit_facts(False, False, False), files=[UNIT, ENV])
-    assert [t.split()[0] for t in run.texts] == ["sh", "sh", "systemctl", "systemctl"]
-    assert run.texts[2:] == ["systemctl daemon-reload", "systemctl enable fleet-vllm-0.service"]
+    assert len(run.texts) == 1
+    write, enable = run.texts[0].split(" && ")
+    assert enable == "systemctl enable fleet-vllm-0.service"
+    assert written(run.commands[0]) == {
+        UNIT.path: (UNIT.content.encode(), "root:root", "644"),
+        ENV.path: (ENV.content.encode(), "root:root", "600"),
+    }
+    assert "VLLM_API_KEY" not in write and "k\n" not in write  # the env file's content is on stdin only
+
+
+def test_units_read_every_fact_together_before_their_command() -> None:
+    # before: each file's facts were read after the previous file's write (a round trip each in a
+    # deploy, whose fact cache every command empties), and whether the units were enabled after
+    # the writes: 2 writes + 1 read alone + daemon-reload + 1 read alone + enable = 6 round trips
+    run = run_op(units.installed, _unit_facts(False, False, False), files=[UNIT, ENV])
+    assert run.late_reads == []
+    assert run.round_trips == 2  # the facts together, then the one command
 
 
 def test_units_second_run_changes_nothing() -> None:
-    assert run_op(units.installed, _unit_facts(True, True, True), files=[UNIT, ENV]).texts == []
+    run = run_op(units.installed, _unit_facts(True, True, True), files=[UNIT, ENV])
+    assert run.texts == [] and run.round_trips == 1
+
+
+def test_a_changed_unit_already_enabled_is_enabled_again_which_reloads_systemd() -> None:
+    run = run_op(units.installed, _unit_facts(False, True, True), files=[UNIT, ENV])
+    assert len(run.texts) == 1 and run.texts[0].endswith(" && systemctl enable fleet-vllm-0.service")
+    assert list(written(run.commands[0])) == [UNIT.path]
 
 
 def test_env_change_alone_does_not_reload_systemd() -> None:
     run = run_op(units.installed, _unit_facts(True, False, True), files=[UNIT, ENV])
-    assert len(run.texts) == 1 and "vllm-0.env" in run.texts[0]
+    assert len(run.texts) == 1 and "vllm-0.env" in run.texts[0] and "systemctl" not in run.texts[0]
+
+
+def test_mode_fix_alone_is_chmod_only() -> None:
+    facts = {**_unit_facts(True, True, True), key(File, path=ENV.path): _file_stat("-rw-r--r--")}
+    assert run_op(units.installed, facts, files=[UNIT, ENV]).texts == [f"chmod 600 -- {ENV.path}"]
+
+
+def test_restart_units_restart_when_a_file_changed_else_start_unless_running() -> None:
+    watch = "fleet-vllm-0.service"
+
+    def facts(unit_same: bool, running: bool) -> dict:
+        return {**_unit_facts(unit_same, True, True), key(SystemdStatus, services=[watch]): Value({watch: running})}
+
+    changed = run_op(units.installed, facts(False, True), files=[UNIT, ENV], restart=[watch])
+    assert changed.texts[0].endswith(f" && systemctl enable {watch} && systemctl restart {watch}")
+    assert changed.round_trips == 2 and changed.late_reads == []
+    stopped = run_op(units.installed, facts(True, False), files=[UNIT, ENV], restart=[watch])
+    assert stopped.texts == [f"systemctl start {watch}"]
+    assert run_op(units.installed, facts(True, True), files=[UNIT, ENV], restart=[watch]).texts == []
 
 
 def test_units_with_no_unit_files_ask_systemd_nothing() -> None:

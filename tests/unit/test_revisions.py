@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pyinfra.facts.files import File, Sha1File
 
 from fleet.errors import FleetError
 from fleet.facts.revisions import InstanceRevisions, fact_instances, parse_revisions, revisions_command
@@ -16,7 +15,7 @@ from fleet.operations import revisions
 from fleet.render.revision import LIVE_ID_SH, ROOT, Revision, revision_id, revisions_of
 from fleet.render.units import RenderedFile
 
-from .opharness import Value, key, run_op
+from .opharness import key, run_op, written
 
 UNIT = RenderedFile("/etc/systemd/system/fleet-vllm-0.service", "[Service]\nExecStart=/x serve m\n", 0o644)
 ENV = RenderedFile("/etc/fleet/vllm-0.env", "# no key\n", 0o600)
@@ -130,19 +129,33 @@ def test_the_fact_command_quotes_every_path() -> None:
 def _facts(stored: list[str], live: str | None, state: str = "active") -> dict[object, object]:
     lines = [f"state vllm-0 {state}"] + ([f"live vllm-0 {live}"] if live else [])
     lines += [f"stored vllm-0 {i} {rid}" for i, rid in enumerate(stored)]
-    facts: dict[object, object] = {key(InstanceRevisions, instances=fact_instances([REV]), root=ROOT): lines}
-    for name in ("unit", "env", "revision.json"):
-        facts[key(Sha1File, path=f"{REV.directory()}/{name}")] = Value(None)
-        facts[key(File, path=f"{REV.directory()}/{name}")] = Value(None)
-    return facts
+    # nothing else is recorded: a revision not stored is written whole, its files' facts unread
+    return {key(InstanceRevisions, instances=fact_instances([REV]), root=ROOT): lines}
 
 
-def test_a_new_revision_is_stored_root_only_its_meta_last() -> None:
+def test_a_new_revision_is_stored_root_only_its_meta_last_in_one_command() -> None:
     run = run_op(revisions.stored, _facts(["old1"], "old1"), revisions=[REV])  # type: ignore[arg-type]
-    assert run.texts[0] == f"install -d -m 0700 -- {ROOT} {ROOT}/vllm-0 {REV.directory()}"
-    written = [c for c in run.commands if c.stdin is not None]
-    assert len(written) == 3 and "revision.json" in written[-1].text
-    assert all("600" in c.text for c in written)
+    assert len(run.texts) == 1  # before: install -d, then per file a read and a write (7 round trips)
+    make, _write = run.texts[0].split(" && ")
+    assert make == f"install -d -m 0700 -- {ROOT} {ROOT}/vllm-0 {REV.directory()}"
+    files = written(run.commands[0])
+    assert list(files) == [f"{REV.directory()}/{n}" for n in ("unit", "env", "revision.json")]
+    assert all(owner == "root:root" and mode == "600" for _data, owner, mode in files.values())
+    assert files[f"{REV.directory()}/env"][0] == ENV.content.encode()
+    assert run.late_reads == [] and run.round_trips == 2  # the InstanceRevisions fact, the command
+
+
+def test_two_new_revisions_and_the_pruning_are_one_command() -> None:
+    rev1 = Revision("vllm-1", RenderedFile("/etc/systemd/system/fleet-vllm-1.service", "[Service]\n", 0o644), ENV, "m")
+    lines = ["state vllm-0 inactive", "state vllm-1 inactive", "live vllm-0 old2"]
+    lines += [f"stored vllm-0 {i} {rid}" for i, rid in enumerate(["old0", "old1", "old2"])]
+    facts = {key(InstanceRevisions, instances=fact_instances([REV, rev1]), root=ROOT): lines}
+    run = run_op(revisions.stored, facts, revisions=[REV, rev1], keep=2)  # type: ignore[arg-type]
+    assert len(run.texts) == 1
+    make, _write, prune = run.texts[0].split(" && ")
+    assert make == (f"install -d -m 0700 -- {ROOT} {ROOT}/vllm-0 {REV.directory()} {ROOT}/vllm-1 {rev1.directory()}")
+    assert [p.rsplit("/", 1)[1] for p in written(run.commands[0])] == ["unit", "env", "revision.json"] * 2
+    assert prune == f"rm -rf -- {ROOT}/vllm-0/old0 {ROOT}/vllm-0/old1"
 
 
 def test_a_stored_revision_is_not_written_again() -> None:
@@ -152,7 +165,7 @@ def test_a_stored_revision_is_not_written_again() -> None:
 
 def test_old_revisions_are_pruned_but_never_the_live_one() -> None:
     run = run_op(revisions.stored, _facts(["live0", "old1", "old2"], "live0"), revisions=[REV], keep=2)  # type: ignore[arg-type]
-    assert run.texts[-1] == f"rm -rf -- {ROOT}/vllm-0/old1 {ROOT}/vllm-0/old2"
+    assert run.texts[-1].split(" && ")[-1] == f"rm -rf -- {ROOT}/vllm-0/old1 {ROOT}/vllm-0/old2"
 
 
 def test_the_fact_command_run_by_a_real_shell_lists_complete_revisions_only(tmp_path: Path) -> None:
