@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +50,11 @@ Key = tuple[type[FactBase[Any]], str, str]
 
 @dataclass
 class Stats:
-    batched: int = 0  #: facts brought by the batch (the first one, and the operations' own: ``get_facts``)
+    batched: int = 0  #: facts brought by a batch (the first one, and each operation's read ahead)
     hits: int = 0  #: reads answered from the cache
     misses: int = 0  #: reads that went to the host on their own
     invalidations: int = 0  #: times a command emptied the cache
+    ahead: int = 0  #: batches of an operation's facts read ahead (see FactCache.get_fact)
 
 
 @dataclass
@@ -65,6 +66,8 @@ class FactCache:
     _values: dict[Key, Any] = field(default_factory=dict)
     _executors: dict[str, str] = field(default_factory=dict)  #: see _executor
     _prefetched: bool = False
+    #: per operation (its hash), the facts it read while pyinfra prepared it: before its first command
+    _op_reads: dict[str, dict[Key, FactRequest]] = field(default_factory=dict)
     _reading: bool = False  #: a fact command is running (not an operation's command)
 
     def _executor(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -121,11 +124,28 @@ class FactCache:
             self._bring(wanted)
 
     def get_fact(self, fact: type[FactBase[Any]], *args: Any, **kwargs: Any) -> Any:
+        """The fact's value: from the cache, else read ahead with the operation's other facts, else
+        on its own.
+
+        Reading ahead: pyinfra prepares an operation by running its generator up to its first
+        command; the facts it read then (remembered per operation) are those it reads before its
+        first command when it runs. When it runs after another operation's command emptied the
+        cache, its first read that misses brings every one of those not held in one ``FactBatch``
+        command, instead of one round trip each. Nothing stale can be served: any command the
+        operation then runs empties the cache as before."""
         if issubclass(fact, ShortFactBase):
             return pyinfra_get_fact(self.state, self.host, fact, args=args, kwargs=kwargs)
         if not self._prefetched:
             self._prefetch()
         key = self._key(fact, args, kwargs)
+        op = self.host.current_op_hash
+        if key is not None and op is not None and not self.state.is_executing:
+            self._op_reads.setdefault(op, {}).setdefault(key, FactRequest(fact, kwargs))
+        if key is not None and key not in self._values and op is not None and self.state.is_executing:
+            ahead = [(k, r) for k, r in self._op_reads.get(op, {}).items() if k not in self._values]
+            if len(ahead) > 1 and any(k == key for k, _r in ahead):
+                self.stats.ahead += 1
+                self._bring(ahead)
         if key is not None and key in self._values:
             self.stats.hits += 1
             return copy.deepcopy(self._values[key])
@@ -139,24 +159,6 @@ class FactCache:
         if key is not None and self.host not in self.state.failed_hosts:
             self._values[key] = copy.deepcopy(value)
         return value
-
-    def get_facts(self, requests: Sequence[FactRequest]) -> list[Any]:
-        """Each request's value, as :meth:`get_fact` gives it; those the cache does not hold are
-        brought in one command (a ``FactBatch``, as the first batch), not one round trip each.
-
-        An operation that reads several facts before its first command (``fleet.operations.files
-        .read_together``) asks here: after an earlier operation's command emptied the cache, its
-        facts would otherwise each be read on their own."""
-        if not self._prefetched:
-            self._prefetch()
-        keys = [self._key(r.fact, (), dict(r.kwargs)) for r in requests]
-        wanted: dict[Key, FactRequest] = {}
-        for k, r in zip(keys, requests, strict=True):
-            if k is not None and k not in self._values and not issubclass(r.fact, ShortFactBase):
-                wanted.setdefault(k, r)
-        if len(wanted) > 1:  # one alone is read by get_fact, as pyinfra reads it
-            self._bring(list(wanted.items()))
-        return [self.get_fact(r.fact, **r.kwargs) for r in requests]
 
     def _bring(self, wanted: list[tuple[Key, FactRequest]]) -> None:
         """Read ``wanted`` in one ``FactBatch`` command; keep the answers pyinfra would give as values."""
@@ -229,7 +231,6 @@ def install(state: State, hosts: Iterable[Host], requests: Requests) -> dict[str
         for name in ("run_shell_command", "put_file", "get_file"):
             setattr(host, name, cache.guard(getattr(host, name)))
         setattr(host, "get_fact", cache.get_fact)  # noqa: B010 (a method of this one object)
-        setattr(host, "get_facts", cache.get_facts)  # noqa: B010 (read by fleet.operations.files.read_together)
         caches[host.name] = cache
     return caches
 
@@ -242,7 +243,9 @@ def summary(caches: dict[str, FactCache]) -> str:
         total.hits += c.stats.hits
         total.misses += c.stats.misses
         total.invalidations += c.stats.invalidations
+        total.ahead += c.stats.ahead
     return (
         f"facts on {len(caches)} host(s): {total.batched} batched, {total.hits} reads from the cache, "
-        f"{total.misses} read on their own, cache emptied {total.invalidations} time(s) by a change"
+        f"{total.misses} read on their own, cache emptied {total.invalidations} time(s) by a change, "
+        f"{total.ahead} operation(s) read their facts ahead in one command"
     )

@@ -13,7 +13,7 @@ import base64
 import hashlib
 import posixpath
 import shlex
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,13 +136,9 @@ def file_requests(files: Sequence[Wanted]) -> list[FactRequest]:
 
 
 def read_together(requests: Sequence[FactRequest]) -> list[Any]:
-    """Each request's value, as ``host.get_fact`` gives it, asked before any command of the
-    operation runs. Where the host offers ``get_facts`` (``fleet deploy``'s fact cache:
-    ``fleet.deploy.factcache.FactCache.get_facts``) the ones it does not hold come in one round
-    trip; elsewhere (the ``pyinfra`` CLI) each is read on its own."""
-    together: Callable[[Sequence[FactRequest]], list[Any]] | None = getattr(host, "get_facts", None)
-    if together is not None:
-        return together(requests)
+    """Each request's value (``host.get_fact``), all read before the operation yields its first
+    command: in ``fleet deploy`` those reads are one round trip (``fleet.deploy.factcache`` reads
+    an operation's facts ahead), where a read after a command is one of its own."""
     return [host.get_fact(r.fact, **r.kwargs) for r in requests]
 
 

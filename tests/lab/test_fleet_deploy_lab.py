@@ -96,6 +96,32 @@ def test_first_deploy_serves_and_a_second_changes_nothing(served_lab: LabFleet) 
     assert [e["healthy"] for e in host["endpoints"]] == [True, True]
 
 
+def test_a_changed_watcher_unit_is_rewritten_and_restarted_with_systemd_reloaded(served_lab: LabFleet) -> None:
+    # The watcher's files, ``systemctl enable`` and its restart go in one command, with no
+    # ``daemon-reload`` of their own: ``systemctl enable`` reloads systemd itself (systemctl(1),
+    # ``--no-reload``). Were it not so, systemd would still run the hand-edited unit below and
+    # say so (NeedDaemonReload=yes).
+    unit = "/etc/systemd/system/fleet-gpu-watch.service"
+    show = "systemctl show -p NeedDaemonReload -p ActiveState -p MainPID fleet-gpu-watch.service"
+    rc, before, err = host_run(
+        served_lab,
+        f"echo '# changed by hand' | sudo tee -a {unit} >/dev/null && sudo systemctl daemon-reload && {show}",
+    )
+    assert rc == 0 and "NeedDaemonReload=no" in before, err
+    rc, result = fleet_deploy(served_lab)
+    assert rc == 0 and isinstance(result, dict), result
+    (host,) = result["hosts"]  # type: ignore[misc]
+    assert host["status"] == "changed" and len(host["operations"]) == 1, host
+    assert "GPU watcher program and unit" in host["operations"][0]
+    rc, after, err = host_run(served_lab, f"{show}; grep -c 'changed by hand' {unit} || true")
+    assert rc == 0, err
+    assert "NeedDaemonReload=no" in after and "ActiveState=active" in after and after.strip().endswith("0"), after
+    pids = [re.findall(r"MainPID=(\d+)", text) for text in (before, after)]
+    assert pids[0] and pids[1] and pids[0] != pids[1], (before, after)  # restarted
+    rc, again = fleet_deploy(served_lab)
+    assert rc == 0 and isinstance(again, dict) and again["hosts"][0]["status"] == "unchanged", again  # type: ignore[index]
+
+
 # ---- the air gap ---------------------------------------------------------------------------------
 
 #: Run on a lab host: try a TCP connection to each (address, port) with a short timeout and print

@@ -6,8 +6,8 @@ to ``Value(x)`` for a value already processed (pyinfra's own facts, whose comman
 The operation's generator runs exactly as pyinfra runs it, with no host and no SSH; the test
 reads the commands it yields, and the fact reads it made (``Run.reads``): in ``fleet deploy``
 every command empties the host's fact cache, so a read after the operation's first command is a
-round trip of its own, and facts asked together (``host.get_facts``, as the deploy's cache offers
-it) are one round trip.
+round trip of its own, while the reads before it are one (``fleet.deploy.factcache`` reads an
+operation's facts ahead).
 """
 
 from __future__ import annotations
@@ -44,19 +44,13 @@ class RecordedHost:
     in_op: bool = True
     in_callback_op: bool = False
     current_op_global_arguments: Any = None
-    #: each read: (fact name, commands the operation had yielded before it, read together with others)
-    reads: list[tuple[str, int, bool]] = field(default_factory=list)
+    #: each read: (fact name, commands the operation had yielded before it)
+    reads: list[tuple[str, int]] = field(default_factory=list)
     yielded: int = 0
-
-    def get_facts(self, requests: Any) -> list[Any]:
-        """As ``fleet.deploy.factcache.FactCache.get_facts``: the requests' values, read together."""
-        values = [self._value(r.fact, **r.kwargs) for r in requests]
-        self.reads += [(r.fact.__name__, self.yielded, True) for r in requests]
-        return values
 
     def get_fact(self, fact_cls: type, *args: Any, **kwargs: Any) -> Any:
         value = self._value(fact_cls, **kwargs)
-        self.reads.append((fact_cls.__name__, self.yielded, False))
+        self.reads.append((fact_cls.__name__, self.yielded))
         return value
 
     def _value(self, fact_cls: type, **kwargs: Any) -> Any:
@@ -84,20 +78,20 @@ class Command:
 class Run:
     commands: list[Command]
     noops: list[str]
-    reads: list[tuple[str, int, bool]] = field(default_factory=list)
+    reads: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def round_trips(self) -> int:
-        """Commands plus fact reads a deploy sends for this operation once an earlier operation
-        changed the host (nothing cached): each read on its own is one, reads together are one."""
-        alone = sum(1 for _f, _n, together in self.reads if not together)
-        together = len({n for _f, n, t in self.reads if t})
-        return len(self.commands) + alone + together
+        """Commands plus fact reads ``fleet deploy`` sends for this operation once an earlier
+        operation changed the host (nothing cached): the reads before its first command together
+        (read ahead), each read after one on its own."""
+        early = any(n == 0 for _f, n in self.reads)
+        return len(self.commands) + int(early) + len(self.late_reads)
 
     @property
     def late_reads(self) -> list[str]:
         """Facts read after the operation's first command (in a deploy each is a round trip)."""
-        return [f for f, n, _t in self.reads if n > 0]
+        return [f for f, n in self.reads if n > 0]
 
     @property
     def texts(self) -> list[str]:

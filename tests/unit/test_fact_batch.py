@@ -397,15 +397,21 @@ def test_pyinfras_global_arguments_are_resolved_once(local: Any, monkeypatch: py
                                                                 check=True).stdout.strip()  # fmt: skip
 
 
-def test_facts_asked_together_after_a_command_are_one_round_trip(local: Any, tmp_path: Path) -> None:
-    # what an operation reads before its first command (fleet.operations.files.read_together),
-    # once an earlier operation's command emptied the cache: one command, not one per fact
+def test_an_operations_facts_are_read_ahead_in_one_command_after_a_change(local: Any, tmp_path: Path) -> None:
+    # pyinfra prepares an operation by running it up to its first command (the facts it reads
+    # then are remembered); when it runs after another operation's command emptied the cache, its
+    # first read brings all those facts in one command, not one round trip each
     state, host = local
     one, two = tmp_path / "one", tmp_path / "two"
     one.write_text("1\n")
     caches = factcache.install(state, [host], lambda _h: [FactRequest(Arch)])
     cache = caches[host.name]
-    host.get_fact(Arch)
+    asked = [
+        FactRequest(Sha1File, {"path": str(one)}),
+        FactRequest(Sha1File, {"path": str(two)}),
+        FactRequest(Arch),
+        FactRequest(NeedsMissingCommand),  # no answer in a batch: read on its own, as pyinfra reads it
+    ]
     commands: list[str] = []
     run = host.run_shell_command
 
@@ -414,19 +420,26 @@ def test_facts_asked_together_after_a_command_are_one_round_trip(local: Any, tmp
         return run(command, *args, **kwargs)
 
     host.run_shell_command = counted
-    ok, _out = host.run_shell_command("true")  # an operation's change
-    assert ok and commands == ["true"]
-    asked = [
-        FactRequest(Sha1File, {"path": str(one)}),
-        FactRequest(Sha1File, {"path": str(two)}),
-        FactRequest(Arch),
-        FactRequest(NeedsMissingCommand),  # no answer in a batch: read on its own, as pyinfra reads it
-    ]
-    values = host.get_facts(asked)
-    assert len(commands) == 3  # the change, the batch, the missing command's fact on its own
-    assert values[:3] == [hashlib.sha1(b"1\n").hexdigest(), None, host.get_fact(Arch)]
-    assert (cache.stats.batched, cache.stats.misses) == (1 + 3, 1)
-    before = len(commands)
-    assert host.get_facts(asked[:3]) == values[:3] and commands[before:] == []  # all cached now
-    # each equals the fact read on its own (the host's shell counts that as a change: last)
+    host.current_op_hash = "op-1"
+    prepared = [host.get_fact(r.fact, **r.kwargs) for r in asked]  # pyinfra preparing the operation
+    assert len(commands) == 1 + 3  # the first batch (Arch), then the three others each on its own
+    commands.clear()
+    host.current_op_hash = "op-0"
+    ok, _out = host.run_shell_command("true")  # an earlier operation's change
+    state.is_executing = True
+    host.current_op_hash = "op-1"
+    one.write_text("changed\n")
+    values = [host.get_fact(r.fact, **r.kwargs) for r in asked]
+    assert ok and len(commands) == 1 + 1 + 1  # the change, the read ahead, the missing command's fact
+    assert cache.stats.ahead == 1
+    assert values[0] == hashlib.sha1(b"changed\n").hexdigest() and values[1:] == prepared[1:]
+    # each equals the fact read on its own (which the host's shell counts as a change, as the next)
     assert values[:3] == [pyinfra_get_fact(state, host, r.fact, kwargs=dict(r.kwargs)) for r in asked[:3]]
+    # a read ahead serves only until the next command: the operation's own command empties the cache
+    host.run_shell_command("true")
+    two.write_text("2\n")
+    before = len(commands)
+    assert host.get_fact(Sha1File, path=str(two)) == hashlib.sha1(b"2\n").hexdigest()  # not served stale
+    assert len(commands) == before + 1  # read ahead again, with the others
+    assert "1 operation(s) read their facts ahead" not in factcache.summary(caches)
+    assert "2 operation(s) read their facts ahead" in factcache.summary(caches)

@@ -91,7 +91,7 @@ def test_a_file_where_a_directory_should_be_is_refused_with_the_way_out() -> Non
         files.directories_plan([WantedDir("/var/lib/w", 0o700)], [False])
 
 
-def test_directories_are_one_command_from_facts_read_together() -> None:
+def test_directories_are_one_command_their_facts_read_before_it() -> None:
     dirs = [WantedDir("/var/lib/w", 0o700), WantedDir("/var/lib/t")]
     facts = {key(Directory, path=d.path): Value(None) for d in dirs}
     run = run_op(files.directories, facts, dirs=dirs)
