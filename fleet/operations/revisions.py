@@ -5,6 +5,10 @@ A revision is written once, into its own root-only directory, its ``revision.jso
 revision counts only once that is there, as a release counts once its marker is). The live files
 are not this operation's business: an idle unit's are written in place by ``units.installed``, a
 serving unit's are put in place by the rolling engine between its stop and its start.
+
+A revision not stored yet is written whole, whatever an interrupted store left of its files
+(their content is the revision's own: no file is read first), and every revision and the pruning
+go in one command, each part only once the one before succeeded.
 """
 
 from __future__ import annotations

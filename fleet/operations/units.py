@@ -1,11 +1,20 @@
 """The rendered systemd units and environment files of a host (``fleet.render.units``).
 
-Each file is written atomically with its owner and mode (``files.atomic_file``; env files hold
-the API key: root-only 0600). ``systemctl daemon-reload`` runs only when a unit file changed,
-and each unit is enabled unless it already is (``installed(enable=False)`` leaves that to
-``enabled``, which ``fleet deploy`` runs when it starts them). Starting and restarting is the
-deploy's job (first deploy) or the rolling engine's (a fleet already serving), not this
-operation's.
+Each file is written atomically with its owner and mode (``files.write_many_command``; env files
+hold the API key: root-only 0600). A unit that changed is enabled (again), and each unit is
+enabled unless it already is; ``systemctl enable`` reloads systemd's configuration itself
+(systemctl(1): ``--no-reload`` "do not implicitly reload daemon configuration"), so
+``systemctl daemon-reload`` runs only when a unit changed and nothing is enabled
+(``installed(enable=False)`` leaves enabling to ``enabled``, which ``fleet deploy`` runs when it
+starts them). Starting and restarting the vLLM units is the deploy's job (first deploy) or the
+rolling engine's (a fleet already serving), not this operation's; ``restart`` is for units such
+as the GPU watcher, restarted whenever their files change.
+
+Every fact is read before the operation's one command (the files, then enable or reload, then
+any restart, each only once the one before succeeded): ``fleet deploy`` reads them in one round
+trip (``fleet.deploy.factcache``), where a read after a command would be one of its own. Whether
+a unit is enabled is so read before its file is written: a changed unit is therefore enabled
+whatever that read said (its new ``[Install]`` section may differ from the one read).
 """
 
 from __future__ import annotations
