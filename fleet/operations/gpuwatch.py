@@ -20,7 +20,7 @@ def gpu_watcher(settings: WatchSettings | None = None) -> None:
     """Write, enable and run the watcher; restart it only when its program or unit changed."""
     settings = settings or WatchSettings()
     files.directories(
-        name="GPU watcher record dir and node_exporter textfile dir",
+        name="GPU watcher record dir",  # and node_exporter's textfile dir, in the same command
         dirs=[files.WantedDir(settings.state_dir, 0o700), files.WantedDir(settings.textfile_dir)],
     )
     units.installed(
