@@ -5,6 +5,11 @@ for a moment a secret would sit at its final path (and in the temporary dir) wit
 mode. Here the content travels on the command's stdin (never in argv), is written under
 ``umask 077`` to a temporary name beside the target, given its owner and mode, and renamed over
 the target with ``mv -T`` (one ``rename(2)``: readers see the old file or the new one).
+
+An operation with several files writes them in one command (``write_many_command``: each file
+still its own temporary name, owner, mode and rename), having read every file's facts before it
+(``files_plan`` decides from them): in ``fleet deploy`` each command is a ``sudo sh -c`` round
+trip, and each fact read after a command another.
 """
 
 from __future__ import annotations
