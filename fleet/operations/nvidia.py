@@ -139,6 +139,8 @@ def reboot_required() -> Commands:
         host.noop("no reboot required")
         return
     names = ", ".join(packages) or "unnamed packages"
-    logger.warning("%s: reboot required (%s); fleet does not reboot hosts on its own", host.name, names)
+    logger.warning(
+        "%s: reboot required (%s); fleet reboots a host only when asked (fleet deploy --reboot)", host.name, names
+    )
     host.noop(f"reboot required by {names}")
     yield from ()
