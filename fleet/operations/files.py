@@ -156,14 +156,13 @@ class FilesPlan:
     fixes: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)  #: paths written or fixed, in order
 
-    def parts(self) -> list[str]:
-        """The shell commands, writes first, each of which must succeed before the next runs."""
-        return ([write_many(self.writes)[0]] if self.writes else []) + self.fixes
-
-    @property
-    def stdin(self) -> str | None:
-        """What the writes read on stdin (the contents, base64): never on argv."""
-        return write_many(self.writes)[1] if self.writes else None
+    def commands(self) -> tuple[list[str], str | None]:
+        """The shell commands, writes first, each of which must succeed before the next runs, and
+        what the writes read on stdin (the contents, base64: never on argv), made once."""
+        if not self.writes:
+            return list(self.fixes), None
+        write, stdin = write_many(self.writes)
+        return [write, *self.fixes], stdin
 
 
 def joined(parts: Sequence[str], stdin: str | None) -> StringCommand:

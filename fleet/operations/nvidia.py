@@ -69,9 +69,9 @@ def repository(mirror: str, keyring: str) -> Commands:
         Wanted(SOURCES_PATH, layout.deb822_source(url, KEYRING_PATH), 0o644),
     ]
     plan = files_plan(wanted, read_together(file_requests(wanted)))  # both files' facts before either is written
-    parts = plan.parts()
+    parts, stdin = plan.commands()
     if parts:
-        yield joined(parts, plan.stdin)
+        yield joined(parts, stdin)
     else:
         host.noop("NVIDIA apt repository in place")
 

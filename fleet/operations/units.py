@@ -58,7 +58,7 @@ def installed(files: Sequence[RenderedFile], enable: bool = True, restart: Seque
     n_files = 2 * len(wanted)
     plan = files_plan(wanted, values[:n_files])
     changed_units = [n for f, n in zip(_units(files), names, strict=True) if f.path in plan.changed]
-    parts = plan.parts()
+    parts, stdin = plan.commands()
     todo: list[str] = []
     if enable:
         is_enabled: dict[str, bool] = values[n_files] if names else {}
@@ -77,7 +77,7 @@ def installed(files: Sequence[RenderedFile], enable: bool = True, restart: Seque
     if not parts:
         host.noop("units up to date" + (" and enabled" if enable else "") + (" and running" if restart else ""))
         return
-    yield joined(parts, plan.stdin)
+    yield joined(parts, stdin)
 
 
 def _units(files: Sequence[RenderedFile]) -> list[RenderedFile]:
